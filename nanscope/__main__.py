@@ -1,0 +1,5 @@
+"""`python -m nanscope` runs the CLI."""
+
+from nanscope.cli import main
+
+main()

@@ -1,0 +1,56 @@
+"""The order in which batches are drawn: seeded, reproducible, random-access.
+
+Step k's batch is a pure function of (rows, batch_size, shuffle, seed, k), so a
+replay of one step, a clipping strategy or a verification run sees exactly the
+batch the traced run saw, without iterating up to it. Each epoch has its own
+permutation seeded by (seed, epoch); the last partial batch of an epoch is kept,
+as Keras' `fit` does.
+"""
+
+import numpy as np
+
+
+class BatchOrder:
+    """Which rows make up the batch of each step.
+
+    Args:
+        rows: int. Number of training rows.
+        batch_size: int. Rows per batch (the last batch of an epoch may be smaller).
+        shuffle: bool. Permute rows each epoch; with False, batch k holds rows k*batch_size onwards.
+        seed: int. Seed of the per-epoch permutations.
+
+    Example:
+        order = BatchOrder(500, 32, shuffle=False, seed=0)
+        order.indices(0)  # array([0, ..., 31])
+    """
+
+    def __init__(self, rows, batch_size, shuffle, seed):
+        self.rows = rows
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.steps_per_epoch = -(-rows // batch_size)
+        self._permutations = {}
+
+    def epoch_of(self, step):
+        return step // self.steps_per_epoch
+
+    def indices(self, step):
+        """Row indices of the batch drawn at `step` (numbered from 0)."""
+        epoch, position = divmod(step, self.steps_per_epoch)
+        start = position * self.batch_size
+        stop = min(start + self.batch_size, self.rows)
+        if not self.shuffle:
+            return np.arange(start, stop)
+        return self._permutation(epoch)[start:stop]
+
+    def _permutation(self, epoch):
+        if epoch not in self._permutations:
+            self._permutations = {epoch: np.random.default_rng([self.seed, epoch]).permutation(self.rows)}
+        return self._permutations[epoch]
+
+
+def batch(data, order, step):
+    """(x, y) numpy arrays of the batch at `step`."""
+    idx = order.indices(step)
+    return data.x[idx], data.y[idx]

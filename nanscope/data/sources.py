@@ -1,0 +1,240 @@
+"""Load the training data a spec names into numpy arrays.
+
+Every source (synthetic, npz, npy, csv, TFRecord, a Python factory) ends as a
+`LoadedData`: `x` and `y` arrays with the same number of rows, plus the names of
+the input features and target columns for reports. A diagnosis run draws a few
+hundred batches, so the data is held in memory; `check-data` streams instead.
+"""
+
+import csv
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from nanscope.data import synthetic
+from nanscope.errors import DataError
+from nanscope.factory import call_factory, load_callable
+
+
+@dataclass
+class LoadedData:
+    """Training arrays and where they came from.
+
+    Args:
+        x: np.ndarray. Inputs, first axis rows.
+        y: np.ndarray. Targets, first axis rows.
+        description: str. One line for the report header ("synthetic regression, 1000 rows").
+        feature_names: list of str. One name per input column (last axis), when known.
+        target_names: list of str. One name per target column, when known.
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    description: str
+    feature_names: list = field(default_factory=list)
+    target_names: list = field(default_factory=list)
+
+    @property
+    def rows(self):
+        return len(self.x)
+
+
+def load_data(spec):
+    """Load the data section of a RunSpec.
+
+    Raises:
+        DataError: naming the file and field when the data cannot be read or is inconsistent.
+    """
+    data = spec.data
+    if data.synthetic is not None:
+        x, y = synthetic.generate(data.synthetic)
+        s = data.synthetic
+        loaded = LoadedData(x, y, f"synthetic {s.kind}, {s.samples} rows x {s.features} features (seed {s.seed})")
+    elif data.factory is not None:
+        loaded = _from_factory(spec)
+    else:
+        loaded = _from_file(spec, spec.resolve(data.path))
+    return _checked(loaded, spec)
+
+
+def _from_file(spec, path):
+    if not path.exists():
+        raise DataError(f"{spec.source}: data.path: file not found: {path}")
+    suffix = path.suffix.lower()
+    readers = {".npz": _read_npz, ".npy": _read_npy, ".csv": _read_csv, ".tfrecord": _read_tfrecord, ".tfrecords": _read_tfrecord}
+    if suffix not in readers:
+        raise DataError(
+            f"{spec.source}: data.path: unsupported file type {suffix or '(none)'!r} for {path}; "
+            "expected .npz, .npy, .csv or .tfrecord"
+        )
+    return readers[suffix](spec, path)
+
+
+def _read_npz(spec, path):
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except Exception as exc:
+        raise DataError(f"{spec.source}: data.path: cannot read {path} as npz: {exc}") from exc
+    with archive:
+        keys = list(archive.keys())
+        for field_name, key in (("data.x", spec.data.x), ("data.y", spec.data.y)):
+            if key not in keys:
+                raise DataError(f"{spec.source}: {field_name}: {path} has no array {key!r}; it holds {keys}")
+        x, y = archive[spec.data.x], archive[spec.data.y]
+    return LoadedData(x, y, f"{path.name}, {len(x)} rows")
+
+
+def _read_npy(spec, path):
+    y_path = spec.resolve(spec.data.y)
+    if not y_path.is_file():
+        raise DataError(f"{spec.source}: data.y: for an .npy input, `y` names the targets' .npy file; not found: {y_path}")
+    try:
+        x, y = np.load(path, allow_pickle=False), np.load(y_path, allow_pickle=False)
+    except Exception as exc:
+        raise DataError(f"{spec.source}: data.path: cannot read {path} / {y_path} as npy: {exc}") from exc
+    return LoadedData(x, y, f"{path.name} + {y_path.name}, {len(x)} rows")
+
+
+def _read_csv(spec, path):
+    targets = [spec.data.target] if isinstance(spec.data.target, str) else list(spec.data.target or [])
+    if not targets:
+        raise DataError(f"{spec.source}: data.target: a csv source needs `target:` naming the target column(s)")
+    with open(path, newline="", encoding="utf-8") as handle:
+        reader = csv.reader(handle)
+        header = next(reader, None)
+        if not header:
+            raise DataError(f"{spec.source}: data.path: {path} is empty")
+        header = [h.strip() for h in header]
+        missing = [t for t in targets if t not in header]
+        if missing:
+            raise DataError(f"{spec.source}: data.target: column(s) {missing} not in {path.name}; columns are {header}")
+        values = [_parse_row(row, header, path, number) for number, row in enumerate(reader, start=2) if row]
+    table = np.asarray(values, dtype=np.float32).reshape(-1, len(header))
+    target_idx = [header.index(t) for t in targets]
+    feature_idx = [i for i in range(len(header)) if i not in target_idx]
+    return LoadedData(
+        table[:, feature_idx], table[:, target_idx], f"{path.name}, {len(table)} rows",
+        feature_names=[header[i] for i in feature_idx], target_names=targets,
+    )
+
+
+def _parse_row(row, header, path, number):
+    if len(row) != len(header):
+        raise DataError(f"{path}: line {number}: {len(row)} cells, expected {len(header)}")
+    try:
+        return [float(cell) if cell.strip() else np.nan for cell in row]
+    except ValueError:
+        bad = next(i for i, cell in enumerate(row) if not _is_number(cell))
+        raise DataError(f"{path}: line {number}, column {header[bad]!r}: not a number: {row[bad]!r}") from None
+
+
+def _is_number(cell):
+    try:
+        float(cell) if cell.strip() else None
+        return True
+    except ValueError:
+        return False
+
+
+def _read_tfrecord(spec, path):
+    import tensorflow as tf
+
+    features, target = spec.data.features, spec.data.target
+    if not features or not isinstance(target, str) or target not in features:
+        raise DataError(
+            f"{spec.source}: data.features: a TFRecord source needs `features:` (name -> {{dtype, shape}}) "
+            "and `target:` naming one of them"
+        )
+    dtypes = {"float32": tf.float32, "float64": tf.float64, "int64": tf.int64}
+    parse_spec = {name: tf.io.FixedLenFeature(f.shape, dtypes[f.dtype]) for name, f in features.items()}
+    columns = {name: [] for name in features}
+    try:
+        for record in tf.data.TFRecordDataset(str(path)).batch(4096):
+            parsed = tf.io.parse_example(record, parse_spec)
+            for name in features:
+                columns[name].append(parsed[name].numpy())
+    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as exc:
+        first_line = str(exc.message).strip().splitlines()[0]
+        raise DataError(f"{spec.source}: data.features: {path.name} does not match the feature spec: {first_line}") from exc
+    arrays = {name: np.concatenate(parts) if parts else np.zeros((0, *features[name].shape)) for name, parts in columns.items()}
+    inputs = [name for name in features if name != target]
+    x = np.concatenate([arrays[n].reshape(len(arrays[n]), -1) for n in inputs], axis=1) if len(inputs) > 1 else arrays[inputs[0]]
+    return LoadedData(x.astype(np.float32), arrays[target], f"{path.name}, {len(x)} rows", feature_names=inputs, target_names=[target])
+
+
+def _from_factory(spec):
+    field_name = "data.factory"
+    function = load_callable(spec.data.factory, spec.base_dir, f"{spec.source}: {field_name}", DataError)
+    result = call_factory(function, spec.data.args, f"{spec.source}: {field_name}", DataError)
+    if _is_tf_dataset(result):
+        x, y = _materialize(result, spec)
+    elif isinstance(result, (tuple, list)) and len(result) == 2:
+        x, y = (np.asarray(part) for part in result)
+    else:
+        raise DataError(
+            f"{spec.source}: {field_name}: {spec.data.factory} must return (x, y) arrays or a tf.data.Dataset "
+            f"of (x, y). Received: a {type(result).__name__}"
+        )
+    return LoadedData(x, y, f"{spec.data.factory}, {len(x)} rows")
+
+
+def _is_tf_dataset(value):
+    return type(value).__module__.startswith("tensorflow") and hasattr(value, "element_spec")
+
+
+def _materialize(dataset, spec):
+    """All (x, y) elements of a dataset as two arrays; a batched dataset is unbatched first."""
+    element = dataset.element_spec
+    if not (isinstance(element, tuple) and len(element) == 2):
+        raise DataError(f"{spec.source}: data.factory: the dataset must yield (x, y) pairs. Received elements of {element}")
+    if element[0].shape.rank and element[0].shape[0] is None:
+        dataset = dataset.unbatch()
+    xs, ys = [], []
+    for x, y in dataset.as_numpy_iterator():
+        xs.append(x)
+        ys.append(y)
+    if not xs:
+        raise DataError(f"{spec.source}: data.factory: the dataset is empty")
+    return np.stack(xs), np.stack(ys)
+
+
+def _checked(loaded, spec):
+    field_name = "data.path" if spec.data.path else "data.factory" if spec.data.factory else "data.synthetic"
+    if loaded.x.ndim == 0 or loaded.y.ndim == 0:
+        raise DataError(f"{spec.source}: {field_name}: x and y must be arrays with rows on the first axis")
+    if len(loaded.x) == 0:
+        raise DataError(f"{spec.source}: {field_name}: the dataset is empty (0 rows)")
+    if len(loaded.x) != len(loaded.y):
+        raise DataError(f"{spec.source}: {field_name}: x has {len(loaded.x)} rows but y has {len(loaded.y)}")
+    if not (np.issubdtype(loaded.x.dtype, np.number) or loaded.x.dtype == bool):
+        raise DataError(f"{spec.source}: {field_name}: x must be numeric. Received dtype {loaded.x.dtype}")
+    if loaded.x.dtype == np.float64 or loaded.x.dtype == bool or np.issubdtype(loaded.x.dtype, np.integer):
+        loaded.x = loaded.x.astype(np.float32)
+    if loaded.y.dtype == np.float64:
+        loaded.y = loaded.y.astype(np.float32)
+    if not loaded.feature_names and loaded.x.ndim == 2:
+        loaded.feature_names = [f"x[{i}]" for i in range(loaded.x.shape[1])]
+    if not loaded.target_names:
+        loaded.target_names = [f"y[{i}]" for i in range(loaded.y.shape[1])] if loaded.y.ndim == 2 else ["y"]
+    return loaded
+
+
+def split_validation(loaded, fraction):
+    """(train, validation) LoadedData: the last `fraction` of rows held out, as Keras' validation_split."""
+    n_val = int(round(loaded.rows * fraction))
+    if n_val == 0:
+        return loaded, None
+    if n_val >= loaded.rows:
+        raise DataError(f"data.validation.fraction={fraction} leaves no training rows out of {loaded.rows}")
+    cut = loaded.rows - n_val
+
+    def part(sl):
+        return LoadedData(loaded.x[sl], loaded.y[sl], loaded.description, loaded.feature_names, loaded.target_names)
+
+    return part(slice(0, cut)), part(slice(cut, None))
+
+
+def is_file_source(path):
+    """True when `path` names a data file nanscope can read directly."""
+    return Path(path).suffix.lower() in {".npz", ".npy", ".csv", ".tfrecord", ".tfrecords"}

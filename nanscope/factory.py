@@ -1,0 +1,85 @@
+"""Resolve `file.py:function` and `dotted.module:function` references to callables.
+
+A factory reference runs user code by design: that is how a user's own model,
+data loader or loss gets into nanscope.
+"""
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+from nanscope.errors import NanscopeError
+
+
+def load_callable(reference, base_dir, field, error=NanscopeError):
+    """Import the function a reference names.
+
+    Args:
+        reference: str. `path/to/file.py:function` (relative to `base_dir`) or `package.module:function`.
+        base_dir: Path. The folder that relative file paths resolve against (the spec's).
+        field: str. The spec field the reference came from, for error messages.
+        error: type. The NanscopeError subclass to raise.
+
+    Returns:
+        The callable.
+    """
+    module_ref, sep, name = str(reference).rpartition(":")
+    if not sep or not module_ref or not name:
+        raise error(f"{field}: expected `file.py:function` or `module:function`. Received: {reference!r}")
+    module = _import_file(module_ref, base_dir, field, error) if _is_path(module_ref) else _import_module(
+        module_ref, field, error
+    )
+    function = getattr(module, name, None)
+    if function is None:
+        available = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
+        raise error(
+            f"{field}: {module_ref} has no function `{name}`"
+            + (f"; it defines: {', '.join(available[:8])}" if available else "")
+        )
+    if not callable(function):
+        raise error(f"{field}: `{name}` in {module_ref} is not callable. Received: a {type(function).__name__}")
+    return function
+
+
+def _is_path(module_ref):
+    return module_ref.endswith(".py") or "/" in module_ref or "\\" in module_ref
+
+
+def _import_file(module_ref, base_dir, field, error):
+    path = Path(module_ref).expanduser()
+    path = path if path.is_absolute() else Path(base_dir) / path
+    if not path.is_file():
+        raise error(f"{field}: file not found: {path}")
+    module_name = f"nanscope_user_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # user code: any failure is the user's input problem
+        raise error(f"{field}: importing {path} failed: {type(exc).__name__}: {exc}") from exc
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
+
+
+def _import_module(module_ref, field, error):
+    try:
+        return importlib.import_module(module_ref)
+    except ModuleNotFoundError as exc:
+        raise error(f"{field}: no module named {module_ref!r} ({exc})") from exc
+    except Exception as exc:
+        raise error(f"{field}: importing {module_ref} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def call_factory(function, kwargs, field, error=NanscopeError):
+    """Call a user factory, turning any exception it raises into a one-line `error`."""
+    try:
+        return function(**kwargs)
+    except Exception as exc:
+        raise error(f"{field}: {function.__name__}({_format_kwargs(kwargs)}) raised {type(exc).__name__}: {exc}") from exc
+
+
+def _format_kwargs(kwargs):
+    return ", ".join(f"{k}={v!r}" for k, v in kwargs.items())

@@ -1,0 +1,83 @@
+"""JSON that never lies about NaN: non-finite floats become "nan", "inf", "-inf".
+
+Also atomic writes: output files are written to a temporary file beside the target
+and renamed over it, so an existing report is never left half-written.
+"""
+
+import dataclasses
+import json
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+
+def jsonable(value):
+    """`value` as plain JSON types, with non-finite floats as strings."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return jsonable(value.tolist())
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return encode_float(float(value))
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def encode_float(value):
+    """A float, or "nan" / "inf" / "-inf" for the non-finite ones."""
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+def decode_float(value):
+    """Inverse of `encode_float`; None stays None."""
+    if isinstance(value, str):
+        return float(value)
+    return value
+
+
+def dumps(value, indent=2):
+    return json.dumps(jsonable(value), indent=indent, allow_nan=False)
+
+
+def write_json(target, value):
+    """Write `value` as JSON to a path (atomically) or to stdout when target is "-"."""
+    text = dumps(value) + "\n"
+    if str(target) == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    write_text_atomic(target, text)
+
+
+def write_text_atomic(target, text):
+    """Write text to `target` through a temporary file and a rename."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
