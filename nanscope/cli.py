@@ -98,11 +98,31 @@ def trace_steps(
 def check_data(
     source: Annotated[Path, typer.Argument(help="A run spec (its data section) or a data file (.npz, .npy, .csv, .tfrecord).")],
     json_out: JsonOpt = None,
+    target: Annotated[
+        Optional[str], typer.Option("--target", help="Target column (csv) or feature (TFRecord) of a data file.")
+    ] = None,
+    loss: Annotated[
+        Optional[str], typer.Option("--loss", help="Loss to check the labels against (default: the spec's).")
+    ] = None,
+    classes: Annotated[Optional[int], typer.Option("--classes", help="Number of classes the labels should span.")] = None,
+    sample: Annotated[
+        Optional[int], typer.Option("--sample", min=1, help="Scan a uniform sample of N rows instead of all.")
+    ] = None,
 ):
     """Scan the training data for NaN/Inf, bad scales and labels that do not fit the loss."""
 
     def body():
-        raise NanscopeError("check-data is not yet available")
+        from nanscope.checkdata import scan_data
+        from nanscope.render.data_report import render_data_report, scan_progress
+
+        with scan_progress() as on_progress:
+            scan = scan_data(source, target=target, loss=loss, classes=classes, sample=sample, on_progress=on_progress)
+        render_data_report(scan, _console(json_out))
+        if json_out:
+            from nanscope.jsonio import write_json
+
+            write_json(json_out, scan.to_json())
+        return scan.exit_code()
 
     run_command(body)
 

@@ -1,0 +1,141 @@
+"""Label checks: do the targets fit what the loss expects?
+
+The loss named in the run spec decides the check: a sparse categorical
+cross-entropy wants one integer label per row in [0, classes); a categorical one
+wants rows of class probabilities (one-hot) that sum to 1; a binary one wants
+targets in [0, 1]. `LabelTally` streams over target chunks, counting labels per
+class and the rows that break the expectation; the number of classes comes from a
+hint (spec or command line), from the one-hot width, or stays unknown.
+"""
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+MAX_COUNTED_CLASSES = 10_000
+FIRST_ROWS_KEPT = 5
+ONE_HOT_TOLERANCE = 1e-3
+
+LOSS_KINDS = {
+    "sparsecategoricalcrossentropy": "sparse",
+    "sparsecategoricalfocalcrossentropy": "sparse",
+    "categoricalcrossentropy": "onehot",
+    "categoricalfocalcrossentropy": "onehot",
+    "kldivergence": "onehot",
+    "binarycrossentropy": "binary",
+    "binaryfocalcrossentropy": "binary",
+}
+REGRESSION_LOSSES = {
+    "mse", "mae", "mape", "msle", "meansquarederror", "meanabsoluteerror", "meanabsolutepercentageerror",
+    "meansquaredlogarithmicerror", "huber", "logcosh", "poisson",
+}
+
+
+def label_kind(loss_name):
+    """"sparse", "onehot", "binary", "regression", or None for a loss nanscope does not know."""
+    if not loss_name:
+        return None
+    key = loss_name.lower().replace("_", "").replace("-", "")
+    return LOSS_KINDS.get(key) or ("regression" if key in REGRESSION_LOSSES else None)
+
+
+@dataclass
+class LabelReport:
+    """What the label check found, as plain data.
+
+    Args:
+        loss: str. The loss the labels were checked against.
+        kind: str. "sparse", "onehot" or "binary".
+        classes: int or None. The number of classes the check used.
+        class_counts: dict. {label: rows} for the labels seen (integer labels, or one-hot argmax).
+        bad_rows: int. Rows that break what the loss expects.
+        first_bad_rows: list of int. The first few of them.
+        problems: list of str. One line per kind of problem found.
+    """
+
+    loss: str
+    kind: str
+    classes: Optional[int]
+    class_counts: dict = field(default_factory=dict)
+    bad_rows: int = 0
+    first_bad_rows: list = field(default_factory=list)
+    problems: list = field(default_factory=list)
+
+
+class LabelTally:
+    """Streaming label check of one target array against a loss kind.
+
+    Args:
+        loss: str. The loss name, for the report.
+        kind: str. "sparse", "onehot" or "binary" (from `label_kind`).
+        classes: int or None. Expected number of classes, when known.
+    """
+
+    def __init__(self, loss, kind, classes=None):
+        self.report = LabelReport(loss, kind, classes)
+        self._counts = np.zeros(0, np.int64)
+        self._issues = {}
+
+    def update(self, y, row_ids):
+        """Check a chunk of targets; `row_ids` are the data rows of its rows."""
+        y = np.asarray(y, dtype=np.float64)
+        check = {"sparse": self._sparse, "onehot": self._onehot, "binary": self._binary}[self.report.kind]
+        bad = check(y.reshape(len(y), -1))
+        if bad is not None and bad.any():
+            self.report.bad_rows += int(bad.sum())
+            kept = self.report.first_bad_rows
+            kept.extend(int(r) for r in row_ids[bad][: FIRST_ROWS_KEPT - len(kept)])
+
+    def finish(self):
+        """The LabelReport, with class counts and one line per problem."""
+        report = self.report
+        report.class_counts = {int(k): int(n) for k, n in enumerate(self._counts) if n}
+        report.problems = [f"{n} row(s) {issue}" for issue, n in self._issues.items() if n]
+        return report
+
+    def _note(self, issue, mask):
+        self._issues[issue] = self._issues.get(issue, 0) + int(mask.sum())
+        return mask
+
+    def _count(self, labels):
+        labels = labels[(labels >= 0) & (labels < MAX_COUNTED_CLASSES)].astype(np.int64)
+        counts = np.bincount(labels, minlength=len(self._counts))
+        counts[: len(self._counts)] += self._counts
+        self._counts = counts
+
+    def _sparse(self, y):
+        if y.shape[1] != 1:
+            self._note(f"hold {y.shape[1]} values where a sparse cross-entropy wants one integer label "
+                       "(one-hot targets want categorical_crossentropy)", np.ones(len(y), bool))
+            return np.ones(len(y), bool)
+        labels = y[:, 0]
+        finite = np.isfinite(labels)
+        fractional = self._note("hold a non-integer label", finite & (labels != np.round(labels)))
+        negative = self._note("hold a negative label", finite & (labels < 0))
+        classes = self.report.classes
+        too_big = self._note(f"hold a label >= classes ({classes})", finite & (labels >= (classes or np.inf)))
+        self._count(labels[finite & ~fractional])
+        return fractional | negative | too_big
+
+    def _onehot(self, y):
+        classes = self.report.classes
+        if classes is None:
+            self.report.classes = classes = y.shape[1]
+        if y.shape[1] != classes:
+            return self._note(f"have width {y.shape[1]}, expected {classes} classes", np.ones(len(y), bool))
+        finite = np.isfinite(y).all(axis=1)
+        with np.errstate(invalid="ignore"):
+            outside = self._note("hold a value outside [0, 1]", finite & ((y < 0) | (y > 1)).any(axis=1))
+            off_sum = self._note("do not sum to 1", finite & (np.abs(y.sum(axis=1) - 1) > ONE_HOT_TOLERANCE))
+        if y.shape[1] > 0:
+            self._count(np.argmax(y[finite], axis=1))
+        return outside | off_sum
+
+    def _binary(self, y):
+        finite = np.isfinite(y)
+        with np.errstate(invalid="ignore"):
+            outside = self._note("hold a target outside [0, 1]", (finite & ((y < 0) | (y > 1))).any(axis=1))
+        values = y[finite]
+        self._count(values[(values == 0) | (values == 1)])
+        return outside

@@ -1,0 +1,146 @@
+"""Streaming readers: every data source of a run spec as an iterator of row chunks.
+
+A reader opens a source and returns a `DataStream`: the names of its input and
+target arrays, the number of rows when it is known without reading the data,
+and `chunks(rows)`, which yields `{array name: np.ndarray}` dicts of at most
+`rows` rows each. Nothing is held beyond one chunk: npy files are memory-mapped,
+npz members, csv and TFRecord files are read piece by piece. TensorFlow is
+imported only for TFRecord files and tf.data datasets.
+"""
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+from nanscope.checkdata import file_readers
+from nanscope.data import synthetic
+from nanscope.errors import DataError
+from nanscope.factory import call_factory, load_callable
+
+FILE_READERS = {
+    ".npz": file_readers.open_npz,
+    ".npy": file_readers.open_npy,
+    ".csv": file_readers.open_csv,
+    ".tfrecord": "tfrecord",
+    ".tfrecords": "tfrecord",
+}
+
+
+@dataclass
+class DataStream:
+    """A data source opened for a chunked scan.
+
+    Args:
+        description: str. One line for the report header.
+        inputs: list of str. Names of the input arrays.
+        targets: list of str. Names of the target arrays (may be empty).
+        rows: int or None. Number of rows, when known before reading.
+        chunks: callable(int) -> iterator of dict. Yields {array name: array} chunks.
+        column_names: dict. Optional names for the last-axis columns of an array.
+        origin: str. The file named in error messages (the spec, or the data file).
+        field: str. The spec field the data comes from, for error messages.
+        row_bytes: int. Bytes per row of all arrays together, when known (sizes the chunks).
+        allow_nonfinite: set of str. Array or column names allowed to hold NaN (the spec's masks).
+    """
+
+    description: str
+    inputs: list
+    targets: list
+    rows: Optional[int]
+    chunks: Callable
+    column_names: dict = dataclasses.field(default_factory=dict)
+    origin: str = ""
+    field: str = "data.path"
+    row_bytes: int = 0
+    allow_nonfinite: set = dataclasses.field(default_factory=set)
+
+
+def open_stream(data, base_dir, origin, require_targets=True):
+    """Open the source a `DataSpec` names for streaming.
+
+    Args:
+        data: DataSpec. The data section.
+        base_dir: Path. Folder that relative paths resolve against.
+        origin: str. The file to name in error messages.
+        require_targets: bool, default True. False lets an npy file be scanned without a targets file.
+
+    Raises:
+        DataError: naming `origin` and the field when the source cannot be read.
+    """
+    if data.synthetic is not None:
+        x, y = synthetic.generate(data.synthetic)
+        s = data.synthetic
+        return arrays_stream({"x": x}, {"y": y}, f"synthetic {s.kind}, {s.samples} rows", origin, "data.synthetic")
+    if data.factory is not None:
+        return _factory_stream(data, base_dir, origin)
+    path = _resolve(data.path, base_dir)
+    if not path.is_file():
+        raise DataError(f"{origin}: data.path: file not found: {path}")
+    reader = FILE_READERS.get(path.suffix.lower())
+    if reader is None:
+        raise DataError(
+            f"{origin}: data.path: unsupported file type {path.suffix or '(none)'!r} for {path}; "
+            "expected .npz, .npy, .csv or .tfrecord"
+        )
+    if reader == "tfrecord":
+        from nanscope.checkdata.tfrecord_reader import open_tfrecord
+
+        return open_tfrecord(data, path, origin)
+    return reader(data, path, base_dir, origin, require_targets)
+
+
+def arrays_stream(inputs, targets, description, origin, field_name):
+    """A DataStream over in-memory arrays, after checking that their row counts agree."""
+    arrays = {**inputs, **targets}
+    rows = check_rows({name: np.shape(a) for name, a in arrays.items()}, origin, field_name)
+
+    def chunks(size):
+        for start in range(0, rows, size):
+            yield {name: array[start : start + size] for name, array in arrays.items()}
+
+    row_bytes = sum(np.asarray(a[:1]).nbytes for a in arrays.values())
+    return DataStream(
+        description, list(inputs), list(targets), rows, chunks, origin=origin, field=field_name, row_bytes=row_bytes
+    )
+
+
+def check_rows(shapes, origin, field_name):
+    """The common number of rows of arrays with these shapes; DataError when they disagree or are empty."""
+    for name, shape in shapes.items():
+        if len(shape) == 0:
+            raise DataError(f"{origin}: {field_name}: `{name}` must be an array with rows on the first axis")
+    counts = {name: shape[0] for name, shape in shapes.items()}
+    if len(set(counts.values())) > 1:
+        listed = " but ".join(f"{name} has {n} rows" for name, n in counts.items())
+        raise DataError(f"{origin}: {field_name}: {listed}")
+    rows = next(iter(counts.values()), 0)
+    if rows == 0:
+        raise DataError(f"{origin}: {field_name}: the dataset is empty (0 rows)")
+    return rows
+
+
+def _resolve(path, base_dir):
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else Path(base_dir) / p
+
+
+def _factory_stream(data, base_dir, origin):
+    field_name = "data.factory"
+    function = load_callable(data.factory, base_dir, f"{origin}: {field_name}", DataError)
+    result = call_factory(function, data.args, f"{origin}: {field_name}", DataError)
+    if type(result).__module__.startswith("tensorflow") and hasattr(result, "element_spec"):
+        from nanscope.checkdata.tfrecord_reader import dataset_stream
+
+        return dataset_stream(result, f"{data.factory} (tf.data)", origin, field_name)
+    if isinstance(result, (tuple, list)) and len(result) == 2:
+        x, y = result
+        inputs = {k: np.asarray(v) for k, v in x.items()} if isinstance(x, dict) else {"x": np.asarray(x)}
+        targets = {k: np.asarray(v) for k, v in y.items()} if isinstance(y, dict) else {"y": np.asarray(y)}
+        return arrays_stream(inputs, targets, str(data.factory), origin, field_name)
+    raise DataError(
+        f"{origin}: {field_name}: {data.factory} must return (x, y) arrays or a tf.data.Dataset "
+        f"of (x, y). Received: a {type(result).__name__}"
+    )

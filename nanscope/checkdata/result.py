@@ -1,0 +1,116 @@
+"""The result of a data scan, as plain data that serialises to `nanscope.data/1` JSON."""
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from nanscope.errors import EXIT_HEALTHY, EXIT_PROBLEM
+from nanscope.jsonio import jsonable
+
+SCHEMA = "nanscope.data/1"
+PROBLEM_SEVERITIES = ("error", "warning")
+
+
+@dataclass
+class ColumnReport:
+    """Statistics of one input feature or target column (the last axis of an array).
+
+    Args:
+        name: str. Column name ("x[3]", a csv header, a TFRecord feature).
+        array: str. The array it belongs to ("x", "y", a feature name).
+        values: int. Values scanned (rows x positions).
+        positions: int. Values per row (pixels or time steps; 1 for tabular data).
+        nan, posinf, neginf: int. Counts of NaN, +Inf, -Inf.
+        min, max, mean, std: float. Over the finite values (NaN when there are none).
+        zeros: float. Fraction of values that are exactly 0.
+        first_nonfinite_rows: list of int. The first few rows holding a NaN/Inf.
+        allowed_nonfinite: bool. The spec allows NaN here (`data.allow_nonfinite`): not a problem.
+        constant: bool. All finite values are equal.
+        scale: str or None. "large" or "small" when far from unit scale.
+    """
+
+    name: str
+    array: str
+    values: int
+    positions: int
+    nan: int
+    posinf: int
+    neginf: int
+    min: float
+    max: float
+    mean: float
+    std: float
+    zeros: float
+    first_nonfinite_rows: list
+    allowed_nonfinite: bool = False
+    constant: bool = False
+    scale: Optional[str] = None
+
+    @property
+    def nonfinite(self):
+        """NaN + Inf count."""
+        return self.nan + self.posinf + self.neginf
+
+    @property
+    def is_problem(self):
+        """True when this column holds non-finite values that the spec does not allow."""
+        return self.nonfinite > 0 and not self.allowed_nonfinite
+
+
+@dataclass
+class DataScan:
+    """Everything check-data learned about a dataset.
+
+    Args:
+        source: str. The spec or data file scanned.
+        description: str. One line about the data.
+        rows: int. Rows in the dataset (rows read, when sampled from a source of unknown length).
+        scanned_rows: int. Rows whose values were scanned (`rows` unless sampled).
+        inputs: list of ColumnReport. One per input feature/channel.
+        targets: list of ColumnReport. One per target column.
+        labels: LabelReport or None. The label check, when the loss is a classification loss.
+        recommendations: list of Recommendation. Rules that fired, with evidence.
+    """
+
+    source: str
+    description: str
+    rows: int
+    scanned_rows: int
+    inputs: list = field(default_factory=list)
+    targets: list = field(default_factory=list)
+    labels: Optional[object] = None
+    recommendations: list = field(default_factory=list)
+
+    @property
+    def status(self):
+        """"problems" when a rule fired at error or warning level, else "clean"."""
+        return "problems" if any(r.severity in PROBLEM_SEVERITIES for r in self.recommendations) else "clean"
+
+    @property
+    def sampled(self):
+        """True when only a sample of the rows was scanned (`--sample`)."""
+        return self.scanned_rows < self.rows
+
+    def exit_code(self):
+        """0 when clean, 1 when problems were found."""
+        return EXIT_PROBLEM if self.status == "problems" else EXIT_HEALTHY
+
+    def to_json(self):
+        """The `nanscope.data/1` document (NaN/Inf as strings)."""
+        def column(c):
+            entry = jsonable(c)
+            entry["nonfinite"] = c.nonfinite
+            return entry
+
+        return {
+            "schema": SCHEMA,
+            "status": self.status,
+            "source": self.source,
+            "description": self.description,
+            "rows": self.rows,
+            "scanned_rows": self.scanned_rows,
+            "sampled": self.sampled,
+            "inputs": [column(c) for c in self.inputs],
+            "targets": [column(c) for c in self.targets],
+            "labels": jsonable(self.labels) if self.labels is not None else None,
+            "recommendations": jsonable(self.recommendations),
+        }

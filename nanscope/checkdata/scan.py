@@ -1,0 +1,195 @@
+"""`scan_data`: the one entry point of check-data.
+
+Opens the data a run spec (or a data file given directly) names, streams it in
+chunks through per-column statistics and the label check, and returns a
+`DataScan`. Exact over all rows unless `sample` asks for a uniform sample.
+
+Example:
+    scan = scan_data("my-run.yaml")
+    scan.status, scan.exit_code()
+"""
+
+from pathlib import Path
+
+import numpy as np
+
+from nanscope.checkdata.findings import column_scale, recommendations
+from nanscope.checkdata.labels import LabelTally, label_kind
+from nanscope.checkdata.readers import FILE_READERS, open_stream
+from nanscope.checkdata.result import ColumnReport, DataScan
+from nanscope.checkdata.stats import ColumnStats
+from nanscope.errors import DataError, SpecError
+from nanscope.spec import DataSpec, load_spec
+
+CHUNK_BYTES = 16 << 20
+STREAM_CHUNK_ROWS = 16384
+CLASS_HINTS = ("classes", "num_classes", "n_classes")
+
+
+def scan_data(source, target=None, loss=None, classes=None, sample=None, chunk_rows=None, on_progress=None):
+    """Scan a dataset for NaN/Inf, scale and label problems.
+
+    Args:
+        source: str or Path. A YAML run spec (its data section is scanned) or a data file.
+        target: str, optional. The target column of a csv / feature of a TFRecord file given directly.
+        loss: str, optional. Loss name the labels are checked against (default: the spec's `train.loss`).
+        classes: int, optional. Number of classes (default: from the spec, when it says).
+        sample: int, optional. Scan a uniform random sample of this many rows instead of all.
+        chunk_rows: int, optional. Rows per chunk (default: about 16 MB per chunk).
+        on_progress: callable(rows_done, rows_total or None), optional. Called after each chunk.
+
+    Returns:
+        DataScan.
+
+    Raises:
+        SpecError, DataError: bad input, naming the file and field.
+    """
+    path = Path(source)
+    stream, settings = _open(path, target, loss, classes)
+    loss_name, kind, classes = settings
+    sampler = _Sampler(sample, stream.rows)
+    arrays = _ArrayScans(stream)
+    tally = None
+    rows = 0
+    for chunk in stream.chunks(chunk_rows or _chunk_rows(stream)):
+        n = _chunk_length(chunk, stream)
+        chosen = sampler.rows(rows, n)
+        if chosen is None:
+            break
+        if tally is None and kind in ("sparse", "onehot", "binary") and len(stream.targets) == 1:
+            tally = LabelTally(loss_name, kind, classes)
+        picked = {name: a[chosen - rows] if sampler.active else a for name, a in chunk.items()}
+        arrays.update(picked, chosen)
+        if tally is not None:
+            tally.update(picked[stream.targets[0]], chosen)
+        rows += n
+        if on_progress is not None:
+            on_progress(rows, stream.rows)
+    if rows == 0:
+        raise DataError(f"{stream.origin}: {stream.field}: the dataset is empty (0 rows)")
+    inputs, targets = arrays.reports(stream.inputs), arrays.reports(stream.targets)
+    target_kind = kind or ("regression" if not arrays.integer_targets(stream.targets) else None)
+    labels = tally.finish() if tally is not None else None
+    found = recommendations(inputs, targets, labels, target_kind)
+    scanned = sampler.scanned if sampler.active else rows
+    return DataScan(str(path), stream.description, rows, scanned, inputs, targets, labels, found)
+
+
+def _open(path, target, loss, classes):
+    """(DataStream, (loss name, label kind, classes)) for a spec or a data file."""
+    if path.suffix.lower() in (".yaml", ".yml"):
+        spec = load_spec(path)
+        data = spec.data if target is None else spec.data.model_copy(update={"target": target})
+        stream = open_stream(data, spec.base_dir, str(path))
+        stream.allow_nonfinite = set(data.allow_nonfinite)
+        loss = loss or (spec.train.loss.name if spec.train.loss else None)
+        return stream, (loss, label_kind(loss), classes or _classes_hint(spec))
+    if path.suffix.lower() not in FILE_READERS:
+        raise SpecError(f"{path}: expected a YAML run spec (.yaml) or a data file (.npz, .npy, .csv, .tfrecord)")
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    data = DataSpec(path=str(path.resolve()), target=target)
+    stream = open_stream(data, path.parent, str(path), require_targets=False)
+    return stream, (loss, label_kind(loss), classes)
+
+
+def _classes_hint(spec):
+    synthetic = spec.data.synthetic
+    if synthetic is not None and synthetic.kind == "classification":
+        return synthetic.classes
+    for key in CLASS_HINTS:
+        for args in (spec.data.args, spec.model.args):
+            if isinstance(args.get(key), int):
+                return args[key]
+    return None
+
+
+def _chunk_rows(stream):
+    if not stream.row_bytes:
+        return STREAM_CHUNK_ROWS
+    return max(1, CHUNK_BYTES // stream.row_bytes)
+
+
+def _chunk_length(chunk, stream):
+    lengths = {name: len(a) for name, a in chunk.items()}
+    if len(set(lengths.values())) > 1:
+        listed = ", ".join(f"{name} has {n}" for name, n in lengths.items())
+        raise DataError(f"{stream.origin}: {stream.field}: x and y rows differ in one chunk: {listed}")
+    return next(iter(lengths.values()), 0)
+
+
+class _Sampler:
+    """Which rows of each chunk to scan: all, a uniform sample (length known), or the first N."""
+
+    def __init__(self, sample, total):
+        self.active = sample is not None and (total is None or sample < total)
+        self.scanned = 0
+        self.limit = sample
+        self.picks = None
+        if self.active and total is not None:
+            self.picks = np.sort(np.random.default_rng(0).choice(total, size=sample, replace=False))
+
+    def rows(self, start, n):
+        """The data rows to scan in [start, start + n), or None to stop reading."""
+        if not self.active:
+            return np.arange(start, start + n)
+        if self.picks is None:
+            if self.scanned >= self.limit:
+                return None
+            take = min(n, self.limit - self.scanned)
+            self.scanned += take
+            return np.arange(start, start + take)
+        lo, hi = np.searchsorted(self.picks, [start, start + n])
+        self.scanned += hi - lo
+        return self.picks[lo:hi]
+
+
+class _ArrayScans:
+    """A ColumnStats per array, created from the first chunk's shapes."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.stats, self.positions, self.dtypes = {}, {}, {}
+
+    def update(self, chunk, row_ids):
+        for name, array in chunk.items():
+            array = np.asarray(array)
+            if name not in self.stats:
+                columns = array.shape[-1] if array.ndim > 1 else 1
+                self.stats[name] = ColumnStats(columns)
+                self.positions[name] = int(np.prod(array.shape[1:-1], dtype=np.int64)) if array.ndim > 2 else 1
+                self.dtypes[name] = array.dtype
+            columns = self.stats[name].columns
+            self.stats[name].update(array.reshape(-1, columns), row_ids, self.positions[name])
+
+    def integer_targets(self, names):
+        return bool(names) and all(np.issubdtype(self.dtypes[n], np.integer) for n in names if n in self.dtypes)
+
+    def reports(self, names):
+        return [report for name in names if name in self.stats for report in self._column_reports(name)]
+
+    def _column_reports(self, name):
+        s = self.stats[name]
+        mean, std, low, high = s.finite_mean(), s.std(), s.finite_min(), s.finite_max()
+        scales = column_scale(mean, std, s.count)
+        values = s.count + s.nan + s.posinf + s.neginf
+        names = self._column_names(name, s.columns)
+        allowed = self.stream.allow_nonfinite
+        return [
+            ColumnReport(
+                names[i], name, int(values[i]), self.positions[name], int(s.nan[i]), int(s.posinf[i]),
+                int(s.neginf[i]), float(low[i]), float(high[i]), float(mean[i]), float(std[i]),
+                float(s.zeros[i] / max(values[i], 1)), list(s.first_nonfinite_rows[i]),
+                allowed_nonfinite=bool({names[i], name} & allowed),
+                constant=bool(s.count[i] > 1 and low[i] == high[i]), scale=scales[i],
+            )
+            for i in range(s.columns)
+        ]
+
+    def _column_names(self, name, columns):
+        given = self.stream.column_names.get(name)
+        if given and len(given) == columns:
+            return list(given)
+        if columns == 1 and self.positions[name] == 1:
+            return [name]
+        return [f"{name}[..., {i}]" if self.positions[name] > 1 else f"{name}[{i}]" for i in range(columns)]

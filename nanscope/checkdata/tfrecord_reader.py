@@ -1,0 +1,90 @@
+"""Streaming readers that need TensorFlow: TFRecord files and tf.data datasets.
+
+TFRecord files are read a batch of records at a time and parsed with the feature
+spec of the run spec's `data.features`; when no spec is given (a file passed
+directly) the features are read off the first record. A dataset from a factory is
+iterated batch by batch; an unbatched one is batched here.
+"""
+
+import numpy as np
+
+from nanscope.errors import DataError
+from nanscope.runtime import tensorflow
+
+
+def open_tfrecord(data, path, origin):
+    """A DataStream over a TFRecord file of tf.train.Example records."""
+    from nanscope.checkdata.readers import DataStream
+
+    tf, _ = tensorflow()
+    features = {name: (f.dtype, list(f.shape)) for name, f in (data.features or {}).items()}
+    if not features:
+        features = _features_of_first_record(tf, path, origin)
+    target = data.target
+    if target is not None and (not isinstance(target, str) or target not in features):
+        raise DataError(f"{origin}: data.target: {target!r} is not one of the features {sorted(features)}")
+    dtypes = {"float32": tf.float32, "float64": tf.float64, "int64": tf.int64}
+    parse_spec = {name: tf.io.FixedLenFeature(shape, dtypes[dtype]) for name, (dtype, shape) in features.items()}
+
+    def chunks(size):
+        try:
+            for records in tf.data.TFRecordDataset(str(path)).batch(size):
+                parsed = tf.io.parse_example(records, parse_spec)
+                yield {name: parsed[name].numpy() for name in features}
+        except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as exc:
+            first_line = str(exc.message).strip().splitlines()[0]
+            raise DataError(f"{origin}: data.features: {path.name} does not match the feature spec: {first_line}") from None
+
+    inputs = [name for name in features if name != target]
+    return DataStream(path.name, inputs, [target] if target else [], None, chunks, origin=origin)
+
+
+def _features_of_first_record(tf, path, origin):
+    try:
+        first = next(iter(tf.data.TFRecordDataset(str(path)).take(1)), None)
+    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as exc:
+        raise DataError(f"{origin}: data.path: cannot read {path.name} as TFRecord: {exc.message}") from None
+    if first is None:
+        raise DataError(f"{origin}: data.path: the dataset is empty (0 records in {path.name})")
+    example = tf.train.Example.FromString(first.numpy())
+    features = {}
+    for name, feature in example.features.feature.items():
+        kind = feature.WhichOneof("kind")
+        if kind == "bytes_list":
+            continue
+        values = getattr(feature, kind).value
+        shape = [] if len(values) == 1 else [len(values)]
+        features[name] = ("float32" if kind == "float_list" else "int64", shape)
+    return features
+
+
+def dataset_stream(dataset, description, origin, field_name):
+    """A DataStream over a finite tf.data.Dataset of (x, y) elements (x, y arrays or dicts of arrays)."""
+    from nanscope.checkdata.readers import DataStream
+
+    tf, _ = tensorflow()
+    element = dataset.element_spec
+    if not (isinstance(element, tuple) and len(element) == 2):
+        raise DataError(f"{origin}: {field_name}: the dataset must yield (x, y) pairs. Received elements of {element}")
+    if dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
+        raise DataError(f"{origin}: {field_name}: the dataset is infinite; check-data needs a finite one (drop .repeat())")
+    first_x = next(iter(tf.nest.flatten(element[0])))
+    batched = bool(first_x.shape.rank) and first_x.shape[0] is None
+    inputs, targets = _names(element[0], "x"), _names(element[1], "y")
+
+    def chunks(size):
+        source = dataset if batched else dataset.batch(size)
+        for x, y in source.as_numpy_iterator():
+            yield {**_named(x, "x"), **_named(y, "y")}
+
+    return DataStream(description, inputs, targets, None, chunks, origin=origin, field=field_name)
+
+
+def _names(spec, default):
+    return list(spec) if isinstance(spec, dict) else [default]
+
+
+def _named(value, default):
+    if isinstance(value, dict):
+        return {k: np.asarray(v) for k, v in value.items()}
+    return {default: np.asarray(value)}

@@ -1,0 +1,159 @@
+"""Per-step records: plain numbers keyed by step, layer and variable.
+
+A `StepRecord` is what one instrumented step measured. It serialises to one
+JSON line of the trace file, and a report can be redrawn from those lines without
+rerunning training.
+"""
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+PHASES = ("data", "forward", "loss", "backward", "update")
+
+
+@dataclass
+class LayerStats:
+    """One layer's output on one step: max |x|, mean |x|, non-finite count, fraction of exact zeros, loss terms."""
+
+    max_abs: float
+    mean_abs: float
+    nonfinite: int
+    zero_fraction: float
+    loss_term: float
+    called: bool = True
+
+
+@dataclass
+class VariableStats:
+    """One variable on one step: gradient norm, non-finite gradient entries, weight norm, update ratio |dw|/|w|."""
+
+    grad_norm: float
+    grad_nonfinite: int
+    weight_norm: float
+    update_ratio: float
+    weight_nonfinite: int
+
+
+@dataclass
+class StepRecord:
+    """What one instrumented train step measured.
+
+    Args:
+        step: int. Step number, from 0, in the order batches are drawn.
+        batch_rows: int. Rows in the batch.
+        loss: float. Total loss (data loss plus layer loss terms).
+        data_loss: float. The loss function's value alone.
+        grad_global_norm: float. Global norm of the raw gradients.
+        applied_grad_global_norm: float. Global norm of the gradients handed to the optimizer.
+        x_nonfinite, y_nonfinite: int. Non-finite entries in the batch.
+        output_nonfinite: int. Non-finite entries in the model output.
+        loss_nonfinite: bool. The total loss is not finite.
+        grad_nonfinite: int. Non-finite gradient entries.
+        weights_nonfinite: int. Non-finite weight entries after the update.
+        layers: list of LayerStats, in the order of the probed layers.
+        variables: list of VariableStats, in the order of the trainable variables.
+    """
+
+    step: int
+    batch_rows: int
+    loss: float
+    data_loss: float
+    grad_global_norm: float
+    applied_grad_global_norm: float
+    x_nonfinite: int
+    y_nonfinite: int
+    output_nonfinite: int
+    loss_nonfinite: bool
+    grad_nonfinite: int
+    weights_nonfinite: int
+    layers: list = field(default_factory=list)
+    variables: list = field(default_factory=list)
+    model_loss_term: float = 0.0
+
+    @classmethod
+    def from_arrays(cls, step, batch_rows, scalars, layer_stats, layer_terms, var_stats):
+        """Build a record from the step function's four output arrays."""
+        s = [float(v) for v in scalars]
+        layers = [
+            LayerStats(
+                max_abs=float(row[0]),
+                mean_abs=float(row[1] / row[4]) if row[4] else 0.0,
+                nonfinite=int(row[2]),
+                zero_fraction=float(row[3] / row[4]) if row[4] else 0.0,
+                loss_term=float(term),
+                called=bool(row[4] > 0),
+            )
+            for row, term in zip(layer_stats, layer_terms)
+        ]
+        variables = [
+            VariableStats(
+                grad_norm=float(row[0]),
+                grad_nonfinite=int(row[1]),
+                weight_norm=float(row[3]),
+                update_ratio=_ratio(row[4], row[2]),
+                weight_nonfinite=int(row[5]),
+            )
+            for row in var_stats
+        ]
+        return cls(
+            step=step, batch_rows=int(batch_rows), loss=s[0], data_loss=s[1], grad_global_norm=s[6],
+            applied_grad_global_norm=s[9], x_nonfinite=int(s[2]), y_nonfinite=int(s[3]), output_nonfinite=int(s[4]),
+            loss_nonfinite=bool(s[5]), grad_nonfinite=int(s[7]), weights_nonfinite=int(s[8]),
+            layers=layers, variables=variables,
+            model_loss_term=float(layer_terms[-1]) if len(layer_terms) > len(layers) else 0.0,
+        )
+
+    @property
+    def finite(self):
+        """True when nothing in this step was non-finite."""
+        return self.phase is None
+
+    @property
+    def phase(self):
+        """The earliest phase of this step that saw a non-finite value, or None."""
+        if self.x_nonfinite or self.y_nonfinite:
+            return "data"
+        if self.output_nonfinite or any(layer.nonfinite for layer in self.layers):
+            return "forward"
+        if self.loss_nonfinite or not math.isfinite(self.loss):
+            return "loss"
+        if self.grad_nonfinite or not math.isfinite(self.grad_global_norm):
+            return "backward"
+        if self.weights_nonfinite:
+            return "update"
+        return None
+
+
+def _ratio(numerator, denominator):
+    numerator, denominator = float(numerator), float(denominator)
+    if denominator == 0.0:
+        return 0.0 if numerator == 0.0 else math.inf
+    return numerator / denominator
+
+
+def first_nonfinite_layer(record, layer_order):
+    """Index of the first layer, in execution order, whose output held non-finite values."""
+    for index in layer_order:
+        if record.layers[index].nonfinite:
+            return index
+    return None
+
+
+def series(records, attribute):
+    """One attribute of every record, as a float64 array."""
+    return np.array([getattr(r, attribute) for r in records], dtype=np.float64)
+
+
+def record_from_dict(line):
+    """A StepRecord from its JSON form (a trace line); "nan"/"inf" strings become floats again."""
+    values = {k: _decoded(v) for k, v in line.items() if k not in ("kind", "layers", "variables", "phase")}
+    layers = [LayerStats(**{k: _decoded(v) for k, v in row.items()}) for row in line.get("layers", [])]
+    variables = [VariableStats(**{k: _decoded(v) for k, v in row.items()}) for row in line.get("variables", [])]
+    return StepRecord(layers=layers, variables=variables, **values)
+
+
+def _decoded(value):
+    return float(value) if isinstance(value, str) and value in ("nan", "inf", "-inf") else value

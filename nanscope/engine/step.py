@@ -1,0 +1,205 @@
+"""The instrumented train step: one compiled function, small reduced outputs.
+
+`InstrumentedStep` compiles forward, loss, backward and the optimizer update into
+one `tf.function` that returns a few small tensors: scalars (loss, global gradient
+norm, non-finite counts per phase), a row per layer and a row per variable. Nothing
+per-element crosses into Python on a healthy step.
+
+Before each update the step copies the model's and the optimizer's state into
+snapshot variables (one extra copy, on the device). That copy gives |dw|/|w|, and
+after a non-finite step it restores the state as it was before the step, so the
+step can be replayed exactly.
+"""
+
+from dataclasses import dataclass
+
+from nanscope.engine.probes import LAYER_COLUMNS, LayerRecorder, nonfinite_count
+from nanscope.engine.records import StepRecord
+from nanscope.errors import DataError
+from nanscope.runtime import tensorflow
+
+SCALAR_COLUMNS = (
+    "loss", "data_loss", "x_nonfinite", "y_nonfinite", "output_nonfinite", "loss_nonfinite",
+    "grad_global_norm", "grad_nonfinite", "weights_nonfinite", "applied_grad_global_norm",
+)
+VARIABLE_COLUMNS = ("grad_norm", "grad_nonfinite", "weight_norm_before", "weight_norm", "update_norm", "weight_nonfinite")
+
+
+@dataclass
+class LayerInfo:
+    """A probed layer: its name, its class, and the names of the variables it owns."""
+
+    name: str
+    cls: str
+
+
+def probed_layers(keras_model):
+    """The layers of a Keras model to probe, nested ones included, input layers left out."""
+    if keras_model is None:
+        return []
+    return [
+        layer for layer in keras_model._flatten_layers(include_self=False, recursive=True)
+        if type(layer).__name__ != "InputLayer"
+    ]
+
+
+def variable_name(variable):
+    """A variable's path-like name ("dense/kernel"), for Keras and plain tf.Variables alike."""
+    name = getattr(variable, "path", None) or variable.name
+    return name[:-2] if name.endswith(":0") else name
+
+
+class InstrumentedStep:
+    """A compiled, instrumented train step for one model, loss and optimizer.
+
+    Args:
+        model: LoadedModel.
+        loss: objectives.Loss.
+        optimizer: keras.Optimizer. Built here on the model's trainable variables.
+        sample_x: np.ndarray. A batch of inputs, used for shapes and to build the model.
+        sample_y: np.ndarray. The matching targets.
+        jit_compile: bool, default False. Compile the step with XLA.
+        grad_transform: callable(list of grads) -> list of grads, optional. Applied
+            between the backward pass and the optimizer (manual clipping strategies).
+
+    Example:
+        step = InstrumentedStep(model, loss, optimizer, x[:32], y[:32])
+        record = step.run(0, x[:32], y[:32])
+    """
+
+    def __init__(self, model, loss, optimizer, sample_x, sample_y, jit_compile=False, grad_transform=None):
+        tf, _ = tensorflow()
+        self.model = model
+        self.loss = loss
+        self.optimizer = optimizer
+        self.jit_compile = jit_compile
+        self.grad_transform = grad_transform
+        build_model(model, sample_x)
+        self.layers = probed_layers(model.keras_model)
+        self.layer_info = [LayerInfo(layer.name, type(layer).__name__) for layer in self.layers]
+        self.trainable = list(model.keras_model.trainable_variables if model.keras_model is not None else model.trainable_variables)
+        self.variable_names = _without_model_prefix([variable_name(v) for v in self.trainable], model.keras_model)
+        self.optimizer.build(self.trainable)
+        self._state = self._model_state() + list(self.optimizer.variables)
+        self._snapshot = [tf.Variable(v, trainable=False, name="nanscope_snapshot") for v in self._state]
+        self._trainable_snapshot = self._snapshot[: len(self.trainable)]
+        self._recorder = LayerRecorder(self.layers)
+        x_spec = tf.TensorSpec([None, *sample_x.shape[1:]], tf.as_dtype(sample_x.dtype))
+        y_spec = tf.TensorSpec([None, *sample_y.shape[1:]], tf.as_dtype(sample_y.dtype))
+        self._compiled = tf.function(self._step, input_signature=[x_spec, y_spec], jit_compile=jit_compile, autograph=False)
+        with self._recorder.attached():
+            self._concrete = self._compiled.get_concrete_function()
+        self.layer_call_order = [self.layer_info[i].name for i in self._recorder.call_order]
+
+    def _model_state(self):
+        if self.model.keras_model is None:
+            return list(self.trainable)
+        others = [v for v in self.model.keras_model.variables if all(v is not t for t in self.trainable)]
+        return list(self.trainable) + others
+
+    def _step(self, x, y):
+        tf, _ = tensorflow()
+        self._recorder.begin()
+        for snap, var in zip(self._snapshot, self._state):
+            snap.assign(tf.convert_to_tensor(var))
+        with tf.GradientTape() as tape:
+            y_pred = self.model.call(x, training=True)
+            y_pred_f = tf.cast(y_pred, tf.float32) if y_pred.dtype != tf.float32 else y_pred
+            data_loss = tf.cast(self.loss.fn(y, y_pred_f), tf.float32)
+            terms = self._layer_loss_terms()
+            total = data_loss + (tf.add_n([tf.reduce_sum(t) for t in terms]) if terms else 0.0)
+        grads = tape.gradient(total, self.trainable)
+        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, self.trainable)]
+        applied = self.grad_transform(grads) if self.grad_transform is not None else grads
+        self.optimizer.apply_gradients(zip(applied, self.trainable))
+        return self._outputs(x, y, y_pred, total, data_loss, grads, applied)
+
+    def _layer_loss_terms(self):
+        """Per probed layer, the sum of the loss terms it owns (add_loss, weight regularizers)."""
+        tf, _ = tensorflow()
+        rows = []
+        for layer in self.layers:
+            own = list(layer._get_own_losses()) + [
+                v.regularizer(v) for v in getattr(layer, "_trainable_variables", []) if getattr(v, "regularizer", None)
+            ]
+            rows.append(tf.add_n([tf.cast(tf.reduce_sum(t), tf.float32) for t in own]) if own else tf.constant(0.0))
+        if self.model.keras_model is not None:
+            own = list(self.model.keras_model._get_own_losses())
+            rows.append(tf.add_n([tf.cast(tf.reduce_sum(t), tf.float32) for t in own]) if own else tf.constant(0.0))
+        self._loss_terms = rows
+        return rows
+
+    def _outputs(self, x, y, y_pred, total, data_loss, grads, applied):
+        tf, _ = tensorflow()
+        grad_sq = [tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in grads]
+        applied_sq = [tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in applied]
+        var_rows = []
+        for g, sq, var, snap in zip(grads, grad_sq, self.trainable, self._trainable_snapshot):
+            before = tf.cast(tf.convert_to_tensor(snap), tf.float32)
+            after = tf.cast(tf.convert_to_tensor(var), tf.float32)
+            var_rows.append(tf.stack([
+                tf.sqrt(sq), nonfinite_count(g), tf.norm(before), tf.norm(after), tf.norm(after - before), nonfinite_count(var),
+            ]))
+        var_stats = tf.stack(var_rows) if var_rows else tf.zeros([0, len(VARIABLE_COLUMNS)])
+        scalars = tf.stack([
+            tf.cast(total, tf.float32), data_loss, nonfinite_count(x), nonfinite_count(y),
+            tf.add_n([nonfinite_count(t) for t in tf.nest.flatten(y_pred)]),
+            tf.cast(tf.logical_not(tf.math.is_finite(total)), tf.float32),
+            tf.sqrt(tf.add_n(grad_sq)) if grad_sq else tf.constant(0.0),
+            tf.add_n([row[1] for row in var_rows]) if var_rows else tf.constant(0.0),
+            tf.add_n([row[5] for row in var_rows]) if var_rows else tf.constant(0.0),
+            tf.sqrt(tf.add_n(applied_sq)) if applied_sq else tf.constant(0.0),
+        ])
+        layer_terms = tf.stack(self._loss_terms) if self._loss_terms else tf.zeros([0])
+        return scalars, self._recorder.stats_matrix(), layer_terms, var_stats
+
+    def run(self, step, x, y):
+        """Run one train step on a batch and return its StepRecord."""
+        scalars, layer_stats, layer_terms, var_stats = self._concrete(x, y)
+        return StepRecord.from_arrays(step, len(x), scalars.numpy(), layer_stats.numpy(), layer_terms.numpy(), var_stats.numpy())
+
+    def restore_before_step(self):
+        """Put the model and optimizer state back as it was before the last step."""
+        for snap, var in zip(self._snapshot, self._state):
+            var.assign(snap)
+
+    def weights_before_step(self):
+        """numpy copies of the trainable variables as they were before the last step."""
+        return [s.numpy() for s in self._trainable_snapshot]
+
+
+def _without_model_prefix(names, keras_model):
+    """Variable names relative to the model ("dense/kernel", not "sequential/dense/kernel")."""
+    prefix = f"{keras_model.name}/" if keras_model is not None else None
+    if prefix and names and all(n.startswith(prefix) for n in names):
+        return [n[len(prefix):] for n in names]
+    return names
+
+
+def build_model(model, sample_x):
+    """Call a Keras model once on a sample so its variables exist; a shape that does not fit is bad input."""
+    if model.keras_model is None:
+        return
+    keras_model = model.keras_model
+    try:
+        keras_model(sample_x[:1], training=False)
+    except Exception as exc:
+        expected = _expected_input(keras_model)
+        raise DataError(
+            f"data: input of shape {tuple(sample_x.shape[1:])} (per row) does not fit the model"
+            + (f", which expects {expected}" if expected else "")
+            + f": {_first_line(exc)}"
+        ) from exc
+
+
+def _expected_input(keras_model):
+    try:
+        shape = keras_model.input_shape
+        return tuple(shape[1:]) if isinstance(shape, tuple) else shape
+    except Exception:
+        return None
+
+
+def _first_line(exc):
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__

@@ -1,0 +1,101 @@
+"""The one experiment runner: re-run training from the same start with one change.
+
+Fix verification (`trace-steps --verify`) and `compare-clipping` both ask the same
+question: with this change, from the same initial weights and the same batch order,
+does training stay finite, and how low does the loss get? `run_experiment` answers
+it for one change; every run resets the weights first, so runs are comparable.
+"""
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from nanscope.jsonio import jsonable
+
+
+@dataclass
+class Change:
+    """One change to try.
+
+    Args:
+        name: str. Short label ("clipnorm=1", "lr/10").
+        params: dict. What the change sets, for the report.
+        optimizer_overrides: dict. Optimizer arguments to override (learning_rate, clipnorm, epsilon, ...).
+        grad_transform: callable(list of grads) -> list of grads, optional. Applied before the optimizer.
+        model: LoadedModel, optional. A changed model (e.g. relu -> relu6); its weights must match the session's.
+    """
+
+    name: str
+    params: dict = field(default_factory=dict)
+    optimizer_overrides: dict = field(default_factory=dict)
+    grad_transform: Any = None
+    model: Any = None
+
+
+@dataclass
+class ExperimentResult:
+    """What one run with a change did.
+
+    Args:
+        name, params: from the Change.
+        records: list of StepRecord.
+        first_nonfinite_step: int or None.
+        final_loss, best_loss: float or None. Training loss at the last step / lowest over finite steps.
+        val_loss: float or None. Validation loss after the last step (None when non-finite or no validation part).
+    """
+
+    name: str
+    params: dict
+    records: list
+    first_nonfinite_step: Optional[int]
+    final_loss: Optional[float]
+    best_loss: Optional[float]
+    val_loss: Optional[float]
+
+    @property
+    def finite(self):
+        return self.first_nonfinite_step is None
+
+    @property
+    def losses(self):
+        return [r.loss for r in self.records]
+
+    def to_json(self):
+        return jsonable({
+            "name": self.name, "params": self.params, "first_nonfinite_step": self.first_nonfinite_step,
+            "final_loss": self.final_loss, "best_loss": self.best_loss, "val_loss": self.val_loss,
+            "steps_run": len(self.records), "losses": self.losses,
+        })
+
+
+def run_experiment(session, change, steps=None, stop_at_nonfinite=True, on_step=None):
+    """Train from the session's initial weights with `change` applied and summarise the run.
+
+    Args:
+        session: Session.
+        change: Change.
+        steps: int, optional. Default: the spec's `train.steps`.
+        stop_at_nonfinite: bool, default True. Stop at the first non-finite step.
+        on_step: callable(StepRecord), optional. Progress callback.
+    """
+    model = change.model or session.model
+    session.reset_weights(model)
+    engine = session.instrumented_step(change.optimizer_overrides, change.grad_transform, model=model)
+    records, first_bad = [], None
+    for step in range(steps or session.spec.train.steps):
+        x, y = session.batch(step)
+        record = engine.run(step, x, y)
+        records.append(record)
+        if on_step is not None:
+            on_step(record)
+        if record.phase is not None:
+            first_bad = step if first_bad is None else first_bad
+            if stop_at_nonfinite:
+                break
+    finite_losses = [r.loss for r in records if r.phase is None and math.isfinite(r.loss)]
+    val_loss = session.evaluate(engine) if first_bad is None and records else None
+    return ExperimentResult(
+        name=change.name, params=dict(change.params), records=records, first_nonfinite_step=first_bad,
+        final_loss=records[-1].loss if records else None, best_loss=min(finite_losses) if finite_losses else None,
+        val_loss=val_loss,
+    )

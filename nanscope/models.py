@@ -1,0 +1,163 @@
+"""Load the model a spec names: a Python factory, a `.keras` file or a SavedModel.
+
+Everything ends as a `LoadedModel`: something callable on a batch, its trainable
+variables, and (for Keras models) its layers, so the step engine can train and
+probe any of them the same way.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from nanscope.errors import ModelError
+from nanscope.factory import call_factory, load_callable
+from nanscope.runtime import tensorflow
+
+
+@dataclass
+class LoadedModel:
+    """A trainable model, whatever it was loaded from.
+
+    Args:
+        kind: str. "keras" or "saved_model".
+        description: str. One line for the report header.
+        keras_model: keras.Model or None. Set for Keras models (per-layer statistics available).
+        module: object or None. The restored SavedModel object.
+        call: callable(x, training) -> y_pred.
+        trainable_variables: list of tf.Variable.
+        variables: list of tf.Variable. All state that a step may change (trainable and not).
+        compiled_loss: the compiled model's loss, if any.
+        compiled_optimizer: the compiled model's optimizer, if any.
+    """
+
+    kind: str
+    description: str
+    call: Callable
+    trainable_variables: list
+    variables: list
+    keras_model: Any = None
+    module: Any = None
+    compiled_loss: Any = None
+    compiled_optimizer: Any = None
+    notes: list = field(default_factory=list)
+
+    @property
+    def param_count(self):
+        return int(sum(int(v.shape.num_elements() or 0) for v in self.trainable_variables))
+
+    @property
+    def has_layers(self):
+        return self.keras_model is not None
+
+
+def load_model(spec, unsafe=False):
+    """Build or load the model of a RunSpec; seeds must be set before calling.
+
+    Raises:
+        ModelError: naming the file and field when the model cannot be loaded.
+    """
+    tensorflow()
+    if spec.model.factory is not None:
+        return _from_factory(spec)
+    path = spec.resolve(spec.model.path)
+    if not path.exists():
+        raise ModelError(f"{spec.source}: model.path: file not found: {path}")
+    if path.is_dir():
+        return _from_saved_model(spec, path)
+    if path.suffix == ".keras":
+        return _from_keras_file(spec, path, unsafe)
+    raise ModelError(
+        f"{spec.source}: model.path: {path.name} is neither a .keras file nor a SavedModel directory"
+    )
+
+
+def _from_factory(spec):
+    _, keras = tensorflow()
+    where = f"{spec.source}: model.factory"
+    function = load_callable(spec.model.factory, spec.base_dir, where, ModelError)
+    model = call_factory(function, spec.model.args, where, ModelError)
+    if not isinstance(model, keras.Model):
+        raise ModelError(f"{where}: {spec.model.factory} must return a keras.Model. Received: a {type(model).__name__}")
+    return _keras(model, f"{spec.model.factory}{_args_suffix(spec.model.args)}")
+
+
+def _from_keras_file(spec, path, unsafe):
+    _, keras = tensorflow()
+    try:
+        model = keras.saving.load_model(str(path), safe_mode=not unsafe)
+    except ValueError as exc:
+        if "safe_mode" in str(exc) or "unsafe" in str(exc).lower() or "lambda" in str(exc).lower():
+            raise ModelError(
+                f"{spec.source}: model.path: {path.name} needs unsafe deserialization (e.g. a Lambda layer); "
+                "pass --unsafe only if you trust the file"
+            ) from exc
+        raise ModelError(f"{spec.source}: model.path: cannot load {path.name}: {_first_line(exc)}") from exc
+    except Exception as exc:
+        raise ModelError(f"{spec.source}: model.path: cannot load {path.name}: {_first_line(exc)}") from exc
+    return _keras(model, path.name)
+
+
+def _keras(model, description):
+    compiled = getattr(model, "compiled", False) or getattr(model, "optimizer", None) is not None
+    return LoadedModel(
+        kind="keras",
+        description=f"{description} ({type(model).__name__})",
+        call=lambda x, training: model(x, training=training),
+        trainable_variables=list(model.trainable_variables),
+        variables=list(model.variables),
+        keras_model=model,
+        compiled_loss=getattr(model, "loss", None) if compiled else None,
+        compiled_optimizer=getattr(model, "optimizer", None) if compiled else None,
+    )
+
+
+def _from_saved_model(spec, path):
+    tf, _ = tensorflow()
+    if not (path / "saved_model.pb").exists() and not (path / "saved_model.pbtxt").exists():
+        raise ModelError(f"{spec.source}: model.path: {path} is a directory but not a SavedModel (no saved_model.pb)")
+    try:
+        module = tf.saved_model.load(str(path))
+    except Exception as exc:
+        raise ModelError(f"{spec.source}: model.path: cannot load SavedModel {path}: {_first_line(exc)}") from exc
+    call = _serving_call(module)
+    if call is None:
+        raise ModelError(
+            f"{spec.source}: model.path: SavedModel {path.name} has no `serve` or `__call__` function to train through"
+        )
+    trainable = list(getattr(module, "trainable_variables", []) or [])
+    if not trainable:
+        raise ModelError(f"{spec.source}: model.path: SavedModel {path.name} tracks no trainable variables")
+    return LoadedModel(
+        kind="saved_model",
+        description=f"{path.name} (SavedModel)",
+        call=call,
+        trainable_variables=trainable,
+        variables=list(getattr(module, "variables", trainable)),
+        module=module,
+        notes=["SavedModel: no Keras layers, so statistics are grouped by variable name"],
+    )
+
+
+def _serving_call(module):
+    for name in ("serve", "__call__"):
+        function = getattr(module, name, None)
+        if callable(function):
+            return lambda x, training, fn=function: fn(x)
+    signatures = getattr(module, "signatures", {})
+    if "serving_default" in signatures:
+        signature = signatures["serving_default"]
+
+        def call(x, training, fn=signature):
+            outputs = fn(x)
+            return next(iter(outputs.values())) if isinstance(outputs, dict) else outputs
+
+        return call
+    return None
+
+
+def _args_suffix(args):
+    return f"({', '.join(f'{k}={v!r}' for k, v in args.items())})" if args else "()"
+
+
+def _first_line(exc):
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,1 @@
+"""Renderers: turn a result into Rich output. They format; they never compute."""

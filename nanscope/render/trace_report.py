@@ -1,0 +1,147 @@
+"""Rich rendering of a TraceReport: header, step curves, worst layers, first non-finite, findings."""
+
+import math
+
+from rich.console import Group
+from rich.panel import Panel
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+
+from nanscope.render.format import fmt, selected_steps, sparkline
+
+STATUS_STYLE = {"healthy": "bold green", "warning": "bold yellow", "nonfinite": "bold red"}
+SEVERITY_STYLE = {"error": "red", "warning": "yellow", "info": "cyan"}
+WORST_SHOWN = 6
+
+
+def render_trace_report(report, console):
+    """Print the whole report to a Rich console."""
+    console.print(_header(report))
+    if report.records:
+        console.print(_curves(report))
+        console.print(_steps_table(report))
+    if report.layers:
+        console.print(_layers_table(report))
+    console.print(_variables_table(report))
+    if report.first_nonfinite is not None:
+        console.print(_first_nonfinite(report))
+    console.print(_recommendations(report))
+    for note in report.notes:
+        console.print(Text(f"note: {note}", style="dim"))
+    if report.trace_path:
+        console.print(Text(f"trace: {report.trace_path}", style="dim"))
+
+
+def _header(report):
+    run = report.run
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    optimizer = ", ".join(f"{k}={fmt(v)}" for k, v in run.get("optimizer_config", {}).items())
+    rows = [
+        ("spec", run.get("spec")),
+        ("model", f"{run.get('model')}, {run.get('parameters', 0):,} parameters"),
+        ("data", f"{run.get('data')}; train {run.get('train_rows')} rows, validation {run.get('validation_rows')}, "
+                 f"batch {run.get('batch_size')}{', shuffled' if run.get('shuffle') else ''}"),
+        ("loss", run.get("loss")),
+        ("optimizer", f"{run.get('optimizer')}({optimizer})"),
+        ("steps", f"{report.steps_run} of {run.get('steps_requested')}"
+                  + (" (interrupted)" if report.interrupted else "")),
+    ]
+    if report.validation_loss is not None:
+        rows.append(("validation loss", fmt(report.validation_loss)))
+    for key, value in rows:
+        grid.add_row(key, str(value))
+    title = Text.assemble("nanscope trace-steps  ", (report.status.upper(), STATUS_STYLE[report.status]))
+    return Panel(grid, title=title, title_align="left")
+
+
+def _curves(report):
+    losses = [r.loss for r in report.records]
+    norms = [r.grad_global_norm for r in report.records]
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_column(style="dim")
+    grid.add_row("loss", sparkline(losses), f"{fmt(_first_finite(losses))} -> {fmt(losses[-1])}")
+    grid.add_row("grad norm", sparkline(norms), f"{fmt(_first_finite(norms))} -> {fmt(norms[-1])}")
+    return Panel(grid, title="over steps (log scale; x = non-finite)", title_align="left")
+
+
+def _steps_table(report):
+    table = Table(title="selected steps", title_justify="left", show_edge=False)
+    for column in ("step", "loss", "grad norm", "applied norm", "non-finite (data/out/grad/weights)", "phase"):
+        table.add_column(column, justify="right" if column != "phase" else "left")
+    first = report.first_nonfinite.step if report.first_nonfinite else None
+    for record in selected_steps(report.records, first):
+        style = "red" if record.phase else None
+        counts = f"{record.x_nonfinite + record.y_nonfinite}/{record.output_nonfinite}/" \
+                 f"{record.grad_nonfinite}/{record.weights_nonfinite}"
+        table.add_row(str(record.step), fmt(record.loss), fmt(record.grad_global_norm),
+                      fmt(record.applied_grad_global_norm), counts, record.phase or "", style=style)
+    return table
+
+
+def _layers_table(report):
+    rows = sorted(report.layer_summaries(), key=lambda r: (-r["nonfinite_steps"], -(r["max_abs"] or 0)))
+    table = Table(title="layers (largest outputs first; mean |x|, zeros: last step)", title_justify="left", show_edge=False)
+    for column in ("layer", "class", "max |x|", "mean |x|", "zeros", "loss term", "NaN steps"):
+        table.add_column(column, justify="left" if column in ("layer", "class") else "right",
+                         overflow="fold", min_width=12 if column == "layer" else None)
+    for row in rows[:WORST_SHOWN]:
+        style = "red" if row["nonfinite_steps"] else None
+        zeros = "" if row["zero_fraction_last"] is None else f"{row['zero_fraction_last']:.0%}"
+        table.add_row(row["name"], row["class"], fmt(row["max_abs"]), fmt(row["mean_abs_last"]), zeros,
+                      fmt(row["loss_term_last"]), str(row["nonfinite_steps"]), style=style)
+    return table
+
+
+def _variables_table(report):
+    rows = sorted(report.variable_summaries(), key=lambda r: (-r["nonfinite_steps"], -(r["max_grad_norm"] or 0)))
+    table = Table(title="variables (largest gradient norms first; |w|: last step)", title_justify="left", show_edge=False)
+    for column in ("variable", "max grad", "last grad", "max |dw|/|w|", "|w|", "NaN steps"):
+        table.add_column(column, justify="left" if column == "variable" else "right",
+                         overflow="fold", min_width=16 if column == "variable" else None)
+    for row in rows[:WORST_SHOWN]:
+        style = "red" if row["nonfinite_steps"] else None
+        table.add_row(row["name"], fmt(row["max_grad_norm"]), fmt(row["last_grad_norm"]), fmt(row["max_update_ratio"]),
+                      fmt(row["weight_norm_last"]), str(row["nonfinite_steps"]), style=style)
+    return table
+
+
+def _first_nonfinite(report):
+    first = report.first_nonfinite
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    layer = f"{first.layer} ({first.layer_class})" if first.layer_class else first.layer
+    for key, value in (("step", first.step), ("phase", first.phase), ("layer", layer), ("variable", first.variable),
+                       ("op", first.op), ("source", first.source)):
+        if value is not None:
+            grid.add_row(key, str(value))
+    if first.inputs:
+        grid.add_row("op input", ", ".join(f"{k} {fmt(v)}" for k, v in first.inputs.items()))
+    for line in first.detail:
+        grid.add_row("", line)
+    return Panel(grid, title="first non-finite value", title_align="left", border_style="red")
+
+
+def _recommendations(report):
+    if not report.recommendations:
+        return Panel(Text("no findings", style="green"), title="recommendations", title_align="left")
+    parts = []
+    for number, rec in enumerate(report.recommendations, start=1):
+        verified = {True: "  [verified: the fix stays finite]", False: "  [verified: the fix did NOT help]"}.get(
+            rec.verified, "")
+        parts.append(Text.assemble(f"{number}. ", (f"[{rec.severity}] ", SEVERITY_STYLE.get(rec.severity, "")),
+                                   (rec.title, "bold"), f"  ({rec.id})", (verified, "green" if rec.verified else "red")))
+        for line in rec.evidence:
+            parts.append(Text(f"   - {line}"))
+        parts.append(Syntax(rec.fix, "yaml" if rec.fix.lstrip().startswith(("train:", "data:", "model:")) else "python",
+                            theme="ansi_dark", background_color="default", padding=(0, 3), word_wrap=True))
+    return Panel(Group(*parts), title="recommendations", title_align="left")
+
+
+def _first_finite(values):
+    return next((v for v in values if v is not None and math.isfinite(v)), values[0] if values else None)

@@ -1,0 +1,186 @@
+"""The result of a trace-steps run: what was run, what was measured, what it means.
+
+`TraceReport` is plain data. `to_json()` gives the `nanscope.trace/1` document;
+the Rich renderer draws from the same fields. It can be rebuilt from a trace file
+(`from_trace`) without TensorFlow.
+"""
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+from nanscope.engine.records import record_from_dict
+from nanscope.errors import EXIT_HEALTHY, EXIT_INTERRUPTED, EXIT_PROBLEM
+from nanscope.jsonio import jsonable
+from nanscope.rules.catalogue import Recommendation
+
+SCHEMA = "nanscope.trace/1"
+STEP_FIELDS = (
+    "step", "loss", "data_loss", "grad_global_norm", "applied_grad_global_norm", "x_nonfinite", "y_nonfinite",
+    "output_nonfinite", "grad_nonfinite", "weights_nonfinite",
+)
+
+
+@dataclass
+class FirstNonfinite:
+    """Where the first non-finite value of the run appeared.
+
+    Args:
+        step: int. The step.
+        phase: str. data | forward | loss | backward | update.
+        layer: str or None. The layer that produced it (for the forward pass).
+        layer_class: str or None. That layer's class.
+        variable: str or None. The variable (backward: non-finite gradient; update: non-finite weight).
+        op: str or None. The TF op that produced it, once localized.
+        source: str or None. `file:line` of the user code that created the op.
+        inputs: dict or None. Statistics of the op's input at that moment.
+        detail: list of str. Further facts (e.g. which features and rows held NaN).
+    """
+
+    step: int
+    phase: str
+    layer: Optional[str] = None
+    layer_class: Optional[str] = None
+    variable: Optional[str] = None
+    op: Optional[str] = None
+    source: Optional[str] = None
+    inputs: Optional[dict] = None
+    detail: list = field(default_factory=list)
+
+
+@dataclass
+class TraceReport:
+    """Everything trace-steps found, ready to render or serialise.
+
+    Args:
+        run: dict. What was run: spec, model, parameters, data, loss, optimizer, steps requested.
+        layers: list of (name, class) pairs, probe order. Empty for a SavedModel.
+        layer_order: list of str. Layer names in execution order.
+        variables: list of str. Trainable variable names.
+        records: list of StepRecord.
+        first_nonfinite: FirstNonfinite or None.
+        recommendations: list of Recommendation, most likely cause first.
+        validation_loss: float or None. After the last step, when a validation part exists.
+        interrupted: bool. The run was stopped by a signal before its step limit.
+        notes: list of str. What the report cannot show and why.
+        trace_path: str. The JSON-lines trace file.
+    """
+
+    run: dict
+    layers: list
+    layer_order: list
+    variables: list
+    records: list
+    first_nonfinite: Optional[FirstNonfinite] = None
+    recommendations: list = field(default_factory=list)
+    validation_loss: Optional[float] = None
+    interrupted: bool = False
+    notes: list = field(default_factory=list)
+    trace_path: Optional[str] = None
+
+    @property
+    def status(self):
+        if self.first_nonfinite is not None:
+            return "nonfinite"
+        if any(r.severity in ("error", "warning") for r in self.recommendations):
+            return "warning"
+        return "healthy"
+
+    @property
+    def steps_run(self):
+        return len(self.records)
+
+    def exit_code(self, strict=False):
+        """0 healthy, 1 non-finite (or a warning with `strict`), 130 interrupted."""
+        if self.interrupted:
+            return EXIT_INTERRUPTED
+        if self.status == "nonfinite" or (strict and self.status == "warning"):
+            return EXIT_PROBLEM
+        return EXIT_HEALTHY
+
+    def layer_summaries(self):
+        """Per layer over the run: largest finite max |x|, last mean |x|, non-finite steps, first such step."""
+        rows = []
+        for index, (name, cls) in enumerate(self.layers):
+            stats = [r.layers[index] for r in self.records if index < len(r.layers) and r.layers[index].called]
+            bad = [r.step for r in self.records if index < len(r.layers) and r.layers[index].nonfinite]
+            rows.append({
+                "name": name, "class": cls,
+                "max_abs": max((s.max_abs for s in stats), default=0.0),
+                "mean_abs_last": stats[-1].mean_abs if stats else None,
+                "zero_fraction_last": stats[-1].zero_fraction if stats else None,
+                "nonfinite_last": stats[-1].nonfinite if stats else 0,
+                "loss_term_last": stats[-1].loss_term if stats else 0.0,
+                "nonfinite_steps": len(bad), "first_nonfinite_step": bad[0] if bad else None,
+            })
+        return rows
+
+    def variable_summaries(self):
+        """Per variable over the run: largest and last gradient norm, largest update ratio, non-finite steps."""
+        rows = []
+        for index, name in enumerate(self.variables):
+            stats = [r.variables[index] for r in self.records if index < len(r.variables)]
+            bad = [r.step for r in self.records if index < len(r.variables) and (
+                r.variables[index].grad_nonfinite or r.variables[index].weight_nonfinite)]
+            rows.append({
+                "name": name,
+                "max_grad_norm": _finite_max(s.grad_norm for s in stats),
+                "last_grad_norm": stats[-1].grad_norm if stats else None,
+                "max_update_ratio": _finite_max(s.update_ratio for s in stats[1:] or stats),
+                "weight_norm_last": stats[-1].weight_norm if stats else None,
+                "grad_nonfinite_last": stats[-1].grad_nonfinite if stats else 0,
+                "nonfinite_steps": len(bad), "first_nonfinite_step": bad[0] if bad else None,
+            })
+        return rows
+
+    def to_json(self):
+        """The `nanscope.trace/1` document."""
+        return jsonable({
+            "schema": SCHEMA,
+            "status": self.status,
+            "steps_run": self.steps_run,
+            "interrupted": self.interrupted,
+            "run": self.run,
+            "first_nonfinite": self.first_nonfinite,
+            "steps": [{**{f: getattr(r, f) for f in STEP_FIELDS}, "phase": r.phase} for r in self.records],
+            "layers": self.layer_summaries(),
+            "layer_order": self.layer_order,
+            "variables": self.variable_summaries(),
+            "validation_loss": self.validation_loss,
+            "recommendations": self.recommendations,
+            "notes": self.notes,
+            "trace": self.trace_path,
+        })
+
+    def trace_header(self):
+        """The header line of the trace file."""
+        return {"run": self.run, "layers": self.layers, "layer_order": self.layer_order, "variables": self.variables}
+
+
+def from_trace(header, step_lines, other_lines, trace_path=None):
+    """Rebuild a TraceReport from a trace file's lines (see tracefile.read_trace)."""
+    records = [record_from_dict(line) for line in step_lines]
+    summary = next((line for line in reversed(other_lines) if line.get("kind") == "summary"), {})
+    first = summary.get("first_nonfinite")
+    report = TraceReport(
+        run=header.get("run", {}),
+        layers=[tuple(pair) for pair in header.get("layers", [])],
+        layer_order=header.get("layer_order", []),
+        variables=header.get("variables", []),
+        records=records,
+        first_nonfinite=FirstNonfinite(**first) if first else None,
+        recommendations=[Recommendation(**r) for r in summary.get("recommendations", [])],
+        validation_loss=summary.get("validation_loss"),
+        interrupted=bool(summary.get("interrupted", not summary)),
+        notes=summary.get("notes", []) + ([] if summary else ["the run ended before writing its summary"]),
+        trace_path=str(trace_path) if trace_path else None,
+    )
+    if first is None and not summary:
+        bad = next((r for r in records if r.phase), None)
+        report.first_nonfinite = FirstNonfinite(bad.step, bad.phase) if bad else None
+    return report
+
+
+def _finite_max(values):
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return max(finite) if finite else None

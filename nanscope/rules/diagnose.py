@@ -1,0 +1,183 @@
+"""Turn a run's measurements into recommendations from the rule catalogue.
+
+Each detector looks at one kind of evidence and returns zero or more
+`(score, Recommendation)` pairs; `diagnose` orders them by score, most direct
+evidence first. The same evidence always gives the same recommendations, and a
+healthy run gets nothing above `info`.
+"""
+
+import math
+
+import numpy as np
+
+from nanscope.rules.catalogue import recommend
+
+# A gradient norm that grows by more than 20% per step, sustained over at least
+# GROWTH_MIN_STEPS steps and by GROWTH_MIN_TOTAL overall, is not noise: healthy
+# SGD/Adam runs show norms that wander within a factor of a few.
+GROWTH_RATE_LIMIT = 1.2
+GROWTH_MIN_STEPS = 4
+GROWTH_MIN_TOTAL = 100.0
+# Largest finite float32 (numpy.finfo(float32).max): where a growing norm overflows.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+# |dw|/|w| around 1e-3 per step is the usual healthy range (Karpathy, "A Recipe for
+# Training Neural Networks"); ten times that, sustained, is far above normal.
+UPDATE_RATIO_LIMIT = 1e-2
+# Inputs or regression targets whose standard deviation or mean magnitude exceeds
+# this are far from unit scale (standardised data has std 1, mean 0).
+SCALE_LIMIT = 10.0
+MSE_LIKE_LOSSES = {"mean_squared_error", "mse", "mean_absolute_error", "mae", "huber", "huber_loss", "log_cosh"}
+# Clipping threshold rule: the largest update an SGD-like step may make is about
+# this fraction of the weights' norm.
+CLIP_UPDATE_FRACTION = 0.01
+# AutoClip (Seetharaman et al., 2020) clips at a low percentile of the observed norms.
+CLIP_PERCENTILE = 10
+
+
+def diagnose(report, session):
+    """Recommendations for a TraceReport, most likely cause first."""
+    healthy = [r for r in report.records if r.phase is None]
+    found = []
+    for detector in (_bad_data, _gradient_growth, _update_ratio, _target_scale, _input_scale):
+        found.extend(detector(report, session, healthy))
+    found.sort(key=lambda pair: -pair[0])
+    seen, ordered = set(), []
+    for _, rec in found:
+        if rec.id not in seen:
+            seen.add(rec.id)
+            ordered.append(rec)
+    return ordered
+
+
+def _severity(report, fired_alone="warning"):
+    return "error" if report.first_nonfinite is not None else fired_alone
+
+
+def _bad_data(report, session, healthy):
+    first = report.first_nonfinite
+    if first is None or first.phase != "data":
+        return []
+    evidence = [f"step {first.step}: the batch itself holds non-finite values"] + list(first.detail)
+    return [(1.0, recommend("clean-input-data", "error", evidence, data={"step": first.step}))]
+
+
+def growth(records):
+    """(per-step growth factor, first step of the fitted window, window length) of the gradient norm, or None.
+
+    Fits log(norm) against step over the longest stretch of finite norms that ends
+    at the last healthy step.
+    """
+    norms = np.array([r.grad_global_norm for r in records], dtype=np.float64)
+    steps = np.array([r.step for r in records], dtype=np.float64)
+    ok = np.isfinite(norms) & (norms > 0)
+    if ok.sum() < GROWTH_MIN_STEPS:
+        return None
+    norms, steps = norms[ok], steps[ok]
+    best = None
+    for start in range(0, len(norms) - GROWTH_MIN_STEPS + 1):
+        slope = np.polyfit(steps[start:], np.log(norms[start:]), 1)[0]
+        rate = math.exp(slope)
+        total = norms[-1] / norms[start]
+        if rate > GROWTH_RATE_LIMIT and total > GROWTH_MIN_TOTAL:
+            best = (rate, int(steps[start]), len(norms) - start)
+            break
+    return best
+
+
+def _gradient_growth(report, session, healthy):
+    found = growth(healthy)
+    if found is None:
+        return []
+    rate, onset, length = found
+    last = healthy[-1]
+    start_norm = next(r.grad_global_norm for r in healthy if r.step == onset)
+    overflow_in = math.log(FLOAT32_MAX / last.grad_global_norm) / math.log(rate)
+    threshold, how = clip_threshold(healthy, report)
+    evidence = [
+        f"gradient norm grew {rate:.2f}x per step from step {onset} "
+        f"({start_norm:.3g} -> {last.grad_global_norm:.3g} at step {last.step})",
+        f"at that rate it overflows float32 around step {last.step + overflow_in:.0f}",
+        f"clip threshold {threshold:.3g}: {how}",
+    ]
+    fix = f"train:\n  optimizer: {{global_clipnorm: {threshold:.3g}}}   # or clipnorm / clipvalue"
+    data = {"growth_rate": rate, "onset_step": onset, "projected_overflow_step": last.step + overflow_in,
+            "threshold": threshold}
+    return [(0.8, recommend("clip-gradients", _severity(report), evidence, fix, data))]
+
+
+def clip_threshold(healthy, report):
+    """A clipping threshold from the healthy steps, and how it was chosen."""
+    norms = np.array([r.grad_global_norm for r in healthy if math.isfinite(r.grad_global_norm)])
+    percentile = float(np.percentile(norms, CLIP_PERCENTILE)) if len(norms) else 1.0
+    lr = report.run.get("optimizer_config", {}).get("learning_rate")
+    weight_norm = math.sqrt(sum(v.weight_norm ** 2 for v in healthy[0].variables)) if healthy else 0.0
+    if lr and weight_norm > 0:
+        update_bound = CLIP_UPDATE_FRACTION * weight_norm / lr
+        if update_bound < percentile:
+            return _round(update_bound), (
+                f"so that one step of learning rate {lr:g} moves the weights (norm {weight_norm:.3g}) "
+                f"by at most {CLIP_UPDATE_FRACTION:.0%}; the {CLIP_PERCENTILE}th percentile of healthy norms, "
+                f"{percentile:.3g}, would allow larger steps"
+            )
+    return _round(percentile), f"the {CLIP_PERCENTILE}th percentile of the healthy steps' gradient norms"
+
+
+def _round(value):
+    if value <= 0 or not math.isfinite(value):
+        return 1.0
+    digits = -int(math.floor(math.log10(value)))
+    return round(value, digits)
+
+
+def global_update_ratio(record):
+    """|dw|/|w| over all trainable weights together (small bias vectors alone would dominate a per-variable max)."""
+    weights = math.sqrt(sum(v.weight_norm ** 2 for v in record.variables))
+    updates = math.sqrt(sum((v.update_ratio * v.weight_norm) ** 2 for v in record.variables if math.isfinite(v.update_ratio)))
+    return updates / weights if weights > 0 else 0.0
+
+
+def _update_ratio(report, session, healthy):
+    ratios = [global_update_ratio(r) for r in healthy[1:]]
+    if len(ratios) < 2:
+        return []
+    median = float(np.median(ratios))
+    if median <= UPDATE_RATIO_LIMIT:
+        return []
+    lr = report.run.get("optimizer_config", {}).get("learning_rate")
+    evidence = [f"median update ratio |dw|/|w| (all weights) over {len(ratios)} healthy steps: {median:.3g} "
+                f"(healthy runs: ~1e-3; limit {UPDATE_RATIO_LIMIT:g})"]
+    fix = f"train:\n  optimizer: {{learning_rate: {lr / 10:g}}}   # 10x lower" if lr else RULE_FIX_LR
+    return [(0.75, recommend("lower-learning-rate", _severity(report), evidence, fix, {"median_update_ratio": median}))]
+
+
+RULE_FIX_LR = "train:\n  optimizer: {learning_rate: 0.001}"
+
+
+def _target_scale(report, session, healthy):
+    y = session.train.y
+    if session.loss.name.lower() not in MSE_LIKE_LOSSES or not np.issubdtype(y.dtype, np.floating):
+        return []
+    std, mean = float(np.nanstd(y)), float(np.nanmean(np.abs(y)))
+    if max(std, mean) <= SCALE_LIMIT:
+        return []
+    evidence = [f"regression targets have std {std:.3g} and mean |y| {mean:.3g} under {session.loss.name} "
+                f"(unit scale: ~1; limit {SCALE_LIMIT:g}); the loss and its gradients scale with y squared"]
+    severity = _severity(report, "info")
+    return [(0.7, recommend("normalize-targets", severity, evidence, data={"y_std": std, "y_mean_abs": mean}))]
+
+
+def _input_scale(report, session, healthy):
+    x = session.train.x
+    if not np.issubdtype(x.dtype, np.floating):
+        return []
+    flat = x.reshape(len(x), -1)
+    with np.errstate(all="ignore"):
+        std = np.nanstd(flat, axis=0)
+        mean = np.nanmean(np.abs(flat), axis=0)
+    far = np.flatnonzero((std > SCALE_LIMIT) | (mean > SCALE_LIMIT))
+    if not len(far):
+        return []
+    names = session.train.feature_names
+    shown = ", ".join(f"{names[i] if i < len(names) else i} (std {std[i]:.3g})" for i in far[:5])
+    evidence = [f"{len(far)} input feature(s) far from unit scale: {shown}"]
+    return [(0.6, recommend("normalize-inputs", _severity(report, "info"), evidence, data={"features": far[:20].tolist()}))]

@@ -1,0 +1,111 @@
+"""A training session: the spec's data, model, loss and optimizer, built once, seeded.
+
+`open_session(spec)` does everything a run needs before its first step, in the
+same order every time, so the same seed gives the same initial weights and the same
+batch order. trace-steps, the fix verification and compare-clipping all start
+from a `Session`; `Session.reset_weights()` puts the initial weights back for another
+run with other optimizer settings.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from nanscope.data.batches import BatchOrder, batch
+from nanscope.data.sources import LoadedData, load_data, split_validation
+from nanscope.engine.step import InstrumentedStep, build_model
+from nanscope.models import LoadedModel, load_model
+from nanscope.objectives import Loss, build_optimizer, resolve_loss
+from nanscope.runtime import tensorflow
+
+
+@dataclass
+class Session:
+    """Everything a run needs, built from one spec.
+
+    Args:
+        spec: RunSpec.
+        train: LoadedData. The training rows.
+        validation: LoadedData or None. The held-out rows.
+        order: BatchOrder. Which rows each step draws.
+        model: LoadedModel.
+        loss: Loss.
+        unsafe: bool. Whether `.keras` files may be loaded without safe mode.
+    """
+
+    spec: Any
+    train: LoadedData
+    validation: Optional[LoadedData]
+    order: BatchOrder
+    model: LoadedModel
+    loss: Loss
+    initial_weights: list
+    unsafe: bool = False
+
+    def batch(self, step):
+        """(x, y) of the batch drawn at `step`."""
+        return batch(self.train, self.order, step)
+
+    def instrumented_step(self, optimizer_overrides=None, grad_transform=None, model=None):
+        """A compiled InstrumentedStep for `model` (default: this session's) with a fresh optimizer."""
+        model = model or self.model
+        optimizer = build_optimizer(self.spec, model, optimizer_overrides)
+        x, y = self.batch(0)
+        return InstrumentedStep(
+            model, self.loss, optimizer, x, y, jit_compile=self.spec.train.jit_compile, grad_transform=grad_transform
+        )
+
+    def reset_weights(self, model=None):
+        """Put the model's variables back to their initial values (same seed, same start)."""
+        model = model or self.model
+        for variable, value in zip(_state_variables(model), self.initial_weights):
+            variable.assign(value)
+
+    def evaluate(self, step_engine, data=None):
+        """Mean data loss of `data` (default: the validation rows) under the step's current weights, or None."""
+        data = data if data is not None else self.validation
+        if data is None:
+            return None
+        return evaluate_loss(step_engine, data, self.order.batch_size)
+
+
+def open_session(spec, unsafe=False):
+    """Load data, model and loss for `spec`, seeding everything from `train.seed`."""
+    _, keras = tensorflow()
+    keras.utils.set_random_seed(spec.train.seed)
+    loaded = load_data(spec)
+    train, validation = split_validation(loaded, spec.data.validation.fraction)
+    order = BatchOrder(train.rows, spec.data.batch_size, spec.data.shuffle, spec.train.seed)
+    keras.utils.set_random_seed(spec.train.seed)
+    model = load_model(spec, unsafe=unsafe)
+    loss = resolve_loss(spec, model)
+    build_model(model, batch(train, order, 0)[0])
+    initial = [v.numpy() for v in _state_variables(model)]
+    return Session(spec, train, validation, order, model, loss, initial, unsafe)
+
+
+def _state_variables(model):
+    return list(model.keras_model.variables) if model.keras_model is not None else list(model.variables)
+
+
+def evaluate_loss(step_engine, data, batch_size):
+    """Row-weighted mean of the loss over `data`, in inference mode, compiled once per engine."""
+    tf, _ = tensorflow()
+    fn = getattr(step_engine, "_evaluate_fn", None)
+    if fn is None:
+        model, loss = step_engine.model, step_engine.loss
+
+        @tf.function(autograph=False, reduce_retracing=True)
+        def fn(x, y):
+            y_pred = model.call(x, training=False)
+            return tf.cast(loss.fn(y, tf.cast(y_pred, tf.float32)), tf.float32)
+
+        step_engine._evaluate_fn = fn
+    total, rows = 0.0, 0
+    for start in range(0, data.rows, batch_size):
+        x, y = data.x[start:start + batch_size], data.y[start:start + batch_size]
+        total += float(fn(x, y)) * len(x)
+        rows += len(x)
+    return total / rows if rows else None
+
+
+__all__ = ["Session", "open_session", "evaluate_loss", "Loss"]

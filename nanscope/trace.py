@@ -1,0 +1,186 @@
+"""trace-steps: run instrumented steps, stop at the first non-finite, diagnose.
+
+`run_trace(spec, options)` is the library entry point of the `trace-steps`
+command. It opens a session, runs compiled instrumented steps, appends every
+step's record to the JSON-lines trace as it is made, attributes the first
+non-finite value to a phase and a layer or variable, and asks the rule catalogue
+what it means.
+"""
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from nanscope.jsonio import jsonable
+from nanscope.report import FirstNonfinite, TraceReport
+from nanscope.rules.diagnose import diagnose
+from nanscope.session import open_session
+from nanscope.tracefile import TraceWriter
+
+DEFAULT_RUNS_DIR = Path("nanscope-runs")
+
+
+@dataclass
+class TraceOptions:
+    """How to run trace-steps.
+
+    Args:
+        trace_path: Path, optional. The JSON-lines trace (default: nanscope-runs/<spec name>/trace.jsonl).
+        keep_going: bool, default False. Continue past the first non-finite step to the step limit.
+        unsafe: bool, default False. Allow `.keras` files that need unsafe deserialization.
+        on_step: callable(StepRecord), optional. Called after each step (progress display).
+    """
+
+    trace_path: Optional[Path] = None
+    keep_going: bool = False
+    unsafe: bool = False
+    on_step: Optional[object] = None
+
+
+def run_trace(spec, options=None):
+    """Run trace-steps for a validated RunSpec and return its TraceReport.
+
+    A run that finds NaN is a result, not an error. Ctrl-C stops the loop; the
+    report then covers the steps done and says it was interrupted.
+    """
+    options = options or TraceOptions()
+    session = open_session(spec, unsafe=options.unsafe)
+    engine = session.instrumented_step()
+    report = TraceReport(
+        run=describe_run(session, engine),
+        layers=[(info.name, info.cls) for info in engine.layer_info],
+        layer_order=engine.layer_call_order,
+        variables=engine.variable_names,
+        records=[],
+        trace_path=str(options.trace_path or default_trace_path(spec)),
+    )
+    report.notes.extend(session.model.notes + run_notes(spec))
+    with TraceWriter(report.trace_path, report.trace_header()) as writer:
+        try:
+            _run_steps(session, engine, report, writer, options)
+        except KeyboardInterrupt:
+            report.interrupted = True
+        _finish(session, engine, report)
+        writer.write({"kind": "summary", **_summary_json(report)})
+    return report
+
+
+def _run_steps(session, engine, report, writer, options):
+    for step in range(session.spec.train.steps):
+        x, y = session.batch(step)
+        record = engine.run(step, x, y)
+        report.records.append(record)
+        writer.write({"kind": "step", **_record_json(record)})
+        if options.on_step is not None:
+            options.on_step(record)
+        if record.phase is not None and report.first_nonfinite is None:
+            report.first_nonfinite = locate_first_nonfinite(record, engine, session, x, y)
+            if not options.keep_going:
+                break
+
+
+def _finish(session, engine, report):
+    if report.first_nonfinite is None and report.records:
+        report.validation_loss = session.evaluate(engine)
+    report.recommendations = diagnose(report, session)
+
+
+def locate_first_nonfinite(record, engine, session, x, y):
+    """Attribute a non-finite step to its phase and to the layer or variable that shows it first."""
+    phase = record.phase
+    first = FirstNonfinite(step=record.step, phase=phase)
+    if phase == "data":
+        first.detail = describe_bad_batch(x, y, session.order.indices(record.step), session.train)
+    elif phase == "forward":
+        for name in engine.layer_call_order:
+            index = next(i for i, info in enumerate(engine.layer_info) if info.name == name)
+            if record.layers[index].nonfinite:
+                first.layer, first.layer_class = name, engine.layer_info[index].cls
+                break
+    elif phase in ("backward", "update"):
+        attribute = "grad_nonfinite" if phase == "backward" else "weight_nonfinite"
+        bad = [engine.variable_names[i] for i, v in enumerate(record.variables) if getattr(v, attribute)]
+        if bad:
+            # Gradients flow from the loss backwards: the last variable is nearest the loss.
+            first.variable = bad[-1] if phase == "backward" else bad[0]
+            first.layer = first.variable.rsplit("/", 1)[0] if "/" in first.variable else None
+            first.detail = [f"{len(bad)} of {len(record.variables)} variables affected"]
+    return first
+
+
+def describe_bad_batch(x, y, rows, data):
+    """Which features and which dataset rows of a batch hold non-finite values."""
+    lines = []
+    for label, array, names in (("x", x, data.feature_names), ("y", y, data.target_names)):
+        if not np.issubdtype(array.dtype, np.floating):
+            continue
+        bad = ~np.isfinite(array.reshape(len(array), -1))
+        if not bad.any():
+            continue
+        bad_rows = rows[bad.any(axis=1)]
+        columns = np.flatnonzero(bad.any(axis=0))
+        shown = [names[c] if c < len(names) else f"{label}[{c}]" for c in columns[:8]]
+        lines.append(
+            f"{label}: {int(bad.sum())} non-finite value(s) in feature(s) {', '.join(shown)}"
+            f"{' ...' if len(columns) > 8 else ''}; dataset rows {', '.join(str(int(r)) for r in bad_rows[:8])}"
+            f"{' ...' if len(bad_rows) > 8 else ''}"
+        )
+    return lines
+
+
+def describe_run(session, engine):
+    """The run header: what was run, for the report and the trace."""
+    spec = session.spec
+    optimizer = engine.optimizer
+    config = optimizer.get_config()
+    shown = {k: config[k] for k in ("learning_rate", "momentum", "beta_1", "beta_2", "epsilon", "clipnorm",
+                                     "global_clipnorm", "clipvalue") if config.get(k) is not None}
+    return {
+        "spec": spec.source,
+        "model": session.model.description,
+        "model_kind": session.model.kind,
+        "parameters": session.model.param_count,
+        "data": session.train.description,
+        "train_rows": session.train.rows,
+        "validation_rows": session.validation.rows if session.validation is not None else 0,
+        "input_shape": list(session.train.x.shape[1:]),
+        "batch_size": spec.data.batch_size,
+        "shuffle": spec.data.shuffle,
+        "loss": session.loss.name,
+        "optimizer": type(optimizer).__name__,
+        "optimizer_config": {k: float(v) if isinstance(v, (int, float)) else v for k, v in shown.items()},
+        "steps_requested": spec.train.steps,
+        "seed": spec.train.seed,
+        "jit_compile": spec.train.jit_compile,
+    }
+
+
+def run_notes(spec):
+    """What the report should say about how the run was made."""
+    notes = []
+    if not spec.train.jit_compile:
+        notes.append("the traced step runs without XLA (jit_compile: false) so every layer output can be probed")
+    return notes
+
+
+def default_trace_path(spec):
+    """nanscope-runs/<spec file stem>/trace.jsonl, under the current folder."""
+    stem = Path(spec.source).stem if spec.source else "run"
+    return DEFAULT_RUNS_DIR / re.sub(r"[^A-Za-z0-9_.-]+", "_", stem) / "trace.jsonl"
+
+
+def _record_json(record):
+    return {**jsonable(record), "phase": record.phase}
+
+
+def _summary_json(report):
+    return jsonable({
+        "first_nonfinite": report.first_nonfinite,
+        "recommendations": report.recommendations,
+        "validation_loss": report.validation_loss,
+        "interrupted": report.interrupted,
+        "notes": report.notes,
+    })
