@@ -6,6 +6,7 @@ Nothing here imports TensorFlow at module level, so `--help` stays fast.
 """
 
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -38,8 +39,13 @@ StrictOpt = Annotated[bool, typer.Option("--strict", help="Exit 1 on warning-lev
 
 
 def run_command(body):
-    """Run a command body; map its outcome to an exit code and its errors to one line on stderr."""
+    """Run a command body; map its outcome to an exit code and its errors to one line on stderr.
+
+    SIGTERM is turned into KeyboardInterrupt, so a terminated run finishes its report
+    like an interrupted one and exits 130.
+    """
     debug = os.environ.get("NANSCOPE_DEBUG") == "1"
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         code = body()
     except NanscopeError as exc:
@@ -51,6 +57,10 @@ def run_command(body):
         typer.echo("nanscope: interrupted", err=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
     raise typer.Exit(code or 0)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _console(json_target):
@@ -133,6 +143,30 @@ def compare_clipping(spec: SpecArg, json_out: JsonOpt = None):
 
     def body():
         raise NanscopeError("compare-clipping is not yet available")
+
+    run_command(body)
+
+
+@app.command("report")
+def report(
+    trace: Annotated[Path, typer.Argument(help="A JSON-lines trace written by trace-steps.")],
+    json_out: JsonOpt = None,
+    strict: StrictOpt = False,
+):
+    """Redraw a trace-steps report from its trace file, without rerunning training."""
+
+    def body():
+        from nanscope.render.trace_report import render_trace_report
+        from nanscope.report import from_trace
+        from nanscope.tracefile import read_trace
+
+        rebuilt = from_trace(*read_trace(trace), trace_path=trace)
+        render_trace_report(rebuilt, _console(json_out))
+        if json_out:
+            from nanscope.jsonio import write_json
+
+            write_json(json_out, rebuilt.to_json())
+        return rebuilt.exit_code(strict=strict)
 
     run_command(body)
 

@@ -97,7 +97,7 @@ def evaluate_loss(step_engine, data, batch_size):
         @tf.function(autograph=False, reduce_retracing=True)
         def fn(x, y):
             y_pred = model.call(x, training=False)
-            return tf.cast(loss.fn(y, tf.cast(y_pred, tf.float32)), tf.float32)
+            return tf.reduce_mean(tf.cast(loss.fn(y, tf.cast(y_pred, tf.float32)), tf.float32))
 
         step_engine._evaluate_fn = fn
     total, rows = 0.0, 0

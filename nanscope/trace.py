@@ -32,12 +32,18 @@ class TraceOptions:
         keep_going: bool, default False. Continue past the first non-finite step to the step limit.
         unsafe: bool, default False. Allow `.keras` files that need unsafe deserialization.
         on_step: callable(StepRecord), optional. Called after each step (progress display).
+        forensics: bool, default True. Replay the first non-finite step eagerly to find the producing op.
+        save_repro: Path, optional. Write what a replay of the first non-finite step needs to this folder.
+        verify: bool, default False. Re-run training with each applicable fix and mark recommendations verified.
     """
 
     trace_path: Optional[Path] = None
     keep_going: bool = False
     unsafe: bool = False
     on_step: Optional[object] = None
+    forensics: bool = True
+    save_repro: Optional[Path] = None
+    verify: bool = False
 
 
 def run_trace(spec, options=None):
@@ -63,7 +69,7 @@ def run_trace(spec, options=None):
             _run_steps(session, engine, report, writer, options)
         except KeyboardInterrupt:
             report.interrupted = True
-        _finish(session, engine, report)
+        _finish(session, engine, report, options)
         writer.write({"kind": "summary", **_summary_json(report)})
     return report
 
@@ -77,19 +83,48 @@ def _run_steps(session, engine, report, writer, options):
         if options.on_step is not None:
             options.on_step(record)
         if record.phase is not None and report.first_nonfinite is None:
-            report.first_nonfinite = locate_first_nonfinite(record, engine, session, x, y)
+            report.first_nonfinite = locate_first_nonfinite(record, engine, session, x, y, options)
             if not options.keep_going:
                 break
 
 
-def _finish(session, engine, report):
+def _finish(session, engine, report, options=None):
     if report.first_nonfinite is None and report.records:
         report.validation_loss = session.evaluate(engine)
     report.recommendations = diagnose(report, session)
+    if options is not None and options.verify and report.records and not report.interrupted:
+        from nanscope.verify import verify_recommendations
+
+        verify_recommendations(session, report)
 
 
-def locate_first_nonfinite(record, engine, session, x, y):
-    """Attribute a non-finite step to its phase and to the layer or variable that shows it first."""
+def locate_first_nonfinite(record, engine, session, x, y, options=None):
+    """Attribute a non-finite step to its phase, its producing layer and op, and the user line behind it.
+
+    The compiled record names the phase and the first layer or variable that shows
+    the value; an eager forensic replay of this one step (`nanscope.forensics`) then
+    names the op that produced it, its inputs and its source line.
+    """
+    first = _attribute_from_record(record, engine, session, x, y)
+    options = options or TraceOptions()
+    state_before = None
+    if first.phase != "data" and options.forensics:
+        from nanscope.forensics import describe_event, localize_step
+
+        found = localize_step(engine, x, y)
+        describe_event(first, found.event, first.phase)
+        first.detail.append(f"forensic replay of step {record.step}: {found.seconds:.3f} s")
+        state_before = found.state_before
+    if options.save_repro is not None:
+        from nanscope.forensics import save_repro
+        from nanscope.forensics.replay import state_before_step
+
+        save_repro(options.save_repro, session, record.step, x, y, state_before or state_before_step(engine))
+        first.detail.append(f"repro saved: nanscope replay {options.save_repro}")
+    return first
+
+
+def _attribute_from_record(record, engine, session, x, y):
     phase = record.phase
     first = FirstNonfinite(step=record.step, phase=phase)
     if phase == "data":

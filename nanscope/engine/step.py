@@ -105,7 +105,7 @@ class InstrumentedStep:
         with tf.GradientTape() as tape:
             y_pred = self.model.call(x, training=True)
             y_pred_f = tf.cast(y_pred, tf.float32) if y_pred.dtype != tf.float32 else y_pred
-            data_loss = tf.cast(self.loss.fn(y, y_pred_f), tf.float32)
+            data_loss = tf.reduce_mean(tf.cast(self.loss.fn(y, y_pred_f), tf.float32))  # loss functions may return per-sample values
             terms = self._layer_loss_terms()
             total = data_loss + (tf.add_n([tf.reduce_sum(t) for t in terms]) if terms else 0.0)
         grads = tape.gradient(total, self.trainable)

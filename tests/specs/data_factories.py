@@ -1,0 +1,19 @@
+"""Data factories: arrays and a tf.data.Dataset."""
+
+import numpy as np
+
+
+def arrays(rows=64, features=4, nan_rows=()):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((rows, features)).astype(np.float32)
+    for row in nan_rows:
+        x[row, 1] = np.nan
+    y = (x[:, :1] * 2.0 + 1.0).astype(np.float32)
+    return x, np.nan_to_num(y)
+
+
+def dataset(rows=64, features=4):
+    import tensorflow as tf
+
+    x, y = arrays(rows, features)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(16)

@@ -1,0 +1,90 @@
+"""The real CLI: exit codes, one-line errors, JSON to stdout, help without TensorFlow."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from nanscope.cli import app
+
+CONFIGS = Path(__file__).parent.parent / "configs"
+SPECS = Path(__file__).parent / "specs"
+runner = CliRunner()
+
+
+def test_help_does_not_import_tensorflow():
+    code = ("import sys; from typer.testing import CliRunner; from nanscope.cli import app; "
+            "r = CliRunner().invoke(app, ['--help']); r2 = CliRunner().invoke(app, ['trace-steps', '--help']); "
+            "assert r.exit_code == 0 and r2.exit_code == 0; print('tensorflow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_nonfinite_run_exits_1_and_writes_json(tmp_path):
+    result = runner.invoke(app, ["trace-steps", str(CONFIGS / "exploding-regression.yaml"), "--json", "-",
+                                 "--trace", str(tmp_path / "t.jsonl")])
+    assert result.exit_code == 1
+    start = result.stdout.index('{\n  "schema"')
+    document = json.loads(result.stdout[start:])
+    assert document["status"] == "nonfinite" and document["first_nonfinite"]["step"] < 16
+
+
+def test_healthy_run_exits_0_and_overrides_apply(tmp_path):
+    out = tmp_path / "r.json"
+    result = runner.invoke(app, ["trace-steps", str(CONFIGS / "healthy-classification.yaml"), "--steps", "7",
+                                 "--lr", "0.002", "--batch-size", "16", "--seed", "5", "--json", str(out),
+                                 "--trace", str(tmp_path / "t.jsonl")])
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    assert document["steps_run"] == 7 and document["run"]["batch_size"] == 16 and document["run"]["seed"] == 5
+    assert document["run"]["optimizer_config"]["learning_rate"] == pytest.approx(0.002)
+
+
+def test_report_redraws_from_the_trace(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    runner.invoke(app, ["trace-steps", str(CONFIGS / "exploding-regression.yaml"), "--trace", str(trace)])
+    result = runner.invoke(app, ["report", str(trace), "--json", "-"])
+    assert result.exit_code == 1
+    assert "first non-finite" in result.output
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: {factory: x.py:build}\ndata: {synthetic: {kind: regression}, batchsize: 3}\n")
+    result = subprocess.run([sys.executable, "-m", "nanscope", "trace-steps", str(bad)], capture_output=True, text=True)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "bad.yaml" in lines[0] and "batch_size" in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_debug_variable_shows_the_traceback(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    env = {**os.environ, "NANSCOPE_DEBUG": "1"}
+    result = subprocess.run([sys.executable, "-m", "nanscope", "trace-steps", str(missing)], capture_output=True,
+                            text=True, env=env)
+    assert result.returncode == 2 and "Traceback" in result.stderr
+
+
+def test_sigint_finishes_the_report_and_exits_130(tmp_path):
+    spec = tmp_path / "long.yaml"
+    spec.write_text((CONFIGS / "exploding-regression-clipnorm.yaml").read_text()
+                    .replace("models.py", str(CONFIGS / "models.py")).replace("steps: 1600", "steps: 100000"))
+    trace, out = tmp_path / "t.jsonl", tmp_path / "r.json"
+    process = subprocess.Popen([sys.executable, "-m", "nanscope", "trace-steps", str(spec), "--trace", str(trace),
+                                "--json", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and (not trace.exists() or trace.read_text().count("\n") < 20):
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    document = json.loads(out.read_text())
+    assert document["interrupted"] is True and document["steps_run"] >= 19
+    assert "interrupted" in stdout
