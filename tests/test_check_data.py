@@ -90,7 +90,8 @@ def test_chunked_equals_one_shot(tmp_path):
     for a, b in zip(tiny["inputs"] + tiny["targets"], whole["inputs"] + whole["targets"]):
         for key in ("nan", "posinf", "neginf", "min", "max", "zeros", "first_nonfinite_rows"):
             assert a[key] == b[key], key
-        assert a["mean"] == pytest.approx(b["mean"], rel=1e-6, abs=1e-7) and a["std"] == pytest.approx(b["std"], rel=1e-6)
+        assert a["mean"] == pytest.approx(b["mean"], rel=1e-6, abs=1e-7)
+        assert a["std"] == pytest.approx(b["std"], rel=1e-6)
     assert_planted(tiny["inputs"], [f"x[{i}]" for i in range(5)])
 
 
@@ -267,3 +268,15 @@ def test_unknown_file_type_is_bad_input(tmp_path):
     (tmp_path / "train.parquet").write_bytes(b"")
     code, _, stderr = run_cli(tmp_path / "train.parquet")
     assert code == 2 and "train.parquet" in stderr
+
+
+def test_sequence_input_per_feature_over_time_steps(tmp_path):
+    x = RNG.standard_normal((20, 9, 2)).astype(np.float32)
+    x[4, 7, 1] = np.nan
+    x[4, 8, 1] = np.nan
+    x[15, 0, 1] = -np.inf
+    np.savez(tmp_path / "seq.npz", x=x, y=RNG.standard_normal((20, 1)))
+    inputs = scan_data(tmp_path / "seq.npz", chunk_rows=6).to_json()["inputs"]
+    assert [c["name"] for c in inputs] == ["x[..., 0]", "x[..., 1]"]
+    assert (inputs[1]["nan"], inputs[1]["neginf"], inputs[1]["first_nonfinite_rows"]) == (2, 1, [4, 15])
+    assert inputs[0]["mean"] == pytest.approx(float(x[..., 0].astype(np.float64).mean()), rel=1e-6)

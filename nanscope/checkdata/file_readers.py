@@ -10,13 +10,12 @@ from pathlib import Path
 
 import numpy as np
 
+from nanscope.checkdata.stream import DataStream, check_rows
 from nanscope.errors import DataError
 
 
 def open_npz(data, path, base_dir, origin, require_targets=True):
     """A DataStream over the `data.x` and `data.y` members of an .npz archive."""
-    from nanscope.checkdata.readers import DataStream, check_rows
-
     try:
         archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as exc:
@@ -68,8 +67,6 @@ def _read_rows(handle, member, n):
 
 def open_npy(data, path, base_dir, origin, require_targets=True):
     """A DataStream over a memory-mapped .npy file of inputs and, from `data.y`, one of targets."""
-    from nanscope.checkdata.readers import DataStream, check_rows
-
     x = _memmap(path, origin, "data.path")
     y_path = Path(data.y).expanduser()
     y_path = y_path if y_path.is_absolute() else Path(base_dir) / y_path
@@ -86,7 +83,8 @@ def open_npy(data, path, base_dir, origin, require_targets=True):
 
     described = f"{path.name}" + (f" + {y_path.name}" if "y" in arrays else "") + f", {rows} rows"
     row_bytes = sum(a[:1].nbytes for a in arrays.values())
-    return DataStream(described, ["x"], [n for n in arrays if n == "y"], rows, chunks, origin=origin, row_bytes=row_bytes)
+    targets = ["y"] if "y" in arrays else []
+    return DataStream(described, ["x"], targets, rows, chunks, origin=origin, row_bytes=row_bytes)
 
 
 def _memmap(path, origin, field_name):
@@ -101,8 +99,6 @@ def _memmap(path, origin, field_name):
 
 def open_csv(data, path, base_dir, origin, require_targets=True):
     """A DataStream over a csv file with a header; `data.target` names the target column(s)."""
-    from nanscope.checkdata.readers import DataStream
-
     header = _csv_header(path, origin)
     targets = [data.target] if isinstance(data.target, str) else list(data.target or [])
     if not targets and require_targets:

@@ -119,6 +119,9 @@ class LabelTally:
         return fractional | negative | too_big
 
     def _onehot(self, y):
+        if y.shape[1] == 1:
+            return self._note("hold one value where a categorical cross-entropy wants one-hot rows "
+                              "(integer labels want sparse_categorical_crossentropy)", np.ones(len(y), bool))
         classes = self.report.classes
         if classes is None:
             self.report.classes = classes = y.shape[1]

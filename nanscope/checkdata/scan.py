@@ -21,7 +21,7 @@ from nanscope.checkdata.stats import ColumnStats
 from nanscope.errors import DataError, SpecError
 from nanscope.spec import DataSpec, load_spec
 
-CHUNK_BYTES = 16 << 20
+CHUNK_BYTES = 4 << 20
 STREAM_CHUNK_ROWS = 16384
 CLASS_HINTS = ("classes", "num_classes", "n_classes")
 
@@ -35,7 +35,7 @@ def scan_data(source, target=None, loss=None, classes=None, sample=None, chunk_r
         loss: str, optional. Loss name the labels are checked against (default: the spec's `train.loss`).
         classes: int, optional. Number of classes (default: from the spec, when it says).
         sample: int, optional. Scan a uniform random sample of this many rows instead of all.
-        chunk_rows: int, optional. Rows per chunk (default: about 16 MB per chunk).
+        chunk_rows: int, optional. Rows per chunk (default: about 4 MB per chunk, to stay in cache).
         on_progress: callable(rows_done, rows_total or None), optional. Called after each chunk.
 
     Returns:
@@ -49,15 +49,14 @@ def scan_data(source, target=None, loss=None, classes=None, sample=None, chunk_r
     loss_name, kind, classes = settings
     sampler = _Sampler(sample, stream.rows)
     arrays = _ArrayScans(stream)
-    tally = None
+    checks_labels = kind in ("sparse", "onehot", "binary") and len(stream.targets) == 1
+    tally = LabelTally(loss_name, kind, classes) if checks_labels else None
     rows = 0
     for chunk in stream.chunks(chunk_rows or _chunk_rows(stream)):
         n = _chunk_length(chunk, stream)
         chosen = sampler.rows(rows, n)
         if chosen is None:
             break
-        if tally is None and kind in ("sparse", "onehot", "binary") and len(stream.targets) == 1:
-            tally = LabelTally(loss_name, kind, classes)
         picked = {name: a[chosen - rows] if sampler.active else a for name, a in chunk.items()}
         arrays.update(picked, chosen)
         if tally is not None:

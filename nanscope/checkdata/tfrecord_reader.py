@@ -8,14 +8,13 @@ iterated batch by batch; an unbatched one is batched here.
 
 import numpy as np
 
+from nanscope.checkdata.stream import DataStream
 from nanscope.errors import DataError
 from nanscope.runtime import tensorflow
 
 
 def open_tfrecord(data, path, origin):
     """A DataStream over a TFRecord file of tf.train.Example records."""
-    from nanscope.checkdata.readers import DataStream
-
     tf, _ = tensorflow()
     features = {name: (f.dtype, list(f.shape)) for name, f in (data.features or {}).items()}
     if not features:
@@ -33,7 +32,9 @@ def open_tfrecord(data, path, origin):
                 yield {name: parsed[name].numpy() for name in features}
         except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as exc:
             first_line = str(exc.message).strip().splitlines()[0]
-            raise DataError(f"{origin}: data.features: {path.name} does not match the feature spec: {first_line}") from None
+            raise DataError(
+                f"{origin}: data.features: {path.name} does not match the feature spec: {first_line}"
+            ) from None
 
     inputs = [name for name in features if name != target]
     return DataStream(path.name, inputs, [target] if target else [], None, chunks, origin=origin)
@@ -60,14 +61,14 @@ def _features_of_first_record(tf, path, origin):
 
 def dataset_stream(dataset, description, origin, field_name):
     """A DataStream over a finite tf.data.Dataset of (x, y) elements (x, y arrays or dicts of arrays)."""
-    from nanscope.checkdata.readers import DataStream
-
     tf, _ = tensorflow()
     element = dataset.element_spec
     if not (isinstance(element, tuple) and len(element) == 2):
         raise DataError(f"{origin}: {field_name}: the dataset must yield (x, y) pairs. Received elements of {element}")
     if dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
-        raise DataError(f"{origin}: {field_name}: the dataset is infinite; check-data needs a finite one (drop .repeat())")
+        raise DataError(
+            f"{origin}: {field_name}: the dataset is infinite; check-data needs a finite one (drop .repeat())"
+        )
     first_x = next(iter(tf.nest.flatten(element[0])))
     batched = bool(first_x.shape.rank) and first_x.shape[0] is None
     inputs, targets = _names(element[0], "x"), _names(element[1], "y")

@@ -56,7 +56,8 @@ def _column_table(title, columns):
 def _notes(column):
     notes = []
     if column.nonfinite:
-        notes.append(("allowed; " if column.allowed_nonfinite else "") + "rows " + ", ".join(map(str, column.first_nonfinite_rows)))
+        rows = ", ".join(map(str, column.first_nonfinite_rows))
+        notes.append(("allowed; " if column.allowed_nonfinite else "") + f"rows {rows}")
     if column.constant:
         notes.append("constant")
     if column.scale:

@@ -1,0 +1,51 @@
+"""`DataStream`: a data source opened for a chunked scan, whatever its kind."""
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from nanscope.errors import DataError
+
+
+@dataclass
+class DataStream:
+    """A data source opened for a chunked scan.
+
+    Args:
+        description: str. One line for the report header.
+        inputs: list of str. Names of the input arrays.
+        targets: list of str. Names of the target arrays (may be empty).
+        rows: int or None. Number of rows, when known before reading.
+        chunks: callable(int) -> iterator of dict. Yields {array name: array} chunks.
+        column_names: dict. Optional names for the last-axis columns of an array.
+        origin: str. The file named in error messages (the spec, or the data file).
+        field: str. The spec field the data comes from, for error messages.
+        row_bytes: int. Bytes per row of all arrays together, when known (sizes the chunks).
+        allow_nonfinite: set of str. Array or column names allowed to hold NaN (the spec's masks).
+    """
+
+    description: str
+    inputs: list
+    targets: list
+    rows: Optional[int]
+    chunks: Callable
+    column_names: dict = dataclasses.field(default_factory=dict)
+    origin: str = ""
+    field: str = "data.path"
+    row_bytes: int = 0
+    allow_nonfinite: set = dataclasses.field(default_factory=set)
+
+
+def check_rows(shapes, origin, field_name):
+    """The common number of rows of arrays with these shapes; DataError when they disagree or are empty."""
+    for name, shape in shapes.items():
+        if len(shape) == 0:
+            raise DataError(f"{origin}: {field_name}: `{name}` must be an array with rows on the first axis")
+    counts = {name: shape[0] for name, shape in shapes.items()}
+    if len(set(counts.values())) > 1:
+        listed = " but ".join(f"{name} has {n} rows" for name, n in counts.items())
+        raise DataError(f"{origin}: {field_name}: {listed}")
+    rows = next(iter(counts.values()), 0)
+    if rows == 0:
+        raise DataError(f"{origin}: {field_name}: the dataset is empty (0 rows)")
+    return rows
