@@ -51,12 +51,17 @@ def run_command(body):
     except NanscopeError as exc:
         if debug:
             traceback.print_exc()
-        typer.echo(f"nanscope: error: {exc}", err=True)
+        typer.echo(f"nanscope: error: {one_line(exc)}", err=True)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         typer.echo("nanscope: interrupted", err=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
     raise typer.Exit(code or 0)
+
+
+def one_line(exc):
+    """The error's message as one line: newlines (user code, Keras, TensorFlow) collapse to spaces."""
+    return " ".join(str(exc).split())
 
 
 def _raise_interrupt(signum, frame):
@@ -83,6 +88,23 @@ def trace_steps(
     ] = None,
     keep_going: Annotated[bool, typer.Option("--keep-going", help="Continue past the first non-finite step.")] = False,
     strict: StrictOpt = False,
+    save_repro: Annotated[
+        Optional[Path], typer.Option("--save-repro", help="Save the first non-finite step to DIR for `nanscope replay DIR`.")
+    ] = None,
+    verify: Annotated[
+        bool, typer.Option("--verify", help="Re-run with each fix nanscope can apply and mark it verified.")
+    ] = False,
+    tensorboard: Annotated[
+        Optional[Path], typer.Option("--tensorboard", help="Write per-step scalars to this TensorBoard log DIR.")
+    ] = None,
+    plot: Annotated[
+        Optional[Path], typer.Option("--plot", help="Draw loss, grad norm and the worst layers to FILE.png (needs nanscope[plot]).")
+    ] = None,
+    unsafe: Annotated[
+        bool,
+        typer.Option("--unsafe", help="Load a .keras file without Keras safe mode (Lambda layers run stored Python "
+                                      "code): only for files you trust."),
+    ] = False,
 ):
     """Run instrumented train steps and report where the first NaN/Inf appears and why."""
 
@@ -91,8 +113,13 @@ def trace_steps(
         from nanscope.spec import apply_overrides, load_spec
         from nanscope.trace import TraceOptions, run_trace
 
+        if plot is not None:
+            from nanscope.plotting import require_matplotlib
+
+            require_matplotlib()
         run_spec = apply_overrides(load_spec(spec), steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed)
-        options = TraceOptions(trace_path=trace, keep_going=keep_going)
+        options = TraceOptions(trace_path=trace, keep_going=keep_going, save_repro=save_repro, verify=verify,
+                               tensorboard=tensorboard, plot=plot, unsafe=unsafe)
         report = run_trace(run_spec, options)
         render_trace_report(report, _console(json_out))
         if json_out:
@@ -104,9 +131,33 @@ def trace_steps(
     run_command(body)
 
 
+@app.command("replay")
+def replay(
+    directory: Annotated[Path, typer.Argument(help="A folder written by `trace-steps --save-repro DIR`.")],
+    json_out: JsonOpt = None,
+):
+    """Re-run one saved step eagerly and show the op, layer and line that produced the first NaN/Inf."""
+
+    def body():
+        from nanscope.forensics import replay_document, replay_repro
+        from nanscope.render.trace_report import render_replay
+
+        report = replay_repro(directory)
+        render_replay(report, _console(json_out))
+        if json_out:
+            from nanscope.jsonio import write_json
+
+            write_json(json_out, replay_document(report))
+        return report.exit_code()
+
+    run_command(body)
+
+
 @app.command("check-data")
 def check_data(
-    source: Annotated[Path, typer.Argument(help="A run spec (its data section) or a data file (.npz, .npy, .csv, .tfrecord).")],
+    source: Annotated[
+        Path, typer.Argument(help="A run spec (its data section) or a data file (.npz, .npy, .csv, .tfrecord).")
+    ],
     json_out: JsonOpt = None,
     target: Annotated[
         Optional[str], typer.Option("--target", help="Target column (csv) or feature (TFRecord) of a data file.")
@@ -114,7 +165,9 @@ def check_data(
     loss: Annotated[
         Optional[str], typer.Option("--loss", help="Loss to check the labels against (default: the spec's).")
     ] = None,
-    classes: Annotated[Optional[int], typer.Option("--classes", help="Number of classes the labels should span.")] = None,
+    classes: Annotated[
+        Optional[int], typer.Option("--classes", help="Number of classes the labels should span.")
+    ] = None,
     sample: Annotated[
         Optional[int], typer.Option("--sample", min=1, help="Scan a uniform sample of N rows instead of all.")
     ] = None,
@@ -138,11 +191,51 @@ def check_data(
 
 
 @app.command("compare-clipping")
-def compare_clipping(spec: SpecArg, json_out: JsonOpt = None):
+def compare_clipping(
+    spec: SpecArg,
+    steps: StepsOpt = None,
+    strategies: Annotated[
+        Optional[str],
+        typer.Option(
+            "--strategies",
+            help="Comma-separated: none, clipvalue[=V], clipnorm[=C], global_clipnorm[=C], manual_clip_by_norm[=C], "
+                 "manual_clip_by_global_norm[=C], auto. Without a threshold it is derived from the unclipped run. "
+                 "Default: none,clipvalue,clipnorm,global_clipnorm,auto.",
+            show_default=False,
+        ),
+    ] = None,
+    lr: LrOpt = None,
+    batch_size: BatchOpt = None,
+    seed: SeedOpt = None,
+    json_out: JsonOpt = None,
+    plot: Annotated[
+        Optional[Path], typer.Option("--plot", help="Write the loss curves to an image (needs nanscope[plot]).")
+    ] = None,
+):
     """Train the same model from the same weights under each clipping strategy and pick one."""
 
     def body():
-        raise NanscopeError("compare-clipping is not yet available")
+        from nanscope.clipping import compare_clipping as run_comparison
+        from nanscope.clipping import parse_strategies
+        from nanscope.render.clipping_report import (
+            clipping_progress, plot_losses, render_clipping_report, require_matplotlib,
+        )
+        from nanscope.spec import apply_overrides, load_spec
+
+        chosen = parse_strategies(strategies)
+        if plot is not None:
+            require_matplotlib()
+        run_spec = apply_overrides(load_spec(spec), steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed)
+        with clipping_progress() as on_progress:
+            report = run_comparison(run_spec, chosen, on_progress=on_progress)
+        render_clipping_report(report, _console(json_out))
+        if plot is not None:
+            plot_losses(report, plot)
+        if json_out:
+            from nanscope.jsonio import write_json
+
+            write_json(json_out, report.to_json())
+        return report.exit_code()
 
     run_command(body)
 

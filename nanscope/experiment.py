@@ -7,6 +7,7 @@ it for one change; every run resets the weights first, so runs are comparable.
 """
 
 import math
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -42,6 +43,8 @@ class ExperimentResult:
         first_nonfinite_step: int or None.
         final_loss, best_loss: float or None. Training loss at the last step / lowest over finite steps.
         val_loss: float or None. Validation loss after the last step (None when non-finite or no validation part).
+        start_fingerprint: float or None. Sum of |w| over the model's state as the run started (fingerprint=True).
+        batches_fingerprint: int or None. CRC32 of the bytes of every batch fed, in order (fingerprint=True).
     """
 
     name: str
@@ -51,6 +54,8 @@ class ExperimentResult:
     final_loss: Optional[float]
     best_loss: Optional[float]
     val_loss: Optional[float]
+    start_fingerprint: Optional[float] = None
+    batches_fingerprint: Optional[int] = None
 
     @property
     def finite(self):
@@ -68,7 +73,7 @@ class ExperimentResult:
         })
 
 
-def run_experiment(session, change, steps=None, stop_at_nonfinite=True, on_step=None):
+def run_experiment(session, change, steps=None, stop_at_nonfinite=True, on_step=None, fingerprint=False):
     """Train from the session's initial weights with `change` applied and summarise the run.
 
     Args:
@@ -77,13 +82,19 @@ def run_experiment(session, change, steps=None, stop_at_nonfinite=True, on_step=
         steps: int, optional. Default: the spec's `train.steps`.
         stop_at_nonfinite: bool, default True. Stop at the first non-finite step.
         on_step: callable(StepRecord), optional. Progress callback.
+        fingerprint: bool, default False. Record fingerprints of the start weights and of the batches fed,
+            so callers can check that runs started alike and saw the same data.
     """
     model = change.model or session.model
     session.reset_weights(model)
+    start = _state_fingerprint(model) if fingerprint else None
+    crc = 0
     engine = session.instrumented_step(change.optimizer_overrides, change.grad_transform, model=model)
     records, first_bad = [], None
     for step in range(steps or session.spec.train.steps):
         x, y = session.batch(step)
+        if fingerprint:
+            crc = zlib.crc32(y.tobytes(), zlib.crc32(x.tobytes(), crc))
         record = engine.run(step, x, y)
         records.append(record)
         if on_step is not None:
@@ -97,5 +108,10 @@ def run_experiment(session, change, steps=None, stop_at_nonfinite=True, on_step=
     return ExperimentResult(
         name=change.name, params=dict(change.params), records=records, first_nonfinite_step=first_bad,
         final_loss=records[-1].loss if records else None, best_loss=min(finite_losses) if finite_losses else None,
-        val_loss=val_loss,
+        val_loss=val_loss, start_fingerprint=start, batches_fingerprint=crc if fingerprint else None,
     )
+
+
+def _state_fingerprint(model):
+    variables = model.keras_model.variables if model.keras_model is not None else model.variables
+    return float(sum(abs(v.numpy().astype("float64")).sum() for v in variables))

@@ -37,13 +37,33 @@ def resolve_loss(spec, loaded_model):
         function = load_callable(loss_spec.name, spec.base_dir, where, SpecError)
         loss = call_factory(function, options, where, SpecError) if options else function
         return Loss(loss, loss_spec.name.rpartition(":")[2], bool(options.get("from_logits", False)))
+    class_name = _class_name(keras, loss_spec.name)
     try:
-        loss = keras.losses.get({"class_name": _class_name(keras, loss_spec.name), "config": options})
+        loss = keras.losses.get({"class_name": class_name, "config": options})
     except (ValueError, TypeError) as exc:
+        if not isinstance(getattr(keras.losses, class_name, None), type):
+            raise SpecError(
+                f"{spec.source}: train.loss: Keras has no loss {loss_spec.name!r}"
+                + _did_you_mean(loss_spec.name, _loss_names(keras))
+                + "; expected a Keras loss name (mse, sparse_categorical_crossentropy, ...) or `file.py:function`"
+            ) from exc
         raise SpecError(
-            f"{spec.source}: train.loss: Keras has no loss {loss_spec.name!r} taking {sorted(options)} ({_first_line(exc)})"
+            f"{spec.source}: train.loss: Keras cannot build loss {loss_spec.name!r} with {options}: {_first_line(exc)}"
         ) from exc
     return _wrap(loss)
+
+
+def _loss_names(keras):
+    return [n for n in dir(keras.losses) if n[:1].islower() and n not in ("get", "serialize", "deserialize")] + [
+        "mse", "mae", "mape", "msle", "kld", "logcosh"]
+
+
+def _did_you_mean(name, candidates):
+    """"; did you mean `x`?" for the closest known name, or ""."""
+    import difflib
+
+    matches = difflib.get_close_matches(name.lower(), candidates, n=1, cutoff=0.6)
+    return f"; did you mean `{matches[0]}`?" if matches else ""
 
 
 def _class_name(keras, name):
@@ -81,9 +101,16 @@ def build_optimizer(spec, loaded_model, overrides=None):
         config.update(overrides or {})
         return type(compiled).from_config(config)
     kwargs = {**opt_spec.keras_kwargs(), **(overrides or {})}
+    class_name = _optimizer_class(keras, opt_spec.name)
     try:
-        return keras.optimizers.get({"class_name": _optimizer_class(keras, opt_spec.name), "config": kwargs})
+        return keras.optimizers.get({"class_name": class_name, "config": kwargs})
     except (ValueError, TypeError) as exc:
+        if not isinstance(getattr(keras.optimizers, class_name, None), type):
+            raise SpecError(
+                f"{spec.source}: train.optimizer.name: Keras has no optimizer {opt_spec.name!r}"
+                + _did_you_mean(opt_spec.name, sorted(n.lower() for n in dir(keras.optimizers) if n[:1].isupper()))
+                + "; expected a Keras optimizer name (sgd, adam, rmsprop, ...)"
+            ) from exc
         raise SpecError(
             f"{spec.source}: train.optimizer: Keras cannot build optimizer {opt_spec.name!r} with {kwargs}: {_first_line(exc)}"
         ) from exc
@@ -97,3 +124,46 @@ def _optimizer_class(keras, name):
 def _first_line(exc):
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def check_labels_fit(spec, loss, output, y):
+    """Reject targets that cannot fit the loss and the model's output width, before any step runs.
+
+    A sparse categorical cross-entropy needs integer labels in [0, outputs); a label
+    outside that range makes TensorFlow raise on CPU and return NaN on GPU. A
+    categorical one needs one target column per output.
+
+    Args:
+        spec: RunSpec. For the file name in the message.
+        loss: Loss. Its name decides the check; losses nanscope does not know are not checked.
+        output: the model's output on a sample batch (a tensor with the output width last).
+        y: np.ndarray. All targets, rows numbered as in the dataset.
+
+    Raises:
+        DataError: naming `data`, the offending label value and its row.
+    """
+    import numpy as np
+
+    from nanscope.checkdata.labels import label_kind
+    from nanscope.errors import DataError
+
+    shape = getattr(output, "shape", None)
+    if shape is None or len(shape) < 2 or shape[-1] is None:
+        return
+    width, kind = int(shape[-1]), label_kind(loss.name)
+    if kind == "sparse":
+        labels = np.asarray(y).reshape(len(y), -1)
+        bad = np.isfinite(labels) & ((labels < 0) | (labels >= width)) if labels.dtype.kind == "f" else (
+            (labels < 0) | (labels >= width))
+        rows = np.flatnonzero(bad.any(axis=1))
+        if len(rows):
+            value = labels[rows[0]][bad[rows[0]]][0]
+            raise DataError(
+                f"{spec.source}: data: label {value.item():g} in row {int(rows[0])} is outside [0, {width}): "
+                f"{loss.name} expects class indices below the model's {width} outputs ({len(rows)} row(s) affected)"
+            )
+    elif kind == "onehot" and np.ndim(y) >= 2 and np.shape(y)[-1] != width:
+        raise DataError(
+            f"{spec.source}: data: the targets have {np.shape(y)[-1]} columns but the model has {width} outputs; "
+            f"{loss.name} expects one target column per output"
+        )

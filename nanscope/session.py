@@ -14,7 +14,7 @@ from nanscope.data.batches import BatchOrder, batch
 from nanscope.data.sources import LoadedData, load_data, split_validation
 from nanscope.engine.step import InstrumentedStep, build_model
 from nanscope.models import LoadedModel, load_model
-from nanscope.objectives import Loss, build_optimizer, resolve_loss
+from nanscope.objectives import Loss, build_optimizer, check_labels_fit, resolve_loss
 from nanscope.runtime import tensorflow
 
 
@@ -78,7 +78,8 @@ def open_session(spec, unsafe=False):
     keras.utils.set_random_seed(spec.train.seed)
     model = load_model(spec, unsafe=unsafe)
     loss = resolve_loss(spec, model)
-    build_model(model, batch(train, order, 0)[0])
+    output = build_model(model, batch(train, order, 0)[0], source=spec.source)
+    check_labels_fit(spec, loss, output, loaded.y)
     initial = [v.numpy() for v in _state_variables(model)]
     return Session(spec, train, validation, order, model, loss, initial, unsafe)
 

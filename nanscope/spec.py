@@ -209,6 +209,8 @@ def load_spec(path):
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from exc
+    except (ValueError, OverflowError, RecursionError) as exc:  # a scalar YAML resolves but cannot build (2001-02-30)
+        raise SpecError(f"{path}: not valid YAML: {type(exc).__name__}: {exc}") from exc
     return parse_spec(document, source=str(path))
 
 
@@ -255,9 +257,14 @@ def apply_overrides(spec, steps=None, learning_rate=None, batch_size=None, seed=
             )
             OptimizerSpec.model_validate(spec.train.optimizer.model_dump())
     except ValidationError as exc:
-        raise SpecError(f"command line: {describe_validation_error(exc, RunSpec)}") from exc
-    spec.source = spec.source
+        error = exc.errors()[0]
+        option = OVERRIDE_OPTIONS.get(str(error["loc"][-1]), "command line")
+        message = error["msg"].removeprefix("Value error, ")
+        raise SpecError(f"{spec.source}: {option}: {message}. Received: {option} {error.get('input')!r}") from exc
     return spec
+
+
+OVERRIDE_OPTIONS = {"steps": "--steps", "seed": "--seed", "batch_size": "--batch-size", "learning_rate": "--lr"}
 
 
 def describe_validation_error(exc, root_model):

@@ -14,6 +14,8 @@ from typing import Optional
 
 import numpy as np
 
+from nanscope.engine.records import expected_layer_indices
+from nanscope.engine.step import step_failure
 from nanscope.jsonio import jsonable
 from nanscope.report import FirstNonfinite, TraceReport
 from nanscope.rules.diagnose import diagnose
@@ -35,6 +37,8 @@ class TraceOptions:
         forensics: bool, default True. Replay the first non-finite step eagerly to find the producing op.
         save_repro: Path, optional. Write what a replay of the first non-finite step needs to this folder.
         verify: bool, default False. Re-run training with each applicable fix and mark recommendations verified.
+        tensorboard: Path, optional. Write every step's scalars to this TensorBoard log folder as it is made.
+        plot: Path, optional. Draw loss, gradient norm and the worst layers over steps to this image (matplotlib).
     """
 
     trace_path: Optional[Path] = None
@@ -44,6 +48,8 @@ class TraceOptions:
     forensics: bool = True
     save_repro: Optional[Path] = None
     verify: bool = False
+    tensorboard: Optional[Path] = None
+    plot: Optional[Path] = None
 
 
 def run_trace(spec, options=None):
@@ -71,21 +77,73 @@ def run_trace(spec, options=None):
             report.interrupted = True
         _finish(session, engine, report, options)
         writer.write({"kind": "summary", **_summary_json(report)})
+    if options.plot is not None:
+        from nanscope.plotting import plot_trace
+
+        plot_trace(report, options.plot)
     return report
 
 
 def _run_steps(session, engine, report, writer, options):
+    expected = expected_layer_indices(session.spec.train.expect_nonfinite, [info.name for info in engine.layer_info])
+    report.notes.extend(_expected_notes(session.spec.train.expect_nonfinite, engine, expected))
+    board = _open_board(options.tensorboard, report)
+    try:
+        _run_step_loop(session, engine, report, writer, options, expected, board)
+    finally:
+        if board is not None:
+            board.close()
+
+
+def _open_board(logdir, report):
+    if logdir is None:
+        return None
+    from nanscope.tensorboard import TensorBoardLog
+
+    return TensorBoardLog(logdir, report.layers, report.variables)
+
+
+def _expected_notes(patterns, engine, expected):
+    if not patterns:
+        return []
+    names = [engine.layer_info[i].name for i in expected]
+    if not names:
+        return [f"train.expect_nonfinite: no layer matches {', '.join(patterns)}"]
+    return [f"non-finite outputs of {', '.join(names)} are expected (train.expect_nonfinite) and not counted"]
+
+
+def _run_step_loop(session, engine, report, writer, options, expected, board):
     for step in range(session.spec.train.steps):
         x, y = session.batch(step)
-        record = engine.run(step, x, y)
+        record = _run_step(engine, step, x, y, writer, session.spec)
+        record.expected_nonfinite = list(expected)
         report.records.append(record)
         writer.write({"kind": "step", **_record_json(record)})
+        if board is not None:
+            board.write(record)
         if options.on_step is not None:
             options.on_step(record)
         if record.phase is not None and report.first_nonfinite is None:
             report.first_nonfinite = locate_first_nonfinite(record, engine, session, x, y, options)
             if not options.keep_going:
                 break
+
+
+def _run_step(engine, step, x, y, writer, spec):
+    """One step; a TensorFlow failure inside it (XLA, out of memory, a failed op) ends the run as a clear error.
+
+    The steps done are already in the trace; an `error` line records why the run stopped.
+    """
+    try:
+        return engine.run(step, x, y)
+    except Exception as exc:
+        error = step_failure(exc, step, spec.source, spec.train.jit_compile)
+        if error is None:
+            raise
+        writer.write({"kind": "error", "step": step, "message": str(error)})
+        if step:
+            error.message += f"; steps 0-{step - 1} are kept in {writer.path}"
+        raise error from exc
 
 
 def _finish(session, engine, report, options=None):
@@ -132,7 +190,7 @@ def _attribute_from_record(record, engine, session, x, y):
     elif phase == "forward":
         for name in engine.layer_call_order:
             index = next(i for i, info in enumerate(engine.layer_info) if info.name == name)
-            if record.layers[index].nonfinite:
+            if record.layers[index].nonfinite and index not in record.expected_nonfinite:
                 first.layer, first.layer_class = name, engine.layer_info[index].cls
                 break
     elif phase in ("backward", "update"):

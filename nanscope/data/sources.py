@@ -81,7 +81,10 @@ def _read_npz(spec, path):
         for field_name, key in (("data.x", spec.data.x), ("data.y", spec.data.y)):
             if key not in keys:
                 raise DataError(f"{spec.source}: {field_name}: {path} has no array {key!r}; it holds {keys}")
-        x, y = archive[spec.data.x], archive[spec.data.y]
+        try:
+            x, y = archive[spec.data.x], archive[spec.data.y]
+        except Exception as exc:  # object arrays (pickles are refused), truncated members
+            raise DataError(f"{spec.source}: data.path: cannot read {path} as npz: {_first_line(exc)}") from exc
     return LoadedData(x, y, f"{path.name}, {len(x)} rows")
 
 
@@ -100,16 +103,19 @@ def _read_csv(spec, path):
     targets = [spec.data.target] if isinstance(spec.data.target, str) else list(spec.data.target or [])
     if not targets:
         raise DataError(f"{spec.source}: data.target: a csv source needs `target:` naming the target column(s)")
-    with open(path, newline="", encoding="utf-8") as handle:
-        reader = csv.reader(handle)
-        header = next(reader, None)
-        if not header:
-            raise DataError(f"{spec.source}: data.path: {path} is empty")
-        header = [h.strip() for h in header]
-        missing = [t for t in targets if t not in header]
-        if missing:
-            raise DataError(f"{spec.source}: data.target: column(s) {missing} not in {path.name}; columns are {header}")
-        values = [_parse_row(row, header, path, number) for number, row in enumerate(reader, start=2) if row]
+    try:
+        with open(path, newline="", encoding="utf-8") as handle:
+            reader = csv.reader(handle)
+            header = next(reader, None)
+            if not header:
+                raise DataError(f"{spec.source}: data.path: {path} is empty")
+            header = [h.strip() for h in header]
+            missing = [t for t in targets if t not in header]
+            if missing:
+                raise DataError(f"{spec.source}: data.target: column(s) {missing} not in {path.name}; columns are {header}")
+            values = [_parse_row(row, header, path, number) for number, row in enumerate(reader, start=2) if row]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise DataError(f"{spec.source}: data.path: cannot read {path} as a UTF-8 csv: {_first_line(exc)}") from exc
     table = np.asarray(values, dtype=np.float32).reshape(-1, len(header))
     target_idx = [header.index(t) for t in targets]
     feature_idx = [i for i in range(len(header)) if i not in target_idx]
@@ -159,6 +165,8 @@ def _read_tfrecord(spec, path):
         raise DataError(f"{spec.source}: data.features: {path.name} does not match the feature spec: {first_line}") from exc
     arrays = {name: np.concatenate(parts) if parts else np.zeros((0, *features[name].shape)) for name, parts in columns.items()}
     inputs = [name for name in features if name != target]
+    if not inputs:
+        raise DataError(f"{spec.source}: data.features: only the target {target!r} is listed; expected input features too")
     x = np.concatenate([arrays[n].reshape(len(arrays[n]), -1) for n in inputs], axis=1) if len(inputs) > 1 else arrays[inputs[0]]
     return LoadedData(x.astype(np.float32), arrays[target], f"{path.name}, {len(x)} rows", feature_names=inputs, target_names=[target])
 
@@ -207,6 +215,12 @@ def _checked(loaded, spec):
         raise DataError(f"{spec.source}: {field_name}: the dataset is empty (0 rows)")
     if len(loaded.x) != len(loaded.y):
         raise DataError(f"{spec.source}: {field_name}: x has {len(loaded.x)} rows but y has {len(loaded.y)}")
+    fraction = spec.data.validation.fraction
+    if int(round(len(loaded.x) * fraction)) >= len(loaded.x):
+        raise DataError(
+            f"{spec.source}: data.validation.fraction: {fraction} of {len(loaded.x)} rows leaves no training rows; "
+            "expected a fraction that keeps at least one"
+        )
     if not (np.issubdtype(loaded.x.dtype, np.number) or loaded.x.dtype == bool):
         raise DataError(f"{spec.source}: {field_name}: x must be numeric. Received dtype {loaded.x.dtype}")
     if loaded.x.dtype == np.float64 or loaded.x.dtype == bool or np.issubdtype(loaded.x.dtype, np.integer):
@@ -238,3 +252,8 @@ def split_validation(loaded, fraction):
 def is_file_source(path):
     """True when `path` names a data file nanscope can read directly."""
     return Path(path).suffix.lower() in {".npz", ".npy", ".csv", ".tfrecord", ".tfrecords"}
+
+
+def _first_line(exc):
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -5,6 +5,7 @@ JSON line of the trace file, and a report can be redrawn from those lines withou
 rerunning training.
 """
 
+import fnmatch
 import math
 from dataclasses import dataclass, field
 from typing import Optional
@@ -55,6 +56,8 @@ class StepRecord:
         weights_nonfinite: int. Non-finite weight entries after the update.
         layers: list of LayerStats, in the order of the probed layers.
         variables: list of VariableStats, in the order of the trainable variables.
+        expected_nonfinite: list of int. Indices of layers whose non-finite outputs are
+            intended (an attention mask's -inf): reported, but they do not make a step non-finite.
     """
 
     step: int
@@ -72,6 +75,7 @@ class StepRecord:
     layers: list = field(default_factory=list)
     variables: list = field(default_factory=list)
     model_loss_term: float = 0.0
+    expected_nonfinite: list = field(default_factory=list)
 
     @classmethod
     def from_arrays(cls, step, batch_rows, scalars, layer_stats, layer_terms, var_stats):
@@ -116,7 +120,7 @@ class StepRecord:
         """The earliest phase of this step that saw a non-finite value, or None."""
         if self.x_nonfinite or self.y_nonfinite:
             return "data"
-        if self.output_nonfinite or any(layer.nonfinite for layer in self.layers):
+        if self.unexpected_nonfinite_layers() or (self.output_nonfinite and not self._expected_layers_nonfinite()):
             return "forward"
         if self.loss_nonfinite or not math.isfinite(self.loss):
             return "loss"
@@ -126,6 +130,16 @@ class StepRecord:
             return "update"
         return None
 
+    def unexpected_nonfinite_layers(self):
+        """Indices of layers with non-finite outputs that are not listed as expected."""
+        expected = set(self.expected_nonfinite)
+        return [i for i, layer in enumerate(self.layers) if layer.nonfinite and i not in expected]
+
+    def _expected_layers_nonfinite(self):
+        # A model output that is non-finite only because an expected layer's output is
+        # (the model ends in the masking layer) is expected too.
+        return any(self.layers[i].nonfinite for i in self.expected_nonfinite if i < len(self.layers))
+
 
 def _ratio(numerator, denominator):
     numerator, denominator = float(numerator), float(denominator)
@@ -134,10 +148,15 @@ def _ratio(numerator, denominator):
     return numerator / denominator
 
 
+def expected_layer_indices(patterns, layer_names):
+    """Indices of the layers whose name matches one of the fnmatch-style `patterns` ("attn*/mask")."""
+    return [i for i, name in enumerate(layer_names) if any(fnmatch.fnmatchcase(name, p) for p in patterns or ())]
+
+
 def first_nonfinite_layer(record, layer_order):
     """Index of the first layer, in execution order, whose output held non-finite values."""
     for index in layer_order:
-        if record.layers[index].nonfinite:
+        if record.layers[index].nonfinite and index not in record.expected_nonfinite:
             return index
     return None
 

@@ -11,6 +11,7 @@ after a non-finite step it restores the state as it was before the step, so the
 step can be replayed exactly.
 """
 
+import re
 from dataclasses import dataclass
 
 from nanscope.engine.probes import LAYER_COLUMNS, LayerRecorder, nonfinite_count
@@ -176,17 +177,21 @@ def _without_model_prefix(names, keras_model):
     return names
 
 
-def build_model(model, sample_x):
-    """Call a Keras model once on a sample so its variables exist; a shape that does not fit is bad input."""
-    if model.keras_model is None:
-        return
+def build_model(model, sample_x, source=None):
+    """Call the model once on one row so its variables exist, and return the output.
+
+    A shape that does not fit is bad input, reported against `data` of the spec file `source`.
+    """
     keras_model = model.keras_model
     try:
-        keras_model(sample_x[:1], training=False)
+        if keras_model is not None:
+            return keras_model(sample_x[:1], training=False)
+        return model.call(sample_x, training=False)  # a SavedModel's signature may fix the batch size
     except Exception as exc:
-        expected = _expected_input(keras_model)
+        expected = _expected_input(keras_model) if keras_model is not None else None
         raise DataError(
-            f"data: input of shape {tuple(sample_x.shape[1:])} (per row) does not fit the model"
+            (f"{source}: " if source else "")
+            + f"data: input of shape {tuple(sample_x.shape[1:])} (per row) does not fit the model"
             + (f", which expects {expected}" if expected else "")
             + f": {_first_line(exc)}"
         ) from exc
@@ -201,5 +206,45 @@ def _expected_input(keras_model):
 
 
 def _first_line(exc):
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__
+    """The line of an exception's text that says what went wrong (Keras wraps it in a call header and ANSI bold)."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(exc).splitlines()]
+    lines = [line for line in lines if line and not line.startswith("Exception encountered when calling")]
+    return lines[0][:300] if lines else type(exc).__name__
+
+
+def step_failure(exc, step, source=None, jit_compile=False):
+    """A ModelError that says why TensorFlow failed inside step `step`, or None when `exc` is not a TF op error.
+
+    Out of memory, an XLA compilation failure and any other failed op (a
+    `tf.debugging.assert_*` in a layer, for example) become one line naming the
+    step, what failed and what to try; they are not crashes.
+    """
+    from nanscope.errors import ModelError
+
+    tf, _ = tensorflow()
+    if not isinstance(exc, tf.errors.OpError):
+        return None
+    where = (f"{source}: " if source else "") + f"step {step}"
+    detail = f"{type(exc).__name__}: {_op_error_summary(exc)}"
+    if isinstance(exc, tf.errors.ResourceExhaustedError):
+        return ModelError(f"{where}: out of memory inside the train step ({detail})",
+                          hint="try a smaller --batch-size or a smaller model")
+    if jit_compile and ("XLA" in str(exc) or "compil" in str(exc).lower()):
+        return ModelError(f"{where}: XLA could not compile or run the train step ({detail})",
+                          hint="set train.jit_compile: false")
+    return ModelError(f"{where}: a TensorFlow op failed inside the train step ({detail})")
+
+
+_OP_ERROR_NOISE = ("Graph execution error", "Detected at node", "File ", "Traceback", "The op is created at", "Hint:",
+                   "tf2xla conversion failed", "[[{{node", "^")
+
+
+def _op_error_summary(exc):
+    """What a TensorFlow op error says went wrong, and at which node, without its creation traceback."""
+    text = getattr(exc, "message", None) or str(exc)
+    node = re.search(r"\{\{node ([^}]+)\}\}", text) or re.search(r"Detected at node '?([^\s']+)", text)
+    lines = [line.strip() for line in text.splitlines()]
+    lines = [line for line in lines if line and not line.startswith(_OP_ERROR_NOISE) and not line[:1].isspace()]
+    what = lines[0] if lines else type(exc).__name__
+    what = re.sub(r"\[_Xla[^\]]*\]|\{\{node [^}]*\}\}|\[Op:[^\]]*\]", "", what).strip()[:240]
+    return what + (f" at node {node.group(1)}" if node and node.group(1) not in what else "")

@@ -3,6 +3,7 @@
 import math
 
 from rich.console import Group
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.syntax import Syntax
 from rich.table import Table
@@ -121,10 +122,34 @@ def _first_nonfinite(report):
         if value is not None:
             grid.add_row(key, str(value))
     if first.inputs:
-        grid.add_row("op input", ", ".join(f"{k} {fmt(v)}" for k, v in first.inputs.items()))
+        stats = {k: v for k, v in first.inputs.items() if k not in ("op", "operand", "dtype")}
+        label = f"{first.inputs.get('op', first.op)} {first.inputs.get('operand', 'input')}"
+        grid.add_row(label, ", ".join(f"{k} {fmt(v)}" for k, v in stats.items())
+                     + f" ({first.inputs.get('dtype', '')})")
     for line in first.detail:
         grid.add_row("", line)
     return Panel(grid, title="first non-finite value", title_align="left", border_style="red")
+
+
+def render_replay(report, console):
+    """Print a replayed step: the first-non-finite panel and the recommendations."""
+    if report.first_nonfinite is not None:
+        console.print(_first_nonfinite(report))
+    console.print(_recommendations(report))
+    for note in report.notes:
+        console.print(Text(f"note: {note}", style="dim"))
+
+
+def _verification(rec):
+    table = Table(show_edge=False, padding=(0, 1))
+    for column in ("fix", "finite", "final loss", "best loss", "unfixed final", "unfixed best"):
+        table.add_column(column, justify="left" if column == "fix" else "right", no_wrap=column == "fix")
+    for row in rec.verification:
+        finite = "yes" if row["finite"] else f"no (step {row['first_nonfinite_step']})"
+        table.add_row(row["fix"], finite, fmt(row["final_loss"]), fmt(row["best_loss"]),
+                      fmt(row["unfixed_final_loss"]), fmt(row["unfixed_best_loss"]),
+                      style="green" if row["helped"] else "red")
+    return Padding(table, (0, 0, 0, 3))
 
 
 def _recommendations(report):
@@ -138,6 +163,8 @@ def _recommendations(report):
                                    (rec.title, "bold"), f"  ({rec.id})", (verified, "green" if rec.verified else "red")))
         for line in rec.evidence:
             parts.append(Text(f"   - {line}"))
+        if rec.verification:
+            parts.append(_verification(rec))
         parts.append(Syntax(rec.fix, "yaml" if rec.fix.lstrip().startswith(("train:", "data:", "model:")) else "python",
                             theme="ansi_dark", background_color="default", padding=(0, 3), word_wrap=True))
     return Panel(Group(*parts), title="recommendations", title_align="left")

@@ -20,12 +20,19 @@ class Rule:
         title: str. What to do, as an imperative ("Lower the learning rate").
         detects: str. One sentence: the evidence that triggers it.
         fix: str. The default fix, as a YAML or code snippet.
+        applicable: bool, default False. nanscope can apply the fix itself and verify it (`--verify`).
     """
 
     id: str
     title: str
     detects: str
     fix: str
+    applicable: bool = False
+
+    @property
+    def docs(self):
+        """The rule's page, relative to the repository root."""
+        return f"docs/rules/{self.id}.md"
 
 
 @dataclass
@@ -40,6 +47,8 @@ class Recommendation:
         fix: str. The concrete fix for this run (a YAML/code snippet with computed values).
         verified: bool or None. Whether a re-run with the fix applied stayed finite (None: not tried).
         data: dict. Machine-readable evidence (values the message cites).
+        verification: list of dict. Per applied fix: stayed finite, final and best loss vs the unfixed run.
+        docs: str. The rule's documentation page.
     """
 
     id: str
@@ -49,6 +58,8 @@ class Recommendation:
     fix: str
     verified: Optional[bool] = None
     data: dict = field(default_factory=dict)
+    verification: list = field(default_factory=list)
+    docs: Optional[str] = None
 
 
 RULES = {
@@ -77,12 +88,68 @@ RULES = {
             "Lower the learning rate",
             "Update ratio |dw|/|w| far above ~1e-3, or loss and gradient norm growing geometrically from the start.",
             "train:\n  optimizer: {learning_rate: 0.001}",
+            applicable=True,
         ),
         Rule(
             "clip-gradients",
             "Clip the gradients",
             "Gradient norm spikes or geometric growth of the gradient norm.",
             "train:\n  optimizer: {global_clipnorm: 1.0}",
+            applicable=True,
+        ),
+        Rule(
+            "bounded-activation",
+            "Bound the activations",
+            "Layer outputs (typically ReLU) growing toward the dtype's overflow bound, or overflowing.",
+            "keras.layers.Dense(units, activation='relu6')  # or add keras.layers.LayerNormalization() after it",
+            applicable=True,
+        ),
+        Rule(
+            "stable-log",
+            "Take the log of something that cannot be zero",
+            "A Log op fed 0 or negative values (log(0) = -inf, log(x<0) = NaN), or its gradient 1/x overflowing.",
+            "loss = keras.losses.CategoricalCrossentropy(from_logits=True)  # and drop the final softmax\n"
+            "# or: tf.nn.log_softmax(logits)  /  tf.math.log(tf.clip_by_value(p, 1e-7, 1.0))",
+        ),
+        Rule(
+            "stable-exp",
+            "Keep exp() below its overflow bound",
+            "An Exp op fed values past log(dtype max) (88.7 in float32, 11.1 in float16).",
+            "y = tf.nn.softplus(x)  # instead of log(1 + exp(x))\n"
+            "# or: tf.reduce_logsumexp(x)  /  tf.exp(tf.minimum(x, 80.0))  /  tf.exp(x - tf.reduce_max(x))",
+        ),
+        Rule(
+            "safe-division",
+            "Keep denominators away from zero",
+            "A RealDiv, Reciprocal or Rsqrt whose denominator holds exact zeros.",
+            "y = a / (b + 1e-7)  # or tf.math.divide_no_nan(a, b); tf.math.rsqrt(v + 1e-7)",
+        ),
+        Rule(
+            "safe-sqrt",
+            "Keep sqrt() away from zero and negatives",
+            "Sqrt of 0 (its gradient 0.5/sqrt(x) is infinite) or of negative values (NaN).",
+            "y = tf.sqrt(x + 1e-7)  # or tf.sqrt(tf.maximum(x, 1e-7))",
+        ),
+        Rule(
+            "loss-scaling",
+            "Scale the loss under mixed precision",
+            "A float16 value overflowing (> 65504) or gradients underflowing; a loss scale stuck at its floor.",
+            "optimizer = keras.optimizers.LossScaleOptimizer(optimizer)  # dynamic loss scaling\n"
+            "# or keep the overflowing layer in float32: keras.layers.Dense(..., dtype='float32')",
+        ),
+        Rule(
+            "optimizer-epsilon",
+            "Raise the optimizer's epsilon",
+            "A non-finite update from finite gradients (e.g. Adam's epsilon underflowing in float16).",
+            "train:\n  optimizer: {epsilon: 1.0e-4}",
+            applicable=True,
+        ),
+        Rule(
+            "weight-constraint",
+            "Constrain the weight norms",
+            "Weight norms growing steadily without bound.",
+            "keras.layers.Dense(units, kernel_constraint=keras.constraints.MaxNorm(3.0))\n"
+            "# or weight decay: train: {optimizer: {name: adamw, weight_decay: 1.0e-4}}",
         ),
     )
 }
@@ -93,4 +160,5 @@ def recommend(rule_id, severity, evidence, fix=None, data=None):
     rule = RULES[rule_id]
     if severity not in SEVERITIES:
         raise ValueError(f"`severity` must be one of {SEVERITIES}. Received: severity={severity!r}")
-    return Recommendation(rule.id, rule.title, severity, list(evidence), fix or rule.fix, None, dict(data or {}))
+    return Recommendation(rule.id, rule.title, severity, list(evidence), fix or rule.fix, None, dict(data or {}),
+                          docs=rule.docs)

@@ -11,6 +11,8 @@ import math
 import numpy as np
 
 from nanscope.rules.catalogue import recommend
+from nanscope.rules.early import early_findings
+from nanscope.rules.producer import producer_findings
 
 # A gradient norm that grows by more than 20% per step, sustained over at least
 # GROWTH_MIN_STEPS steps and by GROWTH_MIN_TOTAL overall, is not noise: healthy
@@ -38,14 +40,18 @@ def diagnose(report, session):
     """Recommendations for a TraceReport, most likely cause first."""
     healthy = [r for r in report.records if r.phase is None]
     found = []
-    for detector in (_bad_data, _gradient_growth, _update_ratio, _target_scale, _input_scale):
+    for detector in (_bad_data, producer_findings, _gradient_growth, _update_ratio, early_findings, _target_scale,
+                     _input_scale):
         found.extend(detector(report, session, healthy))
+    # Stable sort: equal scores keep detector order, so the same evidence gives the same order.
     found.sort(key=lambda pair: -pair[0])
-    seen, ordered = set(), []
+    by_id, ordered = {}, []
     for _, rec in found:
-        if rec.id not in seen:
-            seen.add(rec.id)
-            ordered.append(rec)
+        if rec.id in by_id:
+            by_id[rec.id].evidence.extend(line for line in rec.evidence if line not in by_id[rec.id].evidence)
+            continue
+        by_id[rec.id] = rec
+        ordered.append(rec)
     return ordered
 
 

@@ -1,0 +1,7 @@
+"""compare-clipping: train the same start under each clipping strategy and say which one to use."""
+
+from nanscope.clipping.compare import ClippingReport, StrategyRun, compare_clipping
+from nanscope.clipping.strategies import DEFAULT_STRATEGIES, Strategy, StrategyError, parse_strategies
+
+__all__ = ["compare_clipping", "ClippingReport", "StrategyRun", "Strategy", "StrategyError", "parse_strategies",
+           "DEFAULT_STRATEGIES"]

@@ -1,0 +1,167 @@
+"""compare-clipping: the same weights, the same batches, every clipping strategy.
+
+`compare_clipping(spec, strategies)` opens one session (data loaded once, one set of
+initial weights, one batch order) and trains it once per strategy through the one
+experiment runner, `run_experiment`, which resets the weights before each run. The
+unclipped run goes first: its healthy steps give the thresholds of strategies named
+without one. Each run stops at its first non-finite step.
+"""
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from nanscope.clipping.effect import OptimizerCheck, StepEffect, clip_overrides, step_effect, verify_optimizer_clip
+from nanscope.clipping.strategies import Strategy, parse_strategies
+from nanscope.clipping.thresholds import derive_thresholds
+from nanscope.clipping.transforms import ClipMonitor
+from nanscope.experiment import Change, run_experiment
+from nanscope.session import open_session
+
+
+@dataclass
+class StrategyRun:
+    """One strategy's run and what was measured about its clipping.
+
+    Args:
+        strategy: Strategy.
+        result: ExperimentResult.
+        effect: StepEffect. How often the threshold bit and how much norm it removed.
+        optimizer_check: OptimizerCheck or None. First-step check of a Keras optimizer option.
+    """
+
+    strategy: Strategy
+    result: object
+    effect: StepEffect
+    optimizer_check: Optional[OptimizerCheck] = None
+
+    @property
+    def took_effect(self):
+        """False when clipping demonstrably did not act; None when there was nothing to check."""
+        if self.optimizer_check is not None and self.optimizer_check.verified is False:
+            return False
+        return self.effect.took_effect
+
+
+@dataclass
+class ClippingReport:
+    """Everything compare-clipping found. `to_json()` gives the `nanscope.clipping/1` document.
+
+    Args:
+        run: dict. Spec, model, optimizer and steps of the comparison.
+        runs: list of StrategyRun, in the order run.
+        thresholds: dict. How thresholds left open were derived.
+        recommended: str or None. Name of the recommended strategy.
+        recommendations: list of dict. Every strategy that stayed finite, best first, with why and the fix.
+        diagnosis: str or None. Why no strategy helps, when none does.
+    """
+
+    run: dict
+    runs: list
+    thresholds: dict
+    recommended: Optional[str] = None
+    recommendations: list = field(default_factory=list)
+    diagnosis: Optional[str] = None
+    notes: list = field(default_factory=list)
+
+    def exit_code(self):
+        """0 when a strategy is recommended, 1 when none is."""
+        return 0 if self.recommended is not None else 1
+
+    def to_json(self):
+        from nanscope.clipping.report_json import clipping_json
+
+        return clipping_json(self)
+
+
+def compare_clipping(spec, strategies=None, steps=None, on_progress=None, unsafe=False):
+    """Train `spec` once per clipping strategy from the same start and pick the best.
+
+    Args:
+        spec: RunSpec. Already validated (overrides applied).
+        strategies: str or list of Strategy, optional. Default: DEFAULT_STRATEGIES.
+        steps: int, optional. Steps per strategy (default: `train.steps`).
+        on_progress: callable(name, done, total), optional. Called after every step.
+        unsafe: bool, default False. Allow `.keras` files that need unsafe deserialization.
+
+    Returns:
+        ClippingReport.
+
+    Example:
+        report = compare_clipping(load_spec("configs/exploding-regression.yaml"), "none,clipnorm=1", steps=200)
+        report.recommended  # "clipnorm=1"
+    """
+    from nanscope.clipping.verdict import decide
+
+    strategies = parse_strategies(strategies) if strategies is None or isinstance(strategies, str) else list(strategies)
+    steps = steps or spec.train.steps
+    session = open_session(spec, unsafe=unsafe)
+    ordered, notes = _unclipped_first(strategies)
+    progress = _Progress(on_progress, steps * len(ordered))
+    runs, thresholds = [], {}
+    for strategy in ordered:
+        if strategy.kind != "none" and strategy.threshold is None:
+            thresholds = derive_thresholds(ordered, runs[0].result, _learning_rate(spec), session.model.param_count)
+        runs.append(_run_strategy(session, strategy, steps, progress))
+    report = ClippingReport(run=_describe(session, steps), runs=runs, thresholds=thresholds, notes=notes)
+    decide(report)
+    return report
+
+
+def _unclipped_first(strategies):
+    """The strategies with `none` first; `none` is added when a threshold must be derived from it."""
+    nones = [s for s in strategies if s.kind == "none"]
+    others = [s for s in strategies if s.kind != "none"]
+    notes = []
+    if not nones and any(s.threshold is None for s in others):
+        nones = [Strategy("none")]
+        notes.append("added the unclipped run `none`: thresholds not given are derived from its healthy steps")
+    return nones + others, notes
+
+
+def _run_strategy(session, strategy, steps, progress):
+    check = verify_optimizer_clip(session, strategy) if strategy.is_keras_option else None
+    monitor = ClipMonitor(strategy, steps) if strategy.kind != "none" else None
+    change = Change(
+        name=strategy.name, params=strategy.params(), grad_transform=monitor,
+        optimizer_overrides=clip_overrides(strategy.kind if strategy.is_keras_option else None, strategy.threshold),
+    )
+    result = run_experiment(session, change, steps=steps, on_step=lambda record: progress.step(strategy.name),
+                            fingerprint=True)
+    progress.finish(strategy.name, steps - len(result.records))
+    finite_steps = result.first_nonfinite_step if result.first_nonfinite_step is not None else len(result.records)
+    stats = monitor.read(len(result.records)) if monitor is not None else None
+    return StrategyRun(
+        strategy=strategy, result=result, effect=step_effect(strategy, stats, finite_steps), optimizer_check=check,
+    )
+
+
+def _learning_rate(spec):
+    optimizer = spec.train.optimizer
+    return optimizer.learning_rate if optimizer is not None and optimizer.learning_rate else (
+        0.01 if optimizer is not None and optimizer.name.lower() == "sgd" else None)
+
+
+def _describe(session, steps):
+    spec = session.spec
+    optimizer = spec.train.optimizer
+    return {
+        "spec": spec.source, "model": session.model.description, "parameters": session.model.param_count,
+        "train_rows": session.train.rows, "validation_rows": session.validation.rows if session.validation else 0,
+        "batch_size": spec.data.batch_size, "loss": session.loss.name,
+        "optimizer": optimizer.model_dump() if optimizer is not None else "from the compiled model",
+        "steps": steps, "seed": spec.train.seed,
+    }
+
+
+class _Progress:
+    def __init__(self, callback, total):
+        self.callback, self.total, self.done = callback, total, 0
+
+    def step(self, name, count=1):
+        self.done += count
+        if self.callback is not None:
+            self.callback(name, self.done, self.total)
+
+    def finish(self, name, remaining):
+        if remaining > 0:
+            self.step(name, remaining)

@@ -1,0 +1,62 @@
+"""Thresholds for strategies given without one, derived from the unclipped run's healthy steps.
+
+One global-norm bound G comes from trace-steps' own rule (`rules.diagnose.clip_threshold`):
+the 10th percentile of the healthy steps' global gradient norms, lowered so that one
+step of the learning rate moves the weights by at most 1% of their norm. The other
+modes get the bound that caps the global norm at the same G:
+
+  global_clipnorm, manual_clip_by_global_norm   G
+  clipnorm, manual_clip_by_norm                 G / sqrt(number of variables)
+  clipvalue                                     G / sqrt(number of parameters)
+
+`auto` is AutoClip (Seetharaman et al., 2020): the 10th percentile of the healthy
+steps' global norms, with no learning-rate bound, applied with `tf.clip_by_global_norm`.
+"""
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+
+from nanscope.rules.diagnose import CLIP_PERCENTILE, _round, clip_threshold
+
+FALLBACK_THRESHOLD = 1.0
+
+
+def derive_thresholds(strategies, unclipped, learning_rate, parameter_count):
+    """Set the threshold of every strategy that has none, from the unclipped run's records.
+
+    Args:
+        strategies: list of Strategy. Changed in place.
+        unclipped: ExperimentResult. The `none` run.
+        learning_rate: float or None. The optimizer's learning rate.
+        parameter_count: int. Trainable parameters of the model.
+
+    Returns:
+        dict: how the thresholds were chosen, for the report.
+    """
+    healthy = [r for r in unclipped.records if r.phase is None and math.isfinite(r.grad_global_norm)]
+    if healthy:
+        bound, how = clip_threshold(healthy, SimpleNamespace(run={"optimizer_config": {"learning_rate": learning_rate}}))
+        norms = np.array([r.grad_global_norm for r in healthy])
+        auto = _round(float(np.percentile(norms, CLIP_PERCENTILE)))
+        auto_how = f"AutoClip: the {CLIP_PERCENTILE}th percentile of the global gradient norms of the unclipped run's " \
+                   f"{len(healthy)} healthy step(s)"
+    else:
+        bound, auto = FALLBACK_THRESHOLD, FALLBACK_THRESHOLD
+        how = auto_how = f"the unclipped run had no healthy step to measure; fell back to {FALLBACK_THRESHOLD:g}"
+    variables = len(healthy[0].variables) if healthy else len(unclipped.records[0].variables) if unclipped.records else 1
+    derived = {
+        "global_clipnorm": (bound, f"G = {bound:g}: {how}"),
+        "manual_clip_by_global_norm": (bound, f"G = {bound:g}: {how}"),
+        "clipnorm": (_round(bound / math.sqrt(max(1, variables))),
+                     f"G / sqrt({variables} variables), so all variables clipped together stay within G = {bound:g}"),
+        "clipvalue": (_round(bound / math.sqrt(max(1, parameter_count))),
+                      f"G / sqrt({parameter_count} parameters), so a gradient at the bound in every element has norm G = {bound:g}"),
+        "auto": (auto, auto_how),
+    }
+    derived["manual_clip_by_norm"] = derived["clipnorm"]
+    for strategy in strategies:
+        if strategy.kind != "none" and strategy.threshold is None:
+            strategy.threshold, strategy.threshold_source = derived[strategy.kind]
+    return {"global_norm_bound": bound, "how": how, "healthy_steps": len(healthy)}

@@ -1,0 +1,105 @@
+"""The verdict: which strategy to use, why, and the YAML or code that sets it.
+
+A strategy qualifies when its run stayed finite and its clipping was not shown to
+be ignored. Qualifying strategies are ranked by validation loss after the last
+step (training loss at the last step when the spec has no validation part). When
+none qualifies, the verdict says why clipping cannot help and points to
+trace-steps' diagnosis.
+"""
+
+import math
+
+# Phases where the first non-finite value appears before any gradient exists:
+# clipping only changes the update, so it cannot prevent these.
+BEFORE_GRADIENTS = ("data", "forward", "loss")
+
+
+def decide(report):
+    """Fill `recommended`, `recommendations` and `diagnosis` of a ClippingReport."""
+    ranked = sorted((run for run in report.runs if _qualifies(run)), key=_score)
+    report.recommendations = [_recommendation(run, report, rank) for rank, run in enumerate(ranked)]
+    report.recommended = ranked[0].strategy.name if ranked else None
+    if not ranked:
+        report.diagnosis = _why_nothing_helps(report)
+
+
+def _qualifies(run):
+    return run.result.finite and run.took_effect is not False and bool(run.result.records)
+
+
+def _metric(run):
+    """("validation loss" | "training loss", value) a strategy is ranked by."""
+    if run.result.val_loss is not None:
+        return "validation loss", run.result.val_loss
+    return "training loss", run.result.final_loss
+
+
+def _score(run):
+    _, value = _metric(run)
+    return value if value is not None and math.isfinite(value) else math.inf
+
+
+def _recommendation(run, report, rank):
+    metric, value = _metric(run)
+    strategy = run.strategy
+    unclipped = next((r for r in report.runs if r.strategy.kind == "none"), None)
+    why = [f"stayed finite for all {len(run.result.records)} steps; {metric} {value:.4g}"
+           + (" (lowest of the strategies that stayed finite)" if rank == 0 else "")]
+    if unclipped is not None and not unclipped.result.finite and strategy.kind != "none":
+        why.append(f"without clipping the run went non-finite at step {unclipped.result.first_nonfinite_step}")
+    if strategy.kind == "none":
+        why.append("the unclipped run stays finite: clipping is not needed here")
+    else:
+        why.append(f"threshold {strategy.threshold:g}: {strategy.threshold_source}")
+        if run.effect.clipped_fraction is not None:
+            why.append(f"clipping was active on {run.effect.clipped_fraction:.0%} of the steps, removing on average "
+                       f"{run.effect.norm_removed:.0%} of the gradient norm where it was")
+        if run.optimizer_check is not None:
+            why.append(run.optimizer_check.detail)
+    yaml_text, code = fix_snippets(strategy, report.run.get("optimizer"))
+    return {"name": strategy.name, "metric": metric, "value": value, "why": why, "yaml": yaml_text, "code": code}
+
+
+def fix_snippets(strategy, optimizer):
+    """(YAML for the run spec, Python for a training script) that apply `strategy`."""
+    threshold = f"{strategy.threshold:g}" if strategy.threshold is not None else None
+    name = optimizer.get("name", "sgd") if isinstance(optimizer, dict) else "sgd"
+    keras_args = ", ".join(
+        f"{k}={v!r}" for k, v in (optimizer or {}).items()
+        if isinstance(optimizer, dict) and k != "name" and v is not None and k not in ("clipnorm", "global_clipnorm", "clipvalue")
+    )
+    cls = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSprop"}.get(name.lower(), name)
+    if strategy.kind == "none":
+        return "train:\n  optimizer: {...}   # leave clipnorm, global_clipnorm and clipvalue unset", None
+    if strategy.is_keras_option:
+        option = strategy.kind
+    elif strategy.kind == "manual_clip_by_norm":
+        option = "clipnorm"
+    else:
+        option = "global_clipnorm"
+    yaml_text = f"train:\n  optimizer: {{{option}: {threshold}}}"
+    if strategy.kind == "manual_clip_by_norm":
+        code = f"grads = [tf.clip_by_norm(g, {threshold}) for g in grads]\noptimizer.apply_gradients(zip(grads, model.trainable_variables))"
+    elif strategy.kind in ("manual_clip_by_global_norm", "auto"):
+        code = f"grads, _ = tf.clip_by_global_norm(grads, {threshold})\noptimizer.apply_gradients(zip(grads, model.trainable_variables))"
+    else:
+        code = f"optimizer = keras.optimizers.{cls}({keras_args + ', ' if keras_args else ''}{option}={threshold})"
+    return yaml_text, code
+
+
+def _why_nothing_helps(report):
+    unclipped = next((r for r in report.runs if r.strategy.kind == "none"), report.runs[0] if report.runs else None)
+    if unclipped is None or not unclipped.result.records:
+        return "no strategy ran a step"
+    bad = next((r for r in unclipped.result.records if r.phase is not None), None)
+    spec = report.run.get("spec") or "SPEC"
+    if bad is not None and bad.phase in BEFORE_GRADIENTS:
+        return (
+            f"every strategy went non-finite; without clipping the first non-finite value appears at step {bad.step} "
+            f"in the {bad.phase} phase, before any gradient exists, so clipping cannot prevent it (e.g. a log of zero, "
+            f"a division by zero, bad data). Run `nanscope trace-steps {spec}` for the layer and the fix."
+        )
+    return (
+        "every strategy went non-finite, clipped or not: bounding the gradient is not enough here. "
+        f"Run `nanscope trace-steps {spec}` for the diagnosis (e.g. lower the learning rate, scale the targets)."
+    )

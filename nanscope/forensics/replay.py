@@ -1,0 +1,138 @@
+"""Replay one train step eagerly, op by op, to find the op that produced the first NaN/Inf.
+
+The compiled step says *that* a phase went non-finite; the replay says *which op*,
+in *which layer*, created by *which line*, fed *what*. It runs the same forward,
+loss, backward and update as `InstrumentedStep`, eagerly, under an `OpWatch`. It
+is slow and only ever runs for the one step that went wrong.
+"""
+
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from nanscope.engine.step import probed_layers
+from nanscope.forensics.watch import OpEvent, OpWatch
+from nanscope.runtime import tensorflow
+
+
+@dataclass
+class Localization:
+    """What a forensic replay found.
+
+    Args:
+        event: OpEvent or None. The producing op (None: the replay stayed finite).
+        seconds: float. How long the replay took.
+        state_before: list of np.ndarray. Model and optimizer state before the step (see `state_variables`).
+    """
+
+    event: Optional[OpEvent]
+    seconds: float
+    state_before: Optional[list] = None
+
+
+def replay_step(model, loss, optimizer, x, y, grad_transform=None):
+    """Run one train step eagerly under an OpWatch and return the Localization.
+
+    The model and optimizer state change as in a real step; callers that need the
+    state back restore it themselves (see `localize_step`).
+
+    Args:
+        model: LoadedModel.
+        loss: objectives.Loss.
+        optimizer: keras.Optimizer, built on the model's trainable variables.
+        x, y: np.ndarray. The batch.
+        grad_transform: callable(list of grads) -> list of grads, optional.
+    """
+    tf, _ = tensorflow()
+    started = time.perf_counter()
+    x, y = tf.convert_to_tensor(x), tf.convert_to_tensor(y)
+    trainable = list(model.keras_model.trainable_variables if model.keras_model is not None else model.trainable_variables)
+    watch = OpWatch(probed_layers(model.keras_model))
+    with watch.attached():
+        _run_phases(watch, model, loss, optimizer, trainable, x, y, grad_transform)
+    event = watch.first
+    if event is None and not all(np.isfinite(v.numpy()).all() for v in trainable):
+        event = OpEvent(op=None, phase="update")
+    return Localization(event, time.perf_counter() - started)
+
+
+def _run_phases(watch, model, loss, optimizer, trainable, x, y, grad_transform):
+    tf, _ = tensorflow()
+    with tf.GradientTape() as tape:
+        watch.phase = "forward"
+        y_pred = model.call(x, training=True)
+        watch.phase = "loss"
+        y_pred = tf.cast(y_pred, tf.float32) if y_pred.dtype != tf.float32 else y_pred
+        total = tf.cast(loss.fn(y, y_pred), tf.float32)
+        extra = list(model.keras_model.losses) if model.keras_model is not None else []
+        if extra:
+            total = total + tf.add_n([tf.cast(tf.reduce_sum(t), tf.float32) for t in extra])
+    if watch.first is not None:
+        return
+    watch.phase = "backward"
+    grads = tape.gradient(total, trainable)
+    if watch.first is not None:
+        return
+    grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, trainable)]
+    watch.phase = "update"
+    applied = grad_transform(grads) if grad_transform is not None else grads
+    optimizer.apply_gradients(zip(applied, trainable))
+
+
+def state_variables(model, optimizer):
+    """Every variable a step changes: the model's (trainable and not) and the optimizer's."""
+    own = list(model.keras_model.variables) if model.keras_model is not None else list(model.variables)
+    return own + list(optimizer.variables)
+
+
+def localize_step(engine, x, y):
+    """Replay the engine's last step from the state before it; leave the state as after the step.
+
+    Args:
+        engine: InstrumentedStep that has just run the step to explain.
+        x, y: np.ndarray. That step's batch.
+    """
+    variables = state_variables(engine.model, engine.optimizer)
+    after = [v.numpy() for v in variables]
+    engine.restore_before_step()
+    before = [v.numpy() for v in variables]
+    try:
+        found = replay_step(engine.model, engine.loss, engine.optimizer, x, y, engine.grad_transform)
+        found.state_before = before
+        return found
+    finally:
+        for variable, value in zip(variables, after):
+            variable.assign(value)
+
+
+def describe_event(first, event, record_phase=None):
+    """Fill a FirstNonfinite with what the replay found about the producing op."""
+    if event is None:
+        first.detail.append("the eager replay of this step stayed finite: the value was a reduction nanscope took "
+                            "(e.g. the gradient norm overflowing) or came from a non-deterministic op (dropout)")
+        return first
+    if event.layer is not None:
+        first.layer, first.layer_class = event.layer, event.layer_class
+    first.op, first.source = event.op, event.source
+    if event.inputs:
+        described = {"op": event.forward_op or event.op, "operand": event.operand, "dtype": event.dtype}
+        first.inputs = {**described, **event.inputs}
+    if event.forward_op:
+        first.detail.append(f"backward pass: {event.op} is the gradient of {event.forward_op}")
+    if record_phase is not None and event.phase != record_phase:
+        first.detail.append(f"the eager replay first went non-finite in phase {event.phase}, the compiled step in {record_phase}")
+    return first
+
+
+def state_before_step(engine):
+    """numpy copies of the model and optimizer state before the engine's last step; the state is left as after it."""
+    variables = state_variables(engine.model, engine.optimizer)
+    after = [v.numpy() for v in variables]
+    engine.restore_before_step()
+    try:
+        return [v.numpy() for v in variables]
+    finally:
+        for variable, value in zip(variables, after):
+            variable.assign(value)

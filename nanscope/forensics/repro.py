@@ -1,0 +1,110 @@
+"""Save what a replay of one step needs, and replay it later: `trace-steps --save-repro DIR`, `nanscope replay DIR`.
+
+A repro folder holds `repro.json` (schema, step, the validated spec and the file
+it came from, so relative paths still resolve) and `state.npz` (the model's and
+the optimizer's variables as they were before the step, and the batch).
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from nanscope.errors import NanscopeError
+from nanscope.jsonio import write_text_atomic
+
+SCHEMA = "nanscope.repro/1"
+
+
+def save_repro(directory, session, step, x, y, state_before):
+    """Write the repro of `step` to `directory` (created if needed).
+
+    Args:
+        directory: str or Path.
+        session: Session the step ran in.
+        step: int.
+        x, y: np.ndarray. The step's batch.
+        state_before: list of np.ndarray. Model then optimizer variables before the step.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    arrays = {f"state_{i}": value for i, value in enumerate(state_before)}
+    np.savez(directory / "state.npz", x=x, y=y, rows=session.order.indices(step), **arrays)
+    source = str(Path(session.spec.source).resolve()) if session.spec.source else None
+    document = {"schema": SCHEMA, "step": step, "spec_source": source,
+                "spec": session.spec.model_dump(mode="json"), "variables": len(state_before)}
+    write_text_atomic(directory / "repro.json", json.dumps(document, indent=2) + "\n")
+    return directory
+
+
+def load_repro(directory):
+    """(document, arrays) of a repro folder.
+
+    Raises:
+        NanscopeError: when the folder is not a nanscope repro.
+    """
+    directory = Path(directory)
+    meta, state = directory / "repro.json", directory / "state.npz"
+    if not meta.is_file() or not state.is_file():
+        raise NanscopeError(f"{directory}: not a repro folder (expected repro.json and state.npz)",
+                            hint="write one with `nanscope trace-steps SPEC --save-repro DIR`")
+    try:
+        document = json.loads(meta.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise NanscopeError(f"{meta}: cannot read: {exc}") from exc
+    if document.get("schema") != SCHEMA:
+        raise NanscopeError(f"{meta}: `schema` must be {SCHEMA!r}. Received: schema={document.get('schema')!r}")
+    with np.load(state, allow_pickle=False) as archive:
+        arrays = {key: archive[key] for key in archive.files}
+    return document, arrays
+
+
+def replay_repro(directory):
+    """Re-run the saved step with the full localization; a TraceReport with its first_nonfinite and findings."""
+    from nanscope.forensics.replay import describe_event, replay_step, state_variables
+    from nanscope.objectives import build_optimizer
+    from nanscope.report import FirstNonfinite, TraceReport
+    from nanscope.rules.diagnose import diagnose
+    from nanscope.session import open_session
+    from nanscope.spec import parse_spec
+    from nanscope.trace import describe_bad_batch
+
+    document, arrays = load_repro(directory)
+    spec = parse_spec(document["spec"], source=document.get("spec_source") or str(directory))
+    session = open_session(spec)
+    optimizer = build_optimizer(spec, session.model)
+    optimizer.build(session.model.keras_model.trainable_variables if session.model.keras_model is not None
+                    else session.model.trainable_variables)
+    variables = state_variables(session.model, optimizer)
+    if len(variables) != document.get("variables"):
+        raise NanscopeError(f"{directory}: the repro holds {document.get('variables')} variables, "
+                            f"the spec's model and optimizer have {len(variables)}; did the model change?")
+    for i, variable in enumerate(variables):
+        variable.assign(arrays[f"state_{i}"])
+    x, y, step = arrays["x"], arrays["y"], int(document["step"])
+    report = TraceReport(run={"spec": spec.source, "replay": str(directory), "optimizer_config": {}},
+                         layers=[], layer_order=[], variables=[], records=[])
+    if not (_finite(x) and _finite(y)):
+        report.first_nonfinite = FirstNonfinite(step, "data", detail=describe_bad_batch(x, y, arrays["rows"], session.train))
+    else:
+        found = replay_step(session.model, session.loss, optimizer, x, y)
+        report.run["replay_seconds"] = found.seconds
+        if found.event is None:
+            report.notes.append(f"the replay of step {step} stayed finite (a non-deterministic op, e.g. dropout?)")
+        else:
+            report.first_nonfinite = describe_event(FirstNonfinite(step, found.event.phase), found.event)
+    report.recommendations = diagnose(report, session)
+    return report
+
+
+def _finite(array):
+    return not np.issubdtype(array.dtype, np.floating) or bool(np.isfinite(array).all())
+
+
+def replay_document(report):
+    """The `nanscope.replay/1` JSON document of a replayed step."""
+    from nanscope.jsonio import jsonable
+
+    return jsonable({"schema": "nanscope.replay/1", "status": report.status, "run": report.run,
+                     "first_nonfinite": report.first_nonfinite, "recommendations": report.recommendations,
+                     "notes": report.notes})

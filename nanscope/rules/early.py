@@ -1,0 +1,108 @@
+"""Early warnings: trends that end in NaN/Inf if nothing changes, found before they do.
+
+Loss growing geometrically, layer outputs approaching the overflow bound of their
+dtype, weight norms growing without bound. Each detector reads the healthy steps'
+records only; a healthy run shows none of these.
+"""
+
+import math
+
+import numpy as np
+
+from nanscope.engine.step import probed_layers
+from nanscope.rules.catalogue import recommend
+
+# A layer output whose square overflows breaks any MSE or L2 norm taken of it:
+# sqrt(float32 max) ~ 1.8e19. float16's range is so small (max 65504) that a
+# hundredth of it is already a warning sign.
+ACTIVATION_LIMIT = {
+    "float32": math.sqrt(float(np.finfo(np.float32).max)),
+    "bfloat16": math.sqrt(float(np.finfo(np.float32).max)),
+    "float16": float(np.finfo(np.float16).max) / 100,
+    "float64": math.sqrt(float(np.finfo(np.float64).max)),
+}
+# Layer outputs growing by more than 50% a step over at least 5 steps and by 1e4
+# overall: healthy outputs settle within a small factor of their start.
+OUTPUT_GROWTH_RATE = 1.5
+OUTPUT_GROWTH_MIN_STEPS = 5
+OUTPUT_GROWTH_MIN_TOTAL = 1e4
+# Loss growing by more than 20% a step, by 100x overall: training is diverging.
+LOSS_GROWTH_RATE = 1.2
+LOSS_GROWTH_MIN_TOTAL = 100.0
+# All weights' norm ten times its start, and still rising over the last quarter of
+# the run: healthy training moves weights by a fraction of their initial norm.
+WEIGHT_GROWTH_LIMIT = 10.0
+RELU_NAMES = {"relu", "leaky_relu", "elu", "linear", "relu6"}
+
+
+def early_findings(report, session, healthy):
+    """(score, Recommendation) pairs for trends toward overflow in the healthy steps."""
+    severity = "error" if report.first_nonfinite is not None else "warning"
+    return _loss_growth(healthy, severity) + _activation_limits(report, session, healthy, severity) + \
+        _weight_growth(healthy, severity)
+
+
+def geometric_growth(steps, values, rate_limit, min_steps, min_total):
+    """(rate, onset step) of a geometric rise ending at the last value, or None (fit of log(value) on step)."""
+    values, steps = np.asarray(values, dtype=np.float64), np.asarray(steps, dtype=np.float64)
+    ok = np.isfinite(values) & (values > 0)
+    values, steps = values[ok], steps[ok]
+    for start in range(0, len(values) - min_steps + 1):
+        slope = np.polyfit(steps[start:], np.log(values[start:]), 1)[0]
+        if math.exp(slope) > rate_limit and values[-1] / values[start] > min_total:
+            return math.exp(slope), int(steps[start])
+    return None
+
+
+def _loss_growth(healthy, severity):
+    found = geometric_growth([r.step for r in healthy], [r.loss for r in healthy], LOSS_GROWTH_RATE, 4,
+                             LOSS_GROWTH_MIN_TOTAL)
+    if found is None:
+        return []
+    rate, onset = found
+    start = next(r.loss for r in healthy if r.step == onset)
+    evidence = [f"loss grew {rate:.3g}x per step from step {onset} ({start:.3g} -> {healthy[-1].loss:.3g} "
+                f"at step {healthy[-1].step})"]
+    return [(0.74, recommend("lower-learning-rate", severity, evidence, data={"loss_growth_rate": rate,
+                                                                                 "onset_step": onset}))]
+
+
+def _activation_limits(report, session, healthy, severity):
+    layers = {layer.name: layer for layer in probed_layers(session.model.keras_model)}
+    found = []
+    for index, (name, cls) in enumerate(report.layers):
+        layer = layers.get(name)
+        dtype = getattr(layer, "compute_dtype", "float32") if layer is not None else "float32"
+        limit = ACTIVATION_LIMIT.get(str(dtype), ACTIVATION_LIMIT["float32"])
+        rows = [(r.step, r.layers[index].max_abs) for r in healthy if index < len(r.layers) and r.layers[index].called]
+        if not rows:
+            continue
+        steps, values = zip(*rows)
+        trend = geometric_growth(steps, values, OUTPUT_GROWTH_RATE, OUTPUT_GROWTH_MIN_STEPS, OUTPUT_GROWTH_MIN_TOTAL)
+        if max(values) <= limit and (trend is None or not _relu_like(layer)):
+            continue
+        evidence = [f"layer {name} ({cls}, {dtype}) output max |x| reached {max(values):.3g} "
+                    f"(warning bound {limit:.3g} for {dtype})"]
+        if trend is not None:
+            evidence.append(f"it grew {trend[0]:.3g}x per step from step {trend[1]}")
+        data = {"layer": name, "max_abs": max(values), "limit": limit, "relu": _relu_like(layer)}
+        found.append((0.65, recommend("bounded-activation", severity, evidence, data=data)))
+    return found[:1]
+
+
+def _relu_like(layer):
+    activation = getattr(layer, "activation", None)
+    name = getattr(activation, "__name__", "") if activation is not None else ""
+    return name in RELU_NAMES - {"linear"} or type(layer).__name__ in ("ReLU", "LeakyReLU")
+
+
+def _weight_growth(healthy, severity):
+    norms = [math.sqrt(sum(v.weight_norm ** 2 for v in r.variables)) for r in healthy]
+    if len(norms) < 8 or not all(math.isfinite(n) for n in norms) or norms[0] <= 0:
+        return []
+    tail = norms[-max(2, len(norms) // 4):]
+    if norms[-1] / norms[0] <= WEIGHT_GROWTH_LIMIT or any(b < a for a, b in zip(tail, tail[1:])):
+        return []
+    evidence = [f"weight norm (all weights) grew from {norms[0]:.3g} to {norms[-1]:.3g} over {len(norms)} steps "
+                f"and is still rising (limit {WEIGHT_GROWTH_LIMIT:g}x)"]
+    return [(0.5, recommend("weight-constraint", severity, evidence, data={"first": norms[0], "last": norms[-1]}))]

@@ -1,0 +1,122 @@
+"""Detectors that read the producing op found by the forensic replay.
+
+The replay names the op (Log, Exp, RealDiv, Sqrt, their gradients, an optimizer
+update) and the statistics of its operand. These detectors turn that into the
+rule that fixes it, citing the op, the layer, the source line and the values.
+"""
+
+import math
+
+import numpy as np
+
+from nanscope.rules.catalogue import recommend
+
+LOG_OPS = {"Log", "Log1p", "Xlogy", "Xlog1py"}
+EXP_OPS = {"Exp", "Expm1"}
+DIVISION_OPS = {"RealDiv", "Div", "Reciprocal", "Inv", "Rsqrt", "FloorDiv", "TruncateDiv", "Xdivy", "RsqrtGrad"}
+SQRT_OPS = {"Sqrt"}
+# exp(x) overflows once x exceeds log(dtype max): 88.72 for float32, 11.09 for float16.
+EXP_OVERFLOW = {name: math.log(float(np.finfo(name).max)) for name in ("float16", "float32", "float64")}
+EXP_OVERFLOW["bfloat16"] = EXP_OVERFLOW["float32"]
+# Largest finite float16 (numpy.finfo(float16).max).
+FLOAT16_MAX = float(np.finfo(np.float16).max)
+
+
+def producer_findings(report, session, healthy):
+    """(score, Recommendation) pairs for the op that produced the first non-finite value."""
+    first = report.first_nonfinite
+    if first is None or first.phase == "data":
+        return []
+    inputs = first.inputs or {}
+    op = inputs.get("op") or first.op
+    where = _where(first)
+    found = []
+    if inputs.get("dtype") == "float16" and first.phase != "update":
+        found.append((0.95, _loss_scaling(first, where, inputs)))
+    if first.phase == "update" and not _any_bad_grad(report):
+        found.append((1.0, _optimizer_epsilon(report, first, where, inputs)))
+    elif op in LOG_OPS:
+        found.append((1.0, _stable_log(first, where, inputs)))
+    elif op in EXP_OPS and inputs.get("max", 0.0) > EXP_OVERFLOW.get(inputs.get("dtype"), EXP_OVERFLOW["float32"]):
+        found.append((1.0, _stable_exp(first, where, inputs)))
+    elif op in DIVISION_OPS:
+        found.append((1.0, _safe_division(first, where, inputs)))
+    elif op in SQRT_OPS:
+        found.append((1.0, _safe_sqrt(first, where, inputs)))
+    return found
+
+
+def _where(first):
+    parts = [f"step {first.step}, {first.phase} pass"]
+    if first.layer:
+        parts.append(f"layer {first.layer}" + (f" ({first.layer_class})" if first.layer_class else ""))
+    if first.source:
+        parts.append(first.source)
+    return ", ".join(parts)
+
+
+def _operand(inputs):
+    return (f"{inputs.get('operand', 'input')} min {inputs.get('min', float('nan')):.4g}, "
+            f"max {inputs.get('max', float('nan')):.4g}, {inputs.get('zero_fraction', 0.0):.1%} zeros, "
+            f"{inputs.get('negative_fraction', 0.0):.1%} negative")
+
+
+def _source_fix(first, snippet):
+    return f"# {first.source}: change this line\n{snippet}" if first.source else snippet
+
+
+def _data(first, inputs):
+    return {"step": first.step, "op": first.op, "layer": first.layer, "source": first.source, **inputs}
+
+
+def _stable_log(first, where, inputs):
+    why = "log(0) = -inf and log(x<0) = NaN" if first.phase != "backward" else "the gradient 1/x overflows near x = 0"
+    evidence = [f"{where}: {first.op} fed {_operand(inputs)}; {why}"]
+    fix = _source_fix(first, "tf.math.log(tf.clip_by_value(p, 1e-7, 1.0))  # or tf.nn.log_softmax(logits), "
+                             "or a Keras loss with from_logits=True")
+    return recommend("stable-log", "error", evidence, fix, _data(first, inputs))
+
+
+def _stable_exp(first, where, inputs):
+    bound = EXP_OVERFLOW.get(inputs.get("dtype"), EXP_OVERFLOW["float32"])
+    evidence = [f"{where}: {first.op} fed {_operand(inputs)}; exp overflows {inputs.get('dtype', 'float32')} "
+                f"past {bound:.4g} (log of the dtype's max)"]
+    fix = _source_fix(first, "tf.nn.softplus(x)  # for log(1 + exp(x)); or tf.reduce_logsumexp, "
+                             "or tf.exp(tf.minimum(x, 80.0))")
+    return recommend("stable-exp", "error", evidence, fix, _data(first, inputs))
+
+
+def _safe_division(first, where, inputs):
+    evidence = [f"{where}: {first.op} fed {_operand(inputs)}; dividing by 0 gives inf or NaN"]
+    fix = _source_fix(first, "a / (b + 1e-7)  # or tf.math.divide_no_nan(a, b); tf.math.rsqrt(v + 1e-7)")
+    return recommend("safe-division", "error", evidence, fix, _data(first, inputs))
+
+
+def _safe_sqrt(first, where, inputs):
+    why = ("its gradient 0.5/sqrt(x) is infinite at x = 0" if first.phase == "backward"
+           else "sqrt of a negative value is NaN")
+    evidence = [f"{where}: {first.op} ({'gradient of Sqrt' if first.phase == 'backward' else 'Sqrt'}) fed "
+                f"{_operand(inputs)}; {why}"]
+    fix = _source_fix(first, "tf.sqrt(x + 1e-7)  # or tf.sqrt(tf.maximum(x, 1e-7))")
+    return recommend("safe-sqrt", "error", evidence, fix, _data(first, inputs))
+
+
+def _loss_scaling(first, where, inputs):
+    evidence = [f"{where}: {first.op} overflowed float16 (largest finite value {FLOAT16_MAX:g}); "
+                f"{_operand(inputs)}"]
+    return recommend("loss-scaling", "error", evidence, data=_data(first, inputs))
+
+
+def _optimizer_epsilon(report, first, where, inputs):
+    config = report.run.get("optimizer_config", {})
+    epsilon = config.get("epsilon")
+    evidence = [f"{where}: the gradients were finite but the update was not"
+                + (f" ({first.op} fed {_operand(inputs)})" if first.op and inputs else "")]
+    if epsilon is not None:
+        evidence.append(f"optimizer epsilon {epsilon:g}" + (" underflows to 0 in float16" if epsilon < 6e-8 else ""))
+    return recommend("optimizer-epsilon", "error", evidence, data={"step": first.step, "op": first.op,
+                                                                   "epsilon": epsilon})
+
+
+def _any_bad_grad(report):
+    return any(r.grad_nonfinite for r in report.records if r.step == report.first_nonfinite.step)

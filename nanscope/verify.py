@@ -1,0 +1,123 @@
+"""Verify recommendations by applying them: `trace-steps --verify`.
+
+For each recommendation nanscope can apply itself (a lower learning rate, gradient
+clipping at the computed threshold, relu -> relu6, a larger optimizer epsilon) it
+re-runs the same number of steps from the same initial weights and batch order
+with the fix applied, through `nanscope.experiment.run_experiment`, and compares
+with the unfixed run. A recommendation is `verified: true` when at least one of
+its fixes stays finite and ends below the unfixed run's final loss (or, when the
+unfixed run went non-finite, below the loss it started from), `false` when none does, and stays `null` when nanscope cannot
+apply it (a Log in the user's own loss: the evidence then names the line to change).
+"""
+
+import math
+
+from nanscope.experiment import Change, run_experiment
+from nanscope.runtime import tensorflow
+
+# Lower the learning rate by these factors (one experiment each).
+LR_FACTORS = (10, 100)
+# Adam's default epsilon is 1e-7, which is 0 in float16; 1e-4 is representable and still small.
+SAFE_EPSILON = 1e-4
+
+
+def verify_recommendations(session, report):
+    """Run the fix experiments for `report.recommendations` and record the results on each."""
+    baseline = _baseline(report)
+    for rec in report.recommendations:
+        changes = changes_for(rec, session, report)
+        if not changes:
+            continue
+        results = [run_experiment(session, change, steps=session.spec.train.steps) for change in changes]
+        rec.verification = [_row(result, baseline) for result in results]
+        rec.verified = any(row["helped"] for row in rec.verification)
+    session.reset_weights()
+    return report
+
+
+def changes_for(rec, session, report):
+    """The Changes that apply `rec` to this run; [] when nanscope cannot apply it itself."""
+    config = report.run.get("optimizer_config", {})
+    lr = config.get("learning_rate")
+    if rec.id == "lower-learning-rate" and lr:
+        return [Change(f"lr/{f}", {"learning_rate": lr / f}, {"learning_rate": lr / f}) for f in LR_FACTORS]
+    if rec.id == "clip-gradients":
+        threshold = rec.data.get("threshold") or 1.0
+        return [Change(f"global_clipnorm={threshold:g}", {"global_clipnorm": threshold},
+                       {"global_clipnorm": threshold, "clipnorm": None, "clipvalue": None})]
+    if rec.id == "optimizer-epsilon" and "epsilon" in _optimizer_arguments(session):
+        return [Change(f"epsilon={SAFE_EPSILON:g}", {"epsilon": SAFE_EPSILON}, {"epsilon": SAFE_EPSILON})]
+    if rec.id == "bounded-activation":
+        model = relu6_model(session.model)
+        return [Change("relu->relu6", {"activation": "relu6"}, model=model)] if model is not None else []
+    return []
+
+
+def _optimizer_arguments(session):
+    spec = session.spec.train.optimizer
+    if spec is None:
+        return set()
+    from nanscope.objectives import build_optimizer
+
+    return set(build_optimizer(session.spec, session.model).get_config())
+
+
+def relu6_model(loaded):
+    """A clone of a Sequential/functional Keras model with every relu made relu6, weights copied; None if not possible."""
+    tf, keras = tensorflow()
+    model = loaded.keras_model
+    if model is None or not _has_relu(model):
+        return None
+
+    def clone_layer(layer):
+        config = layer.get_config()
+        if config.get("activation") == "relu":
+            config["activation"] = "relu6"
+        if type(layer).__name__ == "ReLU" and config.get("max_value") is None:
+            config["max_value"] = 6.0
+        return type(layer).from_config(config)
+
+    try:
+        clone = keras.models.clone_model(model, clone_function=clone_layer)
+        clone.set_weights(model.get_weights())
+    except Exception:  # subclassed models cannot be cloned: the fix is then not automatically applicable
+        return None
+    from nanscope.models import _keras
+
+    return _keras(clone, f"{loaded.description} with relu6")
+
+
+def _has_relu(model):
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        config = layer.get_config() if hasattr(layer, "get_config") else {}
+        if config.get("activation") == "relu" or type(layer).__name__ == "ReLU":
+            return True
+    return False
+
+
+def _baseline(report):
+    losses = [r.loss for r in report.records]
+    finite = [loss for r, loss in zip(report.records, losses) if r.phase is None and math.isfinite(loss)]
+    return {
+        "finite": report.first_nonfinite is None,
+        "final_loss": losses[-1] if losses else None,
+        "best_loss": min(finite) if finite else None,
+        "steps_run": len(losses),
+        "start_loss": losses[0] if losses else None,
+    }
+
+
+def _row(result, baseline):
+    # A fix helps when it ends below the unfixed run: below its final loss, or, when that
+    # was not finite, below the loss it started from (a fix that merely diverges slower does not help).
+    reference = baseline["final_loss"] if baseline["finite"] else baseline["start_loss"]
+    better = reference is None or not math.isfinite(reference) or (
+        result.final_loss is not None and math.isfinite(result.final_loss) and result.final_loss < reference)
+    return {
+        "fix": result.name, "params": result.params, "finite": result.finite,
+        "first_nonfinite_step": result.first_nonfinite_step, "steps_run": len(result.records),
+        "final_loss": result.final_loss, "best_loss": result.best_loss, "val_loss": result.val_loss,
+        "unfixed_finite": baseline["finite"], "unfixed_final_loss": baseline["final_loss"],
+        "unfixed_best_loss": baseline["best_loss"],
+        "helped": bool(result.finite and better),
+    }

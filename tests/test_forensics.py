@@ -1,0 +1,62 @@
+"""Forensic replay: healthy steps stay compiled, the replayed step leaves the model as found, repros replay."""
+
+import json
+import os
+
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+
+from pathlib import Path
+
+import numpy as np
+from typer.testing import CliRunner
+
+from nanscope.cli import app
+from nanscope.forensics import localize_step, replay_repro
+from nanscope.forensics.replay import state_variables
+from nanscope.session import open_session
+from nanscope.spec import load_spec
+from nanscope.trace import TraceOptions, run_trace
+
+SPECS = Path(__file__).parent / "specs"
+
+
+def test_localize_leaves_the_post_step_state_in_place():
+    session = open_session(load_spec(SPECS / "exp-overflow.yaml"))
+    engine = session.instrumented_step()
+    x, y = session.batch(0)
+    assert engine.run(0, x, y).phase == "forward"
+    variables = state_variables(engine.model, engine.optimizer)
+    after = [v.numpy() for v in variables]
+    found = localize_step(engine, x, y)
+    assert found.event.op == "Exp"
+    for variable, value in zip(variables, after):
+        np.testing.assert_array_equal(variable.numpy(), value)
+    from tensorflow.python.framework import op_callbacks
+
+    assert not op_callbacks.should_invoke_op_callbacks()
+    assert all("call" not in layer.__dict__ for layer in engine.layers)
+
+
+def test_save_repro_then_replay_finds_the_same_producer(tmp_path):
+    report = run_trace(load_spec(SPECS / "division-by-zero.yaml"),
+                       TraceOptions(trace_path=tmp_path / "t.jsonl", save_repro=tmp_path / "repro"))
+    replayed = replay_repro(tmp_path / "repro")
+    assert replayed.first_nonfinite.step == report.first_nonfinite.step
+    assert (replayed.first_nonfinite.op, replayed.first_nonfinite.layer_class) == ("RealDiv", "RatioFeatures")
+    assert replayed.recommendations[0].id == "safe-division"
+
+
+def test_replay_command_prints_json(tmp_path):
+    run_trace(load_spec(SPECS / "sqrt-at-zero.yaml"),
+              TraceOptions(trace_path=tmp_path / "t.jsonl", save_repro=tmp_path / "repro"))
+    result = CliRunner().invoke(app, ["replay", str(tmp_path / "repro"), "--json", "-"])
+    document = json.loads(result.stdout[result.stdout.index("{"):])
+    assert result.exit_code == 1
+    assert document["schema"] == "nanscope.replay/1"
+    assert (document["first_nonfinite"]["phase"], document["first_nonfinite"]["op"]) == ("backward", "SqrtGrad")
+
+
+def test_replay_of_a_folder_that_is_not_a_repro_is_bad_input(tmp_path):
+    result = CliRunner().invoke(app, ["replay", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "not a repro folder" in result.stderr
