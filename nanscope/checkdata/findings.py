@@ -7,24 +7,11 @@ do not fit the loss, and `drop-constant-features` (info) for constant features.
 
 import numpy as np
 
-from nanscope.rules.catalogue import RULES, Recommendation, recommend
+from nanscope.rules.catalogue import RULES, recommend
 
 LARGE_SCALE = 10.0
 SMALL_SCALE = 1e-3
 EVIDENCE_LINES = 5
-
-LOCAL_RULES = {
-    "fix-labels": (
-        "Make the labels fit the loss",
-        "Check the label encoding: sparse losses want integers in [0, classes), categorical ones one-hot rows, "
-        "binary ones targets in [0, 1]",
-    ),
-    "drop-constant-features": (
-        "Drop the constant features",
-        "x = x[:, x.std(axis=0) > 0]  # a constant feature carries no signal and divides by 0 when standardised",
-    ),
-}
-
 
 def column_scale(stats_mean, stats_std, count):
     """"large", "small" or None per column, from max(|mean|, std) of the finite values."""
@@ -52,13 +39,13 @@ def recommendations(inputs, targets, labels, target_kind):
         if large_targets:
             found.append(_scale("normalize-targets", large_targets))
     if labels is not None and labels.problems:
-        found.append(_local("fix-labels", "error", [f"{labels.loss}: {p}" for p in labels.problems]
-                            + [f"first rows: {labels.first_bad_rows}"], {"bad_rows": labels.bad_rows}))
+        found.append(recommend("fix-labels", "error", [f"{labels.loss}: {p}" for p in labels.problems]
+                            + [f"first rows: {labels.first_bad_rows}"], data={"bad_rows": labels.bad_rows}))
     constant = [c for c in inputs if c.constant]
     if constant:
         evidence = [f"{c.name} = {c.min:.6g} in every row" for c in constant[:EVIDENCE_LINES]]
-        found.append(_local("drop-constant-features", "info", evidence + _more(constant),
-                            {"features": [c.name for c in constant]}))
+        found.append(recommend("drop-constant-features", "info", evidence + _more(constant),
+                               data={"features": [c.name for c in constant]}))
     return found
 
 
@@ -75,13 +62,6 @@ def _clean(role, columns):
 def _scale(rule_id, columns):
     evidence = [f"{c.name}: mean {c.mean:.4g}, std {c.std:.4g} ({c.scale} scale)" for c in columns[:EVIDENCE_LINES]]
     return recommend(rule_id, "warning", evidence + _more(columns), data={"columns": [c.name for c in columns]})
-
-
-def _local(rule_id, severity, evidence, data):
-    title, fix = LOCAL_RULES[rule_id]
-    if rule_id in RULES:
-        return recommend(rule_id, severity, evidence, data=data)
-    return Recommendation(rule_id, title, severity, list(evidence), fix, None, dict(data))
 
 
 def _more(columns):

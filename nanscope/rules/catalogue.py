@@ -145,6 +145,20 @@ RULES = {
             applicable=True,
         ),
         Rule(
+            "fix-labels",
+            "Make the labels fit the loss",
+            "Labels outside what the loss expects: sparse labels outside [0, classes), one-hot rows that do not "
+            "sum to 1, binary targets outside [0, 1].",
+            "Check the label encoding: sparse losses want integers in [0, classes), categorical ones one-hot rows, "
+            "binary ones targets in [0, 1]",
+        ),
+        Rule(
+            "drop-constant-features",
+            "Drop the constant features",
+            "Input features with the same value in every row.",
+            "x = x[:, x.std(axis=0) > 0]  # a constant feature carries no signal and divides by 0 when standardised",
+        ),
+        Rule(
             "weight-constraint",
             "Constrain the weight norms",
             "Weight norms growing steadily without bound.",
