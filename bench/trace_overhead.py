@@ -7,23 +7,28 @@ step, each on a fresh model and optimizer built from the same seed, jit_compile=
   instrumented   nanscope's InstrumentedStep.run, pulling its small stats tensors to numpy
   check_numerics the plain step traced under tf.debugging.enable_check_numerics()
 
-Every round times `--steps` steps of each variant in turn; the table shows the median
-ms/step over rounds and the median of the per-round ratios against plain.
+Every round times at least `--steps` steps of each variant in turn (more for fast models,
+see `--min-block-ms`); the table shows the median ms/step over rounds and the median of
+the per-round ratios against plain. `--clock cpu` times by this process's CPU time,
+which a busy machine disturbs less than the wall clock.
 
 Part 2, end to end. `nanscope trace-steps SPEC --keep-going` against `model.fit` on the
 same model, data and optimizer for the same number of steps (batch 32).
 
 Usage:
-    .venv/bin/python bench/trace_overhead.py            # defaults: --rounds 7 --steps 20
+    .venv/bin/python bench/trace_overhead.py            # defaults: --rounds 7 --steps 20 --clock wall
     .venv/bin/python bench/trace_overhead.py --rounds 9 --steps 40 --skip-e2e
 """
 
 import argparse
 import importlib.util
+import math
+import os
 import platform
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +38,7 @@ from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()
 
-from _common import interleaved_rounds, median, median_ratio, wall_seconds  # noqa: E402
+from _common import CLOCKS, interleaved_rounds, median, median_ratio, seconds_per_call, wall_seconds  # noqa: E402
 
 from nanscope.engine.step import InstrumentedStep  # noqa: E402
 from nanscope.models import _keras  # noqa: E402
@@ -109,10 +114,14 @@ def fresh_model_and_optimizer(case):
 
 
 def plain_step(model, optimizer, loss_fn, x, y):
-    """The baseline: a compiled forward, loss, backward and update that returns the loss."""
+    """The baseline: a compiled forward, loss, backward and update that returns the loss.
+
+    Compiled as InstrumentedStep compiles its step (input signature with a free batch
+    axis, jit_compile=False, autograph=False), so only the instrumentation differs.
+    """
     specs = [tf.TensorSpec([None, *x.shape[1:]], x.dtype), tf.TensorSpec([None, *y.shape[1:]], y.dtype)]
 
-    @tf.function(input_signature=specs, jit_compile=False)
+    @tf.function(input_signature=specs, jit_compile=False, autograph=False)
     def step(x, y):
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
@@ -180,15 +189,21 @@ def assert_raises_on_nan(step, state, batch):
 VARIANTS = {"plain": plain_variant, "instrumented": instrumented_variant, "check_numerics": check_numerics_variant}
 
 
-def bench_case(case, rounds, steps, warmup):
-    """Per variant, ms/step per round, all variants interleaved."""
+def bench_case(case, rounds, steps, warmup, min_block_ms, clock="wall"):
+    """(steps per round, per variant ms/step per round), all variants interleaved.
+
+    Fast models get more than `steps` steps, so one timed block lasts at least
+    `min_block_ms` and timer and scheduler noise stay small against it.
+    """
     batches = random_batches(case)
     loss_fn = keras.losses.SparseCategoricalCrossentropy()
     runs = {name: make(case, batches, loss_fn) for name, make in VARIANTS.items()}
     for fn in runs.values():
         for i in range(warmup):
             fn(i)
-    return interleaved_rounds(runs, rounds, steps)
+    plain_ms = 1000.0 * seconds_per_call(runs["plain"], warmup)
+    steps = max(steps, math.ceil(min_block_ms / plain_ms))
+    return steps, interleaved_rounds(runs, rounds, steps, clock)
 
 
 # --- end to end -------------------------------------------------------------------------
@@ -203,8 +218,8 @@ def run_trace_available():
     return hasattr(trace, "run_trace") and hasattr(trace, "TraceOptions")
 
 
-def nanscope_seconds(config):
-    """(seconds, how) of one nanscope trace-steps run with --keep-going."""
+def nanscope_seconds(config, clock):
+    """(seconds, how) of one nanscope trace-steps run with --keep-going (a CLI run is always timed by the wall clock)."""
     with tempfile.TemporaryDirectory() as tmp:
         trace_path = Path(tmp) / "trace.jsonl"
         if run_trace_available():
@@ -212,7 +227,7 @@ def nanscope_seconds(config):
             from nanscope.trace import TraceOptions, run_trace
 
             seconds, _ = wall_seconds(
-                lambda: run_trace(load_spec(config), TraceOptions(keep_going=True, trace_path=trace_path))
+                lambda: run_trace(load_spec(config), TraceOptions(keep_going=True, trace_path=trace_path)), clock
             )
             return seconds, "in-process run_trace: spec, data, model build, trace, all steps, report"
         command = [str(REPO / ".venv/bin/nanscope"), "trace-steps", str(config), "--keep-going", "--trace", str(trace_path)]
@@ -222,16 +237,20 @@ def nanscope_seconds(config):
         return seconds, "CLI subprocess: Python + TensorFlow start-up included, nothing subtracted"
 
 
-def fit_seconds(config):
-    """Seconds of compile + model.fit (first trace included) for the spec's steps, batch 32.
+def fit_seconds(config, clock):
+    """(seconds with setup, seconds of compile + fit, steps, steps per epoch) of model.fit for the spec's steps.
 
-    Model and data construction are not timed. The dataset repeats, so steps_per_epoch
-    can be any divisor of the spec's steps; epochs * steps_per_epoch == train.steps.
+    "With setup" also times what run_trace does before its first step: spec loading,
+    data generation and model building (nanscope's own `open_session`). The dataset
+    repeats, so steps_per_epoch can be any divisor of train.steps; epochs *
+    steps_per_epoch == train.steps, batch 32, verbose=0, no validation.
     """
     from nanscope.objectives import build_optimizer
     from nanscope.session import open_session
     from nanscope.spec import load_spec
 
+    now = CLOCKS[clock]
+    start = now()
     spec = load_spec(config)
     session = open_session(spec)
     model, total = session.model.keras_model, spec.train.steps
@@ -240,13 +259,11 @@ def fit_seconds(config):
         tf.data.Dataset.from_tensor_slices((session.train.x, session.train.y))
         .shuffle(session.train.rows, seed=spec.train.seed).repeat().batch(32)
     )
-
-    def train():
-        model.compile(optimizer=build_optimizer(spec, session.model), loss=session.loss.fn)
-        model.fit(data, epochs=total // per_epoch, steps_per_epoch=per_epoch, verbose=0)
-
-    seconds, _ = wall_seconds(train)
-    return seconds, total, per_epoch
+    setup_done = now()
+    model.compile(optimizer=build_optimizer(spec, session.model), loss=session.loss.fn)
+    model.fit(data, epochs=total // per_epoch, steps_per_epoch=per_epoch, verbose=0)
+    end = now()
+    return end - start, end - setup_done, total, per_epoch
 
 
 def startup_seconds():
@@ -258,60 +275,69 @@ def startup_seconds():
 
 @dataclass
 class EndToEnd:
+    """Median seconds of one spec's end-to-end runs."""
+
     config: str
     steps: int
     fit_layout: str
     nanscope_s: float
+    fit_setup_s: float
     fit_s: float
     how: str
 
 
-def bench_end_to_end(config, repeats):
-    """Median seconds of nanscope and of model.fit over `repeats` alternating runs, or None if the config is missing."""
+def bench_end_to_end(config, repeats, clock):
+    """Medians over `repeats` alternating nanscope and model.fit runs, or None if the config is missing."""
     path = REPO / config
     if not path.exists():
         return None
-    ours, theirs, how, steps, per_epoch = [], [], "", 0, 0
+    ours, with_setup, fit_only, how = [], [], [], ""
     for _ in range(repeats):
-        seconds, how = nanscope_seconds(path)
+        seconds, how = nanscope_seconds(path, clock)
         ours.append(seconds)
-        seconds, steps, per_epoch = fit_seconds(path)
-        theirs.append(seconds)
+        setup_s, fit_s, steps, per_epoch = fit_seconds(path, clock)
+        with_setup.append(setup_s)
+        fit_only.append(fit_s)
     layout = f"{steps // per_epoch} epochs x {per_epoch} steps"
-    return EndToEnd(config, steps, layout, median(ours), median(theirs), how)
+    return EndToEnd(config, steps, layout, median(ours), median(with_setup), median(fit_only), how)
 
 
 # --- report ----------------------------------------------------------------------------
 
 
 def step_table(results):
+    """Markdown table of the per-step benchmark."""
     lines = [
-        "| model | batch | plain ms/step | instrumented ms/step | check_numerics ms/step | instrumented/plain | check_numerics/plain |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| model | batch | steps/round | plain ms/step | instrumented ms/step | check_numerics ms/step "
+        "| instrumented/plain | check_numerics/plain |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for case, times in results:
+    for case, steps, times in results:
         lines.append(
-            f"| {case.name} | {case.batch} | {median(times['plain']):.2f} | {median(times['instrumented']):.2f} | "
-            f"{median(times['check_numerics']):.2f} | {median_ratio(times, 'instrumented', 'plain'):.2f}x | "
-            f"{median_ratio(times, 'check_numerics', 'plain'):.2f}x |"
+            f"| {case.name} | {case.batch} | {steps} | {median(times['plain']):.2f} | "
+            f"{median(times['instrumented']):.2f} | {median(times['check_numerics']):.2f} | "
+            f"{median_ratio(times, 'instrumented', 'plain'):.2f}x | {median_ratio(times, 'check_numerics', 'plain'):.2f}x |"
         )
     return "\n".join(lines)
 
 
 def e2e_table(rows, skipped, startup):
+    """Markdown table of the end-to-end benchmark, with what each timing includes."""
     lines = [
-        "| spec | steps | nanscope s | model.fit s | nanscope/fit | fit layout |",
-        "|---|---:|---:|---:|---:|---|",
+        "| spec | steps | nanscope s | fit s (setup+compile+fit) | fit s (compile+fit) "
+        "| nanscope / fit+setup | nanscope / fit | fit layout |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for row in rows:
+    for r in rows:
         lines.append(
-            f"| {row.config} | {row.steps} | {row.nanscope_s:.2f} | {row.fit_s:.2f} | "
-            f"{row.nanscope_s / row.fit_s:.2f}x | {row.fit_layout} |"
+            f"| {r.config} | {r.steps} | {r.nanscope_s:.2f} | {r.fit_setup_s:.2f} | {r.fit_s:.2f} | "
+            f"{r.nanscope_s / r.fit_setup_s:.2f}x | {r.nanscope_s / r.fit_s:.2f}x | {r.fit_layout} |"
         )
-    notes = [f"- nanscope timing: {rows[0].how}." if rows else None]
-    notes.append("- model.fit timing: in-process compile + fit, first trace included; model and data construction not timed.")
+    notes = [f"- nanscope: {rows[0].how}." if rows else ""]
+    notes.append("- fit, setup: load_spec + open_session (data generation, seeded model build), as run_trace does.")
+    notes.append("- fit, compile+fit: model.compile + model.fit in-process, first trace included; no validation.")
     if startup is not None:
-        notes.append(f"- for reference, starting Python and importing nanscope + TensorFlow takes {startup:.2f} s (not subtracted).")
+        notes.append(f"- starting Python and importing nanscope + TensorFlow alone takes {startup:.2f} s (not subtracted).")
     notes += [f"- skipped {config}: not in configs/ yet." for config in skipped]
     return "\n".join(lines + [""] + [n for n in notes if n])
 
@@ -319,41 +345,46 @@ def e2e_table(rows, skipped, startup):
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds per model (default 7)")
-    parser.add_argument("--steps", type=int, default=20, help="timed steps per variant per round (default 20)")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per variant per round, at least (default 20)")
+    parser.add_argument("--min-block-ms", type=float, default=200.0,
+                        help="fast models get more steps so one timed block of plain steps lasts this long (default 200)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="time by elapsed time or by this process's CPU time, all threads (default wall)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per variant after tracing (default 3)")
     parser.add_argument("--e2e-repeats", type=int, default=3, help="end-to-end runs of each side (default 3)")
     parser.add_argument("--skip-e2e", action="store_true", help="only the per-step benchmark")
-    parser.add_argument("--models", default="mlp,cnn,lstm", help="comma list of mlp, cnn, lstm")
+    parser.add_argument("--models", default="mlp,cnn,lstm", help="comma list of mlp, cnn, lstm (default all)")
     return parser.parse_args(argv)
+
+
+def machine_line(args):
+    load = ", load average %.2f" % os.getloadavg()[0] if hasattr(os, "getloadavg") else ""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (f"# {time.strftime('%Y-%m-%d %H:%M')} {platform.machine()}, {cpus} CPUs{load}; "
+            f"Python {platform.python_version()}, TensorFlow {tf.__version__}, Keras {keras.__version__}; "
+            f"rounds={args.rounds} steps>={args.steps} min-block-ms={args.min_block_ms:g} clock={args.clock}")
 
 
 def main(argv=None):
     args = parse_args(argv)
-    print(f"# {platform.node()}: {platform.processor() or platform.machine()}, {_cpus()} CPUs, "
-          f"TensorFlow {tf.__version__}, Keras {keras.__version__}; rounds={args.rounds} steps={args.steps}")
+    print(machine_line(args))
     chosen = {name.strip() for name in args.models.split(",")}
-    cases = [case for case, key in zip(CASES, ("mlp", "cnn", "lstm")) if key in chosen]
     results = []
-    for case in cases:
-        results.append((case, bench_case(case, args.rounds, args.steps, args.warmup)))
-        print(f"  done: {case.name}", file=sys.stderr)
-    print("\nPer train step (median over rounds; ratios are medians of per-round ratios):\n")
+    for case, key in zip(CASES, ("mlp", "cnn", "lstm")):
+        if key in chosen:
+            results.append((case, *bench_case(case, args.rounds, args.steps, args.warmup, args.min_block_ms, args.clock)))
+            print(f"  done: {case.name}", file=sys.stderr)
+    print(f"\nPer train step, {args.clock} clock (median over rounds; ratios are medians of per-round ratios):\n")
     print(step_table(results))
     if args.skip_e2e:
         return
     rows, skipped = [], []
     for config in ("configs/exploding-regression.yaml", "configs/exploding-regression-clipnorm.yaml"):
-        row = bench_end_to_end(config, args.e2e_repeats)
+        row = bench_end_to_end(config, args.e2e_repeats, args.clock)
         (rows.append(row) if row else skipped.append(config))
     startup = startup_seconds() if rows and rows[0].how.startswith("CLI") else None
-    print(f"\nEnd to end (median of {args.e2e_repeats} alternating runs each):\n")
+    print(f"\nEnd to end, {args.clock} clock (median of {args.e2e_repeats} alternating runs each):\n")
     print(e2e_table(rows, skipped, startup))
-
-
-def _cpus():
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ class Change:
         optimizer_overrides: dict. Optimizer arguments to override (learning_rate, clipnorm, epsilon, ...).
         grad_transform: callable(list of grads) -> list of grads, optional. Applied before the optimizer.
         model: LoadedModel, optional. A changed model (e.g. relu -> relu6); its weights must match the session's.
+        loss_scaling: bool, optional. Wrap the optimizer in a LossScaleOptimizer (None: as the spec says).
     """
 
     name: str
@@ -31,6 +32,7 @@ class Change:
     optimizer_overrides: dict = field(default_factory=dict)
     grad_transform: Any = None
     model: Any = None
+    loss_scaling: Optional[bool] = None
 
 
 @dataclass
@@ -89,7 +91,8 @@ def run_experiment(session, change, steps=None, stop_at_nonfinite=True, on_step=
     session.reset_weights(model)
     start = _state_fingerprint(model) if fingerprint else None
     crc = 0
-    engine = session.instrumented_step(change.optimizer_overrides, change.grad_transform, model=model)
+    engine = session.instrumented_step(change.optimizer_overrides, change.grad_transform, model=model,
+                                       loss_scaling=change.loss_scaling)
     records, first_bad = [], None
     for step in range(steps or session.spec.train.steps):
         x, y = session.batch(step)

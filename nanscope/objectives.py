@@ -153,13 +153,16 @@ def check_labels_fit(spec, loss, output, y):
     width, kind = int(shape[-1]), label_kind(loss.name)
     if kind == "sparse":
         labels = np.asarray(y).reshape(len(y), -1)
+        if not (np.issubdtype(labels.dtype, np.number) or labels.dtype == bool):
+            raise DataError(f"{spec.source}: data: {loss.name} expects integer class labels. Received dtype {labels.dtype}")
         bad = np.isfinite(labels) & ((labels < 0) | (labels >= width)) if labels.dtype.kind == "f" else (
             (labels < 0) | (labels >= width))
         rows = np.flatnonzero(bad.any(axis=1))
         if len(rows):
-            value = labels[rows[0]][bad[rows[0]]][0]
+            value = labels[rows[0]][bad[rows[0]]][0].item()
+            value = int(value) if float(value).is_integer() else value
             raise DataError(
-                f"{spec.source}: data: label {value.item():g} in row {int(rows[0])} is outside [0, {width}): "
+                f"{spec.source}: data: label {value} in row {int(rows[0])} is outside [0, {width}): "
                 f"{loss.name} expects class indices below the model's {width} outputs ({len(rows)} row(s) affected)"
             )
     elif kind == "onehot" and np.ndim(y) >= 2 and np.shape(y)[-1] != width:

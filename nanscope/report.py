@@ -17,7 +17,7 @@ from nanscope.rules.catalogue import Recommendation
 SCHEMA = "nanscope.trace/1"
 STEP_FIELDS = (
     "step", "loss", "data_loss", "grad_global_norm", "applied_grad_global_norm", "x_nonfinite", "y_nonfinite",
-    "output_nonfinite", "grad_nonfinite", "weights_nonfinite",
+    "output_nonfinite", "grad_nonfinite", "weights_nonfinite", "loss_scale", "update_skipped",
 )
 
 
@@ -105,10 +105,11 @@ class TraceReport:
             stats = [r.layers[index] for r in self.records if index < len(r.layers) and r.layers[index].called]
             bad = [r.step for r in self.records if index < len(r.layers) and r.layers[index].nonfinite]
             rows.append({
-                "name": name, "class": cls,
+                "name": name, "class": cls, "dtype": (self.run.get("layer_dtypes") or {}).get(name),
                 "max_abs": max((s.max_abs for s in stats), default=0.0),
                 "mean_abs_last": stats[-1].mean_abs if stats else None,
                 "zero_fraction_last": stats[-1].zero_fraction if stats else None,
+                "underflow_fraction_max": max((s.underflow_fraction for s in stats), default=0.0),
                 "nonfinite_last": stats[-1].nonfinite if stats else 0,
                 "loss_term_last": stats[-1].loss_term if stats else 0.0,
                 "nonfinite_steps": len(bad), "first_nonfinite_step": bad[0] if bad else None,

@@ -7,12 +7,13 @@ from a `Session`; `Session.reset_weights()` puts the initial weights back for an
 run with other optimizer settings.
 """
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from nanscope.data.batches import BatchOrder, batch
 from nanscope.data.sources import LoadedData, load_data, split_validation
-from nanscope.engine.step import InstrumentedStep, build_model
+from nanscope.engine.step import InstrumentedStep, build_model, is_loss_scale_optimizer
 from nanscope.models import LoadedModel, load_model
 from nanscope.objectives import Loss, build_optimizer, check_labels_fit, resolve_loss
 from nanscope.runtime import tensorflow
@@ -45,10 +46,19 @@ class Session:
         """(x, y) of the batch drawn at `step`."""
         return batch(self.train, self.order, step)
 
-    def instrumented_step(self, optimizer_overrides=None, grad_transform=None, model=None):
-        """A compiled InstrumentedStep for `model` (default: this session's) with a fresh optimizer."""
+    def instrumented_step(self, optimizer_overrides=None, grad_transform=None, model=None, loss_scaling=None):
+        """A compiled InstrumentedStep for `model` (default: this session's) with a fresh optimizer.
+
+        `loss_scaling` wraps the optimizer in Keras' LossScaleOptimizer; by default it is
+        on under the `mixed_float16` policy, as `model.compile` does.
+        """
+        _, keras = tensorflow()
         model = model or self.model
         optimizer = build_optimizer(self.spec, model, optimizer_overrides)
+        if loss_scaling is None:
+            loss_scaling = self.spec.train.mixed_precision == "mixed_float16"
+        if loss_scaling and not is_loss_scale_optimizer(optimizer):
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         x, y = self.batch(0)
         return InstrumentedStep(
             model, self.loss, optimizer, x, y, jit_compile=self.spec.train.jit_compile, grad_transform=grad_transform
@@ -76,12 +86,28 @@ def open_session(spec, unsafe=False):
     train, validation = split_validation(loaded, spec.data.validation.fraction)
     order = BatchOrder(train.rows, spec.data.batch_size, spec.data.shuffle, spec.train.seed)
     keras.utils.set_random_seed(spec.train.seed)
-    model = load_model(spec, unsafe=unsafe)
+    with dtype_policy(spec.train.mixed_precision):
+        model = load_model(spec, unsafe=unsafe)
     loss = resolve_loss(spec, model)
     output = build_model(model, batch(train, order, 0)[0], source=spec.source)
     check_labels_fit(spec, loss, output, loaded.y)
     initial = [v.numpy() for v in _state_variables(model)]
     return Session(spec, train, validation, order, model, loss, initial, unsafe)
+
+
+@contextlib.contextmanager
+def dtype_policy(name):
+    """Build under Keras' global dtype policy `name` (None: leave it), restoring the previous one after."""
+    _, keras = tensorflow()
+    if name is None:
+        yield
+        return
+    previous = keras.mixed_precision.dtype_policy()
+    keras.mixed_precision.set_dtype_policy(name)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_dtype_policy(previous)
 
 
 def _state_variables(model):

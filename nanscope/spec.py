@@ -158,6 +158,7 @@ class TrainSpec(_Section):
     seed: int = 0
     jit_compile: bool = False
     expect_nonfinite: list[str] = Field(default_factory=list)
+    mixed_precision: Optional[Literal["mixed_float16", "mixed_bfloat16"]] = None
 
     @field_validator("loss", "optimizer", mode="before")
     @classmethod

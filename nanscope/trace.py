@@ -227,7 +227,7 @@ def describe_bad_batch(x, y, rows, data):
 def describe_run(session, engine):
     """The run header: what was run, for the report and the trace."""
     spec = session.spec
-    optimizer = engine.optimizer
+    optimizer = getattr(engine.optimizer, "inner_optimizer", engine.optimizer)  # through a LossScaleOptimizer
     config = optimizer.get_config()
     shown = {k: config[k] for k in ("learning_rate", "momentum", "beta_1", "beta_2", "epsilon", "clipnorm",
                                      "global_clipnorm", "clipvalue") if config.get(k) is not None}
@@ -248,6 +248,9 @@ def describe_run(session, engine):
         "steps_requested": spec.train.steps,
         "seed": spec.train.seed,
         "jit_compile": spec.train.jit_compile,
+        "mixed_precision": spec.train.mixed_precision,
+        "loss_scaling": engine.loss_scaled,
+        "layer_dtypes": {info.name: info.dtype for info in engine.layer_info},
     }
 
 

@@ -13,17 +13,25 @@ import contextlib
 from nanscope.runtime import tensorflow
 
 # Columns of a layer-stats row, in order.
-LAYER_COLUMNS = ("max_abs", "sum_abs", "nonfinite", "zeros", "size")
+LAYER_COLUMNS = ("max_abs", "sum_abs", "nonfinite", "zeros", "size", "tiny")
+# Smallest normal float16 (numpy.finfo(float16).tiny): non-zero magnitudes below it
+# are subnormal and lose precision, and they flush to 0 a little further down.
+FLOAT16_TINY = 6.103515625e-05
 
 
 def tensor_stats(tensors):
-    """[max |x|, sum |x|, non-finite count, exact zeros, size] over float tensors, as float32.
+    """[max |x|, sum |x|, non-finite count, exact zeros, size, float16 underflows] over float tensors, as float32.
+
+    The last column counts non-zero magnitudes below float16's smallest normal, and
+    is computed only for float16 tensors (0 otherwise).
 
     The healthy path costs one abs, two reductions and a count; the exact non-finite
     count and the finite-only max/sum are computed only when the sum is not finite.
     """
     tf, _ = tensorflow()
-    flat = [tf.reshape(tf.cast(t, tf.float32), [-1]) for t in tensors if t.dtype.is_floating]
+    floats = [t for t in tensors if t.dtype.is_floating]
+    half = [t for t in floats if t.dtype == tf.float16]
+    flat = [tf.reshape(tf.cast(t, tf.float32), [-1]) for t in floats]
     if not flat:
         return tf.zeros([len(LAYER_COLUMNS)], tf.float32)
     x = flat[0] if len(flat) == 1 else tf.concat(flat, axis=0)
@@ -42,7 +50,14 @@ def tensor_stats(tensors):
         return tf.stack([_safe_max(a_finite), tf.reduce_sum(a_finite), nonfinite])
 
     head = tf.cond(tf.math.is_finite(total), healthy, unhealthy)
-    return tf.concat([head, tf.stack([zeros, size])], axis=0)
+    tiny = tf.add_n([_underflow_count(t) for t in half]) if half else tf.constant(0.0)
+    return tf.concat([head, tf.stack([zeros, size, tiny])], axis=0)
+
+
+def _underflow_count(tensor):
+    tf, _ = tensorflow()
+    a = tf.abs(tf.cast(tensor, tf.float32))
+    return tf.reduce_sum(tf.cast(tf.logical_and(a > 0.0, a < FLOAT16_TINY), tf.float32))
 
 
 def _safe_max(a):
@@ -121,7 +136,7 @@ class LayerRecorder:
         return probed_call
 
     def stats_matrix(self):
-        """[len(layers), 5] float32: per layer max |x|, sum |x|, non-finite, zeros, size (0 if never called)."""
+        """[len(layers), len(LAYER_COLUMNS)] float32: one row of `tensor_stats` per layer (0 if never called)."""
         tf, _ = tensorflow()
         rows = []
         for index in range(len(self.layers)):

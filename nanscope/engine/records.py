@@ -17,7 +17,11 @@ PHASES = ("data", "forward", "loss", "backward", "update")
 
 @dataclass
 class LayerStats:
-    """One layer's output on one step: max |x|, mean |x|, non-finite count, fraction of exact zeros, loss terms."""
+    """One layer's output on one step: max |x|, mean |x|, non-finite count, fraction of exact zeros, loss terms.
+
+    `underflow_fraction` is the fraction of non-zero float16 outputs below float16's smallest normal (0 for
+    other dtypes).
+    """
 
     max_abs: float
     mean_abs: float
@@ -25,6 +29,7 @@ class LayerStats:
     zero_fraction: float
     loss_term: float
     called: bool = True
+    underflow_fraction: float = 0.0
 
 
 @dataclass
@@ -56,6 +61,9 @@ class StepRecord:
         weights_nonfinite: int. Non-finite weight entries after the update.
         layers: list of LayerStats, in the order of the probed layers.
         variables: list of VariableStats, in the order of the trainable variables.
+        loss_scale: float or None. The LossScaleOptimizer's scale after the step (mixed precision).
+        update_skipped: bool. The LossScaleOptimizer skipped this update: its scaled gradients
+            overflowed, which is how dynamic loss scaling works, not a failure of the run.
         expected_nonfinite: list of int. Indices of layers whose non-finite outputs are
             intended (an attention mask's -inf): reported, but they do not make a step non-finite.
     """
@@ -76,6 +84,8 @@ class StepRecord:
     variables: list = field(default_factory=list)
     model_loss_term: float = 0.0
     expected_nonfinite: list = field(default_factory=list)
+    loss_scale: Optional[float] = None
+    update_skipped: bool = False
 
     @classmethod
     def from_arrays(cls, step, batch_rows, scalars, layer_stats, layer_terms, var_stats):
@@ -89,6 +99,7 @@ class StepRecord:
                 zero_fraction=float(row[3] / row[4]) if row[4] else 0.0,
                 loss_term=float(term),
                 called=bool(row[4] > 0),
+                underflow_fraction=float(row[5] / row[4]) if len(row) > 5 and row[4] else 0.0,
             )
             for row, term in zip(layer_stats, layer_terms)
         ]
@@ -108,6 +119,8 @@ class StepRecord:
             loss_nonfinite=bool(s[5]), grad_nonfinite=int(s[7]), weights_nonfinite=int(s[8]),
             layers=layers, variables=variables,
             model_loss_term=float(layer_terms[-1]) if len(layer_terms) > len(layers) else 0.0,
+            loss_scale=s[10] if len(s) > 10 and s[10] else None,
+            update_skipped=bool(s[11]) if len(s) > 11 else False,
         )
 
     @property
@@ -124,7 +137,7 @@ class StepRecord:
             return "forward"
         if self.loss_nonfinite or not math.isfinite(self.loss):
             return "loss"
-        if self.grad_nonfinite or not math.isfinite(self.grad_global_norm):
+        if (self.grad_nonfinite or not math.isfinite(self.grad_global_norm)) and not self.update_skipped:
             return "backward"
         if self.weights_nonfinite:
             return "update"

@@ -5,33 +5,36 @@ one `tf.function` that returns a few small tensors: scalars (loss, global gradie
 norm, non-finite counts per phase), a row per layer and a row per variable. Nothing
 per-element crosses into Python on a healthy step.
 
-Before each update the step copies the model's and the optimizer's state into
-snapshot variables (one extra copy, on the device). That copy gives |dw|/|w|, and
-after a non-finite step it restores the state as it was before the step, so the
-step can be replayed exactly.
+Before each update the step copies the model's weights into snapshot variables
+(one extra copy, on the device). That copy gives |dw|/|w|, and after a non-finite
+step it restores the weights as they were before the step, so the step's forward
+and backward pass can be replayed exactly; the optimizer's slots are not copied.
 """
 
 import re
 from dataclasses import dataclass
 
-from nanscope.engine.probes import LAYER_COLUMNS, LayerRecorder, nonfinite_count
+from nanscope.engine.flat import Snapshot, VariableStats, any_nonfinite_count
+from nanscope.engine.probes import LayerRecorder
 from nanscope.engine.records import StepRecord
 from nanscope.errors import DataError
 from nanscope.runtime import tensorflow
 
 SCALAR_COLUMNS = (
     "loss", "data_loss", "x_nonfinite", "y_nonfinite", "output_nonfinite", "loss_nonfinite",
-    "grad_global_norm", "grad_nonfinite", "weights_nonfinite", "applied_grad_global_norm",
+    "grad_global_norm", "grad_nonfinite", "weights_nonfinite", "applied_grad_global_norm", "loss_scale",
+    "update_skipped",
 )
 VARIABLE_COLUMNS = ("grad_norm", "grad_nonfinite", "weight_norm_before", "weight_norm", "update_norm", "weight_nonfinite")
 
 
 @dataclass
 class LayerInfo:
-    """A probed layer: its name, its class, and the names of the variables it owns."""
+    """A probed layer: its name, its class and the dtype it computes in."""
 
     name: str
     cls: str
+    dtype: str = "float32"
 
 
 def probed_layers(keras_model):
@@ -77,13 +80,16 @@ class InstrumentedStep:
         self.grad_transform = grad_transform
         build_model(model, sample_x)
         self.layers = probed_layers(model.keras_model)
-        self.layer_info = [LayerInfo(layer.name, type(layer).__name__) for layer in self.layers]
+        self.layer_info = [
+            LayerInfo(layer.name, type(layer).__name__, str(getattr(layer, "compute_dtype", "float32")))
+            for layer in self.layers
+        ]
+        self.loss_scaled = is_loss_scale_optimizer(optimizer)
         self.trainable = list(model.keras_model.trainable_variables if model.keras_model is not None else model.trainable_variables)
         self.variable_names = _without_model_prefix([variable_name(v) for v in self.trainable], model.keras_model)
         self.optimizer.build(self.trainable)
-        self._state = self._model_state() + list(self.optimizer.variables)
-        self._snapshot = [tf.Variable(v, trainable=False, name="nanscope_snapshot") for v in self._state]
-        self._trainable_snapshot = self._snapshot[: len(self.trainable)]
+        self._snapshot = Snapshot(self._model_state())
+        self._variable_stats = VariableStats(self.trainable, self._snapshot)
         self._recorder = LayerRecorder(self.layers)
         x_spec = tf.TensorSpec([None, *sample_x.shape[1:]], tf.as_dtype(sample_x.dtype))
         y_spec = tf.TensorSpec([None, *sample_y.shape[1:]], tf.as_dtype(sample_y.dtype))
@@ -101,19 +107,25 @@ class InstrumentedStep:
     def _step(self, x, y):
         tf, _ = tensorflow()
         self._recorder.begin()
-        for snap, var in zip(self._snapshot, self._state):
-            snap.assign(tf.convert_to_tensor(var))
+        self._snapshot.take()
         with tf.GradientTape() as tape:
             y_pred = self.model.call(x, training=True)
             y_pred_f = tf.cast(y_pred, tf.float32) if y_pred.dtype != tf.float32 else y_pred
             data_loss = tf.reduce_mean(tf.cast(self.loss.fn(y, y_pred_f), tf.float32))  # loss functions may return per-sample values
             terms = self._layer_loss_terms()
             total = data_loss + (tf.add_n([tf.reduce_sum(t) for t in terms]) if terms else 0.0)
-        grads = tape.gradient(total, self.trainable)
+            scale = tf.cast(tf.convert_to_tensor(self.optimizer.dynamic_scale), tf.float32) if self.loss_scaled else None
+            objective = total * scale if self.loss_scaled else total
+        grads = tape.gradient(objective, self.trainable)
         grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, self.trainable)]
+        if self.loss_scaled:
+            # Statistics and any clipping see true gradients; the LossScaleOptimizer gets
+            # scaled ones back and skips the update when they are not finite.
+            grads = [g / tf.cast(scale, g.dtype) for g in grads]
         applied = self.grad_transform(grads) if self.grad_transform is not None else grads
-        self.optimizer.apply_gradients(zip(applied, self.trainable))
-        return self._outputs(x, y, y_pred, total, data_loss, grads, applied)
+        handed = [g * tf.cast(scale, g.dtype) for g in applied] if self.loss_scaled else applied
+        self.optimizer.apply_gradients(zip(handed, self.trainable))
+        return self._outputs(x, y, y_pred, total, data_loss, grads, applied, scale)
 
     def _layer_loss_terms(self):
         """Per probed layer, the sum of the loss terms it owns (add_loss, weight regularizers)."""
@@ -130,29 +142,30 @@ class InstrumentedStep:
         self._loss_terms = rows
         return rows
 
-    def _outputs(self, x, y, y_pred, total, data_loss, grads, applied):
+    def _outputs(self, x, y, y_pred, total, data_loss, grads, applied, scale):
         tf, _ = tensorflow()
-        grad_sq = [tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in grads]
-        applied_sq = [tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in applied]
-        var_rows = []
-        for g, sq, var, snap in zip(grads, grad_sq, self.trainable, self._trainable_snapshot):
-            before = tf.cast(tf.convert_to_tensor(snap), tf.float32)
-            after = tf.cast(tf.convert_to_tensor(var), tf.float32)
-            var_rows.append(tf.stack([
-                tf.sqrt(sq), nonfinite_count(g), tf.norm(before), tf.norm(after), tf.norm(after - before), nonfinite_count(var),
-            ]))
-        var_stats = tf.stack(var_rows) if var_rows else tf.zeros([0, len(VARIABLE_COLUMNS)])
+        var_stats, grad_norm, applied_norm = self._variable_stats.rows(grads, None if applied is grads else applied)
         scalars = tf.stack([
-            tf.cast(total, tf.float32), data_loss, nonfinite_count(x), nonfinite_count(y),
-            tf.add_n([nonfinite_count(t) for t in tf.nest.flatten(y_pred)]),
+            tf.cast(total, tf.float32), data_loss, any_nonfinite_count(x), any_nonfinite_count(y),
+            tf.add_n([any_nonfinite_count(t) for t in tf.nest.flatten(y_pred)]),
             tf.cast(tf.logical_not(tf.math.is_finite(total)), tf.float32),
-            tf.sqrt(tf.add_n(grad_sq)) if grad_sq else tf.constant(0.0),
-            tf.add_n([row[1] for row in var_rows]) if var_rows else tf.constant(0.0),
-            tf.add_n([row[5] for row in var_rows]) if var_rows else tf.constant(0.0),
-            tf.sqrt(tf.add_n(applied_sq)) if applied_sq else tf.constant(0.0),
+            grad_norm,
+            tf.reduce_sum(var_stats[:, 1]),
+            tf.reduce_sum(var_stats[:, 5]),
+            applied_norm,
+            tf.cast(tf.convert_to_tensor(self.optimizer.dynamic_scale), tf.float32) if self.loss_scaled else 0.0,
+            self._skipped(applied, scale),
         ])
         layer_terms = tf.stack(self._loss_terms) if self._loss_terms else tf.zeros([0])
         return scalars, self._recorder.stats_matrix(), layer_terms, var_stats
+
+    def _skipped(self, applied, scale):
+        """1.0 when a LossScaleOptimizer skipped this update (its scaled gradients were not finite)."""
+        tf, _ = tensorflow()
+        if not self.loss_scaled:
+            return tf.constant(0.0)
+        finite = [tf.reduce_all(tf.math.is_finite(g * tf.cast(scale, g.dtype))) for g in applied]
+        return tf.cast(tf.logical_not(tf.reduce_all(tf.stack(finite))), tf.float32)
 
     def run(self, step, x, y):
         """Run one train step on a batch and return its StepRecord."""
@@ -161,12 +174,17 @@ class InstrumentedStep:
 
     def restore_before_step(self):
         """Put the model and optimizer state back as it was before the last step."""
-        for snap, var in zip(self._snapshot, self._state):
-            var.assign(snap)
+        self._snapshot.restore()
 
     def weights_before_step(self):
         """numpy copies of the trainable variables as they were before the last step."""
-        return [s.numpy() for s in self._trainable_snapshot]
+        return self._snapshot.values(len(self.trainable))
+
+
+def is_loss_scale_optimizer(optimizer):
+    """True for Keras' LossScaleOptimizer (dynamic loss scaling for float16)."""
+    _, keras = tensorflow()
+    return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
 
 def _without_model_prefix(names, keras_model):

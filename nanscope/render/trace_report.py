@@ -46,7 +46,7 @@ def _header(report):
         ("data", f"{run.get('data')}; train {run.get('train_rows')} rows, validation {run.get('validation_rows')}, "
                  f"batch {run.get('batch_size')}{', shuffled' if run.get('shuffle') else ''}"),
         ("loss", run.get("loss")),
-        ("optimizer", f"{run.get('optimizer')}({optimizer})"),
+        ("optimizer", f"{run.get('optimizer')}({optimizer})" + _loss_scale_text(report)),
         ("steps", f"{report.steps_run} of {run.get('steps_requested')}"
                   + (" (interrupted)" if report.interrupted else "")),
     ]
@@ -56,6 +56,15 @@ def _header(report):
         grid.add_row(key, str(value))
     title = Text.assemble("nanscope trace-steps  ", (report.status.upper(), STATUS_STYLE[report.status]))
     return Panel(grid, title=title, title_align="left")
+
+
+def _loss_scale_text(report):
+    if not report.run.get("loss_scaling"):
+        return ""
+    scales = [r.loss_scale for r in report.records if r.loss_scale is not None]
+    skipped = sum(1 for r in report.records if r.update_skipped)
+    now = f", now {fmt(scales[-1])}" if scales else ""
+    return f" with loss scaling ({report.run.get('mixed_precision')}{now}; {skipped} update(s) skipped)"
 
 
 def _curves(report):
@@ -87,13 +96,17 @@ def _steps_table(report):
 def _layers_table(report):
     rows = sorted(report.layer_summaries(), key=lambda r: (-r["nonfinite_steps"], -(r["max_abs"] or 0)))
     table = Table(title="layers (largest outputs first; mean |x|, zeros: last step)", title_justify="left", show_edge=False)
-    for column in ("layer", "class", "max |x|", "mean |x|", "zeros", "loss term", "NaN steps"):
-        table.add_column(column, justify="left" if column in ("layer", "class") else "right",
+    mixed = any(row.get("dtype") not in (None, "float32") for row in rows)
+    columns = ("layer", "class") + (("dtype",) if mixed else ()) + ("max |x|", "mean |x|", "zeros", "loss term",
+                                                                     "NaN steps")
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("layer", "class", "dtype") else "right",
                          overflow="fold", min_width=12 if column == "layer" else None)
     for row in rows[:WORST_SHOWN]:
         style = "red" if row["nonfinite_steps"] else None
         zeros = "" if row["zero_fraction_last"] is None else f"{row['zero_fraction_last']:.0%}"
-        table.add_row(row["name"], row["class"], fmt(row["max_abs"]), fmt(row["mean_abs_last"]), zeros,
+        cells = [row["name"], row["class"]] + ([row.get("dtype") or "-"] if mixed else [])
+        table.add_row(*cells, fmt(row["max_abs"]), fmt(row["mean_abs_last"]), zeros,
                       fmt(row["loss_term_last"]), str(row["nonfinite_steps"]), style=style)
     return table
 

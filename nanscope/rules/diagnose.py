@@ -12,6 +12,7 @@ import numpy as np
 
 from nanscope.rules.catalogue import recommend
 from nanscope.rules.early import early_findings
+from nanscope.rules.precision import precision_findings
 from nanscope.rules.producer import producer_findings
 
 # A gradient norm that grows by more than 20% per step, sustained over at least
@@ -25,6 +26,8 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 # |dw|/|w| around 1e-3 per step is the usual healthy range (Karpathy, "A Recipe for
 # Training Neural Networks"); ten times that, sustained, is far above normal.
 UPDATE_RATIO_LIMIT = 1e-2
+# A run whose late loss is below this fraction of its early loss is making progress.
+LOSS_PROGRESS_FRACTION = 0.9
 # Inputs or regression targets whose standard deviation or mean magnitude exceeds
 # this are far from unit scale (standardised data has std 1, mean 0).
 SCALE_LIMIT = 10.0
@@ -40,8 +43,8 @@ def diagnose(report, session):
     """Recommendations for a TraceReport, most likely cause first."""
     healthy = [r for r in report.records if r.phase is None]
     found = []
-    for detector in (_bad_data, producer_findings, _gradient_growth, _update_ratio, early_findings, _target_scale,
-                     _input_scale):
+    for detector in (_bad_data, producer_findings, precision_findings, _gradient_growth, _update_ratio,
+                     early_findings, _target_scale, _input_scale):
         found.extend(detector(report, session, healthy))
     # Stable sort: equal scores keep detector order, so the same evidence gives the same order.
     found.sort(key=lambda pair: -pair[0])
@@ -152,8 +155,20 @@ def _update_ratio(report, session, healthy):
     lr = report.run.get("optimizer_config", {}).get("learning_rate")
     evidence = [f"median update ratio |dw|/|w| (all weights) over {len(ratios)} healthy steps: {median:.3g} "
                 f"(healthy runs: ~1e-3; limit {UPDATE_RATIO_LIMIT:g})"]
+    # Large steps while the loss still falls are how small models start: only a finding
+    # when the run also failed or stopped making progress.
+    severity = _severity(report, "warning" if not _loss_falling(healthy) else "info")
     fix = f"train:\n  optimizer: {{learning_rate: {lr / 10:g}}}   # 10x lower" if lr else RULE_FIX_LR
-    return [(0.75, recommend("lower-learning-rate", _severity(report), evidence, fix, {"median_update_ratio": median}))]
+    return [(0.75, recommend("lower-learning-rate", severity, evidence, fix, {"median_update_ratio": median}))]
+
+
+def _loss_falling(healthy):
+    """True when the mean loss over the last third of the healthy steps is below that of the first third."""
+    losses = [r.loss for r in healthy if math.isfinite(r.loss)]
+    if len(losses) < 6:
+        return False
+    third = len(losses) // 3
+    return float(np.mean(losses[-third:])) < LOSS_PROGRESS_FRACTION * float(np.mean(losses[:third]))
 
 
 RULE_FIX_LR = "train:\n  optimizer: {learning_rate: 0.001}"

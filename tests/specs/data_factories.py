@@ -3,9 +3,9 @@
 import numpy as np
 
 
-def arrays(rows=64, features=4, nan_rows=()):
+def arrays(rows=64, features=4, nan_rows=(), scale=1.0):
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((rows, features)).astype(np.float32)
+    x = (scale * rng.standard_normal((rows, features))).astype(np.float32)
     for row in nan_rows:
         x[row, 1] = np.nan
     y = (x[:, :1] * 2.0 + 1.0).astype(np.float32)

@@ -1,0 +1,112 @@
+"""Overhead of the NanScope callback in model.fit: fit with and without it, interleaved rounds.
+
+Each round runs a 2-epoch `fit` (verbose=0) for each variant on the same model and
+data and times the second epoch, so the (re)tracing that every `fit` with NanScope
+does in its first step is not counted; the ratio printed is the median over rounds
+of (with callback) / (without).
+
+    .venv/bin/python bench/callback_overhead.py [--rounds 7] [--steps 100]
+"""
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+from _common import median, median_ratio  # noqa: E402
+from rich.console import Console  # noqa: E402
+
+from nanscope.keras import NanScope  # noqa: E402
+from nanscope.runtime import tensorflow  # noqa: E402
+
+tf, keras = tensorflow()
+
+
+def mlp():
+    return keras.Sequential([keras.Input((784,)), keras.layers.Dense(256, activation="relu"),
+                             keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)]), (784,), 128
+
+
+def cnn():
+    return keras.Sequential([
+        keras.Input((28, 28, 1)), keras.layers.Conv2D(32, 3, activation="relu"),
+        keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.MaxPooling2D(), keras.layers.Flatten(),
+        keras.layers.Dense(10),
+    ]), (28, 28, 1), 64
+
+
+CASES = {"mlp": ("MLP 784-256-256-10", mlp), "cnn": ("CNN conv32-conv64-pool-dense", cnn)}
+
+
+class EpochTimes(keras.callbacks.Callback):
+    """Wall-clock seconds of each epoch of one fit call."""
+
+    def __init__(self):
+        super().__init__()
+        self.seconds = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seconds.append(time.perf_counter() - self._start)
+
+
+def fit_variant(build, steps, callback):
+    """callable(i) -> ms of the second epoch of a 2-epoch fit (the first one traces), with or without NanScope."""
+    keras.utils.set_random_seed(0)
+    model, shape, batch = build()
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((steps * batch, *shape)).astype(np.float32)
+    y = rng.integers(0, 10, steps * batch).astype(np.int32)
+    quiet = Console(file=open(os.devnull, "w"))
+
+    def run(i):
+        timer = EpochTimes()
+        callbacks = [timer] + ([NanScope(console=quiet, verbose=0)] if callback else [])
+        model.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0, callbacks=callbacks)
+        return 1000.0 * timer.seconds[-1]
+
+    return run
+
+
+def timed_rounds(variants, rounds):
+    """Per variant, ms of the timed epoch in each round; every round runs every variant in turn."""
+    times = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, run in variants.items():
+            times[name].append(run(0))
+    return times
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=100, help="batches per timed fit epoch (default 100)")
+    parser.add_argument("--models", default="mlp,cnn")
+    args = parser.parse_args(argv)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    print(f"# {time.strftime('%Y-%m-%d %H:%M')} {platform.machine()}, {cpus} CPUs; TensorFlow {tf.__version__}, "
+          f"Keras {keras.__version__}; rounds={args.rounds} steps={args.steps}; devices: "
+          f"{', '.join(d.device_type for d in tf.config.list_physical_devices())}")
+    print("\n| model | fit ms/epoch | fit + NanScope ms/epoch | ratio (median of per-round ratios) |")
+    print("|---|---:|---:|---:|")
+    for key in args.models.split(","):
+        name, build = CASES[key.strip()]
+        variants = {"plain": fit_variant(build, args.steps, False), "nanscope": fit_variant(build, args.steps, True)}
+        for run in variants.values():  # warm up both
+            run(0)
+        times = timed_rounds(variants, args.rounds)
+        print(f"| {name} | {median(times['plain']):.0f} | {median(times['nanscope']):.0f} | "
+              f"{median_ratio(times, 'nanscope', 'plain'):.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

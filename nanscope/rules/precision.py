@@ -1,0 +1,78 @@
+"""Mixed-precision findings: float16 overflow and underflow, and a loss scale that has collapsed.
+
+Keras' LossScaleOptimizer halves its scale and skips the update whenever the scaled
+gradients overflow, and doubles it after a run of good steps. Occasional skips are how
+it works; skipping every step means no training happens at all (keras#16100).
+"""
+
+import numpy as np
+
+from nanscope.rules.catalogue import recommend
+
+# Largest finite float16 (numpy.finfo(float16).max). Outputs within a factor of 2 of it
+# overflow on the next doubling of the activations.
+FLOAT16_MAX = float(np.finfo(np.float16).max)
+FLOAT16_NEAR_OVERFLOW = FLOAT16_MAX / 2
+# More than a tenth of a layer's non-zero float16 outputs below the smallest normal
+# (6.1e-5) means their precision is gone and the next step flushes them to zero.
+UNDERFLOW_FRACTION_LIMIT = 0.1
+# Skipped updates in a window this long, at this fraction, are a collapsed loss scale,
+# not the occasional overflow that dynamic loss scaling expects.
+SKIP_WINDOW = 5
+SKIP_FRACTION_LIMIT = 0.8
+
+
+def precision_findings(report, session, healthy):
+    """(score, Recommendation) pairs for float16 layers and loss scaling."""
+    found = []
+    found.extend(_skipped_updates(report))
+    found.extend(_float16_layers(report))
+    return found
+
+
+def _skipped_updates(report):
+    records = report.records[-max(SKIP_WINDOW * 4, SKIP_WINDOW):]
+    scaled = [r for r in records if r.loss_scale is not None]
+    if len(scaled) < SKIP_WINDOW:
+        return []
+    skipped = [r for r in scaled if r.update_skipped]
+    if len(skipped) / len(scaled) < SKIP_FRACTION_LIMIT:
+        return []
+    first_scale = next((r.loss_scale for r in report.records if r.loss_scale is not None), None)
+    evidence = [
+        f"the LossScaleOptimizer skipped {len(skipped)} of the last {len(scaled)} updates (steps "
+        f"{skipped[0].step}-{skipped[-1].step}): the gradients overflow float16 at every scale it tried",
+        f"loss scale fell from {first_scale:g} to {scaled[-1].loss_scale:.3g}; no weight changed on those steps",
+    ]
+    fix = ("# the gradient itself is not finite: find the op with `nanscope trace-steps` on float32\n"
+           "train:\n  mixed_precision: null   # or keep the failing layer in float32: dtype='float32'")
+    return [(0.9, recommend("loss-scaling", "error", evidence, fix,
+                            data={"skipped": len(skipped), "window": len(scaled), "loss_scale": scaled[-1].loss_scale}))]
+
+
+def _float16_layers(report):
+    found = []
+    dtypes = report.run.get("layer_dtypes") or {}
+    for index, (name, cls) in enumerate(report.layers):
+        if dtypes.get(name) != "float16":
+            continue
+        stats = [r.layers[index] for r in report.records if index < len(r.layers) and r.layers[index].called]
+        if not stats:
+            continue
+        peak = max(s.max_abs for s in stats)
+        underflow = max(s.underflow_fraction for s in stats)
+        if peak > FLOAT16_NEAR_OVERFLOW:
+            found.append((0.65, recommend("loss-scaling", "warning", [
+                f"layer {name} ({cls}, float16) output max |x| reached {peak:.4g}, within 2x of float16's "
+                f"largest finite value {FLOAT16_MAX:g}"], _keep_float32(cls), data={"layer": name, "max_abs": peak})))
+        if underflow > UNDERFLOW_FRACTION_LIMIT:
+            found.append((0.5, recommend("loss-scaling", "warning", [
+                f"layer {name} ({cls}, float16): {underflow:.0%} of its non-zero outputs are below float16's "
+                "smallest normal 6.1e-05 and lose precision"], _keep_float32(cls),
+                data={"layer": name, "underflow_fraction": underflow})))
+    return found
+
+
+def _keep_float32(cls):
+    return (f"keras.layers.{cls}(..., dtype='float32')   # keep this layer in float32 under mixed precision\n"
+            "# and keep loss scaling on: keras.optimizers.LossScaleOptimizer(optimizer)")

@@ -1,0 +1,88 @@
+"""Per-step records as TensorBoard scalars, so a trace opens in TensorBoard.
+
+`TensorBoardLog` writes one event per quantity per step with `tf.summary`:
+the run's scalars (`loss`, `grad_global_norm`, non-finite counts per phase), and per
+layer `layers/<name>/max_abs`, `mean_abs` and `nonfinite`, per variable
+`variables/<name>/grad_norm` and `update_ratio`. The step function returns
+reductions only, so there are no per-element histograms: per-layer scalars instead.
+
+Events are written with TensorFlow's own `tf.summary.write` and the scalar plugin's
+metadata (what `tf.summary.scalar` writes), so the `tensorboard` package is needed
+only to view them, not to write them.
+"""
+
+from nanscope.runtime import tensorflow
+
+STEP_SCALARS = {
+    "loss": "loss",
+    "data_loss": "data_loss",
+    "grad_global_norm": "grad_global_norm",
+    "applied_grad_global_norm": "applied_grad_global_norm",
+    "nonfinite/x": "x_nonfinite",
+    "nonfinite/y": "y_nonfinite",
+    "nonfinite/output": "output_nonfinite",
+    "nonfinite/grad": "grad_nonfinite",
+    "nonfinite/weights": "weights_nonfinite",
+}
+LAYER_SCALARS = ("max_abs", "mean_abs", "nonfinite")
+VARIABLE_SCALARS = ("grad_norm", "update_ratio")
+
+
+class TensorBoardLog:
+    """Writes StepRecords to a TensorBoard log folder.
+
+    Args:
+        logdir: str or Path. Created if missing; event files are added to it.
+        layers: list of (name, class) pairs, in the records' layer order.
+        variables: list of str. Variable names, in the records' variable order.
+
+    Example:
+        with TensorBoardLog("runs/tb", report.layers, report.variables) as board:
+            for record in report.records:
+                board.write(record)
+    """
+
+    def __init__(self, logdir, layers, variables):
+        tf, _ = tensorflow()
+        self.layer_names = [name for name, _ in layers]
+        self.variable_names = list(variables)
+        self._writer = tf.summary.create_file_writer(str(logdir))
+        self._metadata = tf.compat.v1.SummaryMetadata(
+            plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars")
+        ).SerializeToString()
+
+    def write(self, record):
+        """Write one step's scalars."""
+        with self._writer.as_default(step=record.step):
+            for tag, attribute in STEP_SCALARS.items():
+                self._scalar(tag, getattr(record, attribute))
+            for name, stats in zip(self.layer_names, record.layers):
+                if stats.called:
+                    for quantity in LAYER_SCALARS:
+                        self._scalar(f"layers/{name}/{quantity}", getattr(stats, quantity))
+            for name, stats in zip(self.variable_names, record.variables):
+                for quantity in VARIABLE_SCALARS:
+                    self._scalar(f"variables/{name}/{quantity}", getattr(stats, quantity))
+
+    def _scalar(self, tag, value):
+        tf, _ = tensorflow()
+        # NaN and Inf are written as they are; TensorBoard shows them as such.
+        tf.summary.write(tag, tf.constant(float(value), tf.float32), metadata=self._metadata)
+
+    def close(self):
+        """Flush and close the event file."""
+        self._writer.flush()
+        self._writer.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def write_records(logdir, report):
+    """Write every record of a TraceReport to `logdir` (e.g. a report redrawn from its trace)."""
+    with TensorBoardLog(logdir, report.layers, report.variables) as board:
+        for record in report.records:
+            board.write(record)

@@ -1,0 +1,119 @@
+"""Factories for the bad-input corpus: tiny models and data, some deliberately wrong."""
+
+import keras
+import numpy as np
+from keras import ops
+
+
+def dense(features=4, outputs=1):
+    """A tiny valid model: Dense(3, relu) -> Dense(outputs)."""
+    return keras.Sequential([keras.Input((features,)), keras.layers.Dense(3, activation="relu", name="hidden"),
+                             keras.layers.Dense(outputs, name="out")])
+
+
+def arrays(rows=32, features=4, y_rows=None, labels=None, bad_row=None):
+    """Valid (x, y) arrays; `y_rows` makes y a different length, `labels` gives integer class labels."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((rows, features)).astype(np.float32)
+    if labels is not None:
+        y = (np.arange(rows) % labels).astype(np.int64)
+        if bad_row is not None:
+            y[bad_row] = labels + 2
+        return x, y
+    y = x[:, :1] * 2.0
+    return x, y[: y_rows if y_rows is not None else rows]
+
+
+def empty(features=4):
+    """No rows at all."""
+    return np.zeros((0, features), np.float32), np.zeros((0, 1), np.float32)
+
+
+def empty_dataset(features=4):
+    """A tf.data.Dataset with no elements."""
+    import tensorflow as tf
+
+    x, y = empty(features)
+    return tf.data.Dataset.from_tensor_slices((x, y))
+
+
+def strings(rows=8):
+    """x that is text, not numbers."""
+    return np.array([["a", "b", "c", "d"]] * rows), np.zeros((rows, 1), np.float32)
+
+
+def raises():
+    """A factory that fails."""
+    raise RuntimeError("the factory broke\non two lines")
+
+
+def returns_int():
+    """Not a model, not a dataset."""
+    return 42
+
+
+def with_lambda(features=4):
+    """A model with a Lambda layer: saving it needs unsafe deserialization to load."""
+    return keras.Sequential([keras.Input((features,)), keras.layers.Lambda(lambda t: t * 2.0, name="double"),
+                             keras.layers.Dense(1, name="out")])
+
+
+class FailsAfter(keras.layers.Layer):
+    """Raises InvalidArgumentError inside the compiled step once its counter passes `limit`."""
+
+    def __init__(self, limit=3, **kwargs):
+        super().__init__(**kwargs)
+        self.limit = limit
+
+    def build(self, input_shape):
+        self.counter = self.add_weight(shape=(), initializer="zeros", trainable=False, name="counter")
+
+    def call(self, x, training=False):
+        import tensorflow as tf
+
+        if training:
+            self.counter.assign_add(1.0)
+            tf.debugging.assert_less(self.counter, float(self.limit) + 0.5,
+                                     message="FailsAfter: step limit passed")
+        return x
+
+
+def op_error(features=4, limit=3):
+    """A model whose step raises tf.errors.InvalidArgumentError at step `limit`."""
+    return keras.Sequential([keras.Input((features,)), FailsAfter(limit, name="guard"),
+                             keras.layers.Dense(1, name="out")])
+
+
+class PyFunc(keras.layers.Layer):
+    """Runs Python inside the step: XLA cannot compile it; `error` makes it raise (MemoryError -> OOM)."""
+
+    def __init__(self, error=None, **kwargs):
+        super().__init__(**kwargs)
+        self.error = error
+
+    def call(self, x, training=False):
+        import tensorflow as tf
+
+        def body(t):
+            if self.error == "memory" and training:
+                raise MemoryError("pretend the device ran out of memory")
+            return t
+
+        out = tf.py_function(body, [x], x.dtype)
+        out.set_shape(x.shape)
+        return out
+
+
+def python_in_step(features=4, error=None):
+    """A model with a tf.py_function layer (no XLA kernel; optionally raising MemoryError)."""
+    return keras.Sequential([keras.Input((features,)), PyFunc(error, name="pyfunc"), keras.layers.Dense(1, name="out")])
+
+
+def uncompiled_classifier(features=4, classes=3):
+    """Softmax over `classes` outputs."""
+    return keras.Sequential([keras.Input((features,)), keras.layers.Dense(classes, activation="softmax", name="out")])
+
+
+def negative_log(y_true, y_pred):
+    """Unused helper so the module has more than one public function."""
+    return ops.mean(-ops.log(y_pred))
