@@ -117,8 +117,9 @@ def _run_step_loop(session, engine, report, writer, options, expected, board):
         x, y = session.batch(step)
         record = _run_step(engine, step, x, y, writer, session.spec)
         record.expected_nonfinite = list(expected)
-        report.records.append(record)
+        # The trace line first: a signal landing between these two lines must not leave a step out of the trace.
         writer.write({"kind": "step", **_record_json(record)})
+        report.records.append(record)
         if board is not None:
             board.write(record)
         if options.on_step is not None:

@@ -93,7 +93,8 @@ def test_sigterm_finishes_the_report_and_exits_130(tmp_path):
     document = json.loads(out.read_text())
     assert document["interrupted"] is True and document["steps_run"] >= 19
     header, steps, others = read_trace(trace)
-    assert [s["step"] for s in steps] == list(range(document["steps_run"]))
+    # Every step the report counts is in the trace (a signal between the two writes may leave the trace one ahead).
+    assert [s["step"] for s in steps] == list(range(len(steps))) and len(steps) - document["steps_run"] in (0, 1)
     assert others[-1]["kind"] == "summary" and others[-1]["interrupted"] is True
 
 

@@ -42,47 +42,41 @@ class Snapshot:
         return [copy.numpy() for copy in self.copies[:count]]
 
 
-class VariableStats:
-    """Per-variable gradient and weight statistics.
+def variable_rows(grads, before, after, applied=None):
+    """Per-variable statistics: ([n, 6] rows, global grad norm, global applied-grad norm).
+
+    Row columns: grad norm, non-finite grad entries, |w| before, |w| after, |dw|, non-finite weights.
 
     Args:
-        variables: list of trainable variables.
-        snapshot: Snapshot whose first copies are of `variables`.
+        grads: list of gradient tensors, one per variable.
+        before: list of the variables' values before the update (snapshot copies or tensors).
+        after: list of the variables (or their values) after the update.
+        applied: list of the gradients handed to the optimizer, when they differ from `grads`.
     """
+    tf, _ = tensorflow()
+    if not grads:
+        return tf.zeros([0, 6]), tf.constant(0.0), tf.constant(0.0)
+    pairs = [(_f32(g), _f32(b), _f32(v)) for g, b, v in zip(grads, before, after)]
+    squares = tf.stack([
+        tf.stack([tf.nn.l2_loss(g), tf.nn.l2_loss(b), tf.nn.l2_loss(v), tf.nn.l2_loss(v - b)])
+        for g, b, v in pairs
+    ]) * 2.0
 
-    def __init__(self, variables, snapshot):
-        self.variables = list(variables)
-        self.before = snapshot.copies[: len(self.variables)]
+    def plain():
+        zeros = tf.zeros([len(pairs)])
+        return tf.stack([zeros, zeros], axis=1), tf.sqrt(squares)
 
-    def rows(self, grads, applied=None):
-        """([n, 6] rows, global grad norm, global applied-grad norm).
+    def recount():
+        counts = tf.stack([tf.stack([_nonfinite(g), _nonfinite(v)]) for g, _, v in pairs])
+        norms = tf.stack([tf.stack([_scaled_norm(t) for t in (g, b, v, v - b)]) for g, b, v in pairs])
+        return counts, norms
 
-        Row columns: grad norm, non-finite grad entries, |w| before, |w| after, |dw|, non-finite weights.
-        """
-        tf, _ = tensorflow()
-        if not self.variables:
-            return tf.zeros([0, 6]), tf.constant(0.0), tf.constant(0.0)
-        pairs = [(_f32(g), _f32(b), _f32(v)) for g, b, v in zip(grads, self.before, self.variables)]
-        squares = tf.stack([
-            tf.stack([tf.nn.l2_loss(g), tf.nn.l2_loss(b), tf.nn.l2_loss(v), tf.nn.l2_loss(v - b)])
-            for g, b, v in pairs
-        ]) * 2.0
-
-        def plain():
-            zeros = tf.zeros([len(pairs)])
-            return tf.stack([zeros, zeros], axis=1), tf.sqrt(squares)
-
-        def recount():
-            counts = tf.stack([tf.stack([_nonfinite(g), _nonfinite(v)]) for g, _, v in pairs])
-            norms = tf.stack([tf.stack([_scaled_norm(t) for t in (g, b, v, v - b)]) for g, b, v in pairs])
-            return counts, norms
-
-        counts, norms = tf.cond(tf.reduce_all(tf.math.is_finite(squares)), plain, recount)
-        rows = tf.stack([norms[:, 0], counts[:, 0], norms[:, 1], norms[:, 2], norms[:, 3], counts[:, 1]], axis=1)
-        grad_norm = combined_norm(norms[:, 0])
-        applied_norm = grad_norm if applied is None else combined_norm(
-            tf.stack([tf.sqrt(2.0 * tf.nn.l2_loss(_f32(a))) for a in applied]))
-        return rows, grad_norm, applied_norm
+    counts, norms = tf.cond(tf.reduce_all(tf.math.is_finite(squares)), plain, recount)
+    rows = tf.stack([norms[:, 0], counts[:, 0], norms[:, 1], norms[:, 2], norms[:, 3], counts[:, 1]], axis=1)
+    grad_norm = combined_norm(norms[:, 0])
+    applied_norm = grad_norm if applied is None else combined_norm(
+        tf.stack([tf.sqrt(2.0 * tf.nn.l2_loss(_f32(a))) for a in applied]))
+    return rows, grad_norm, applied_norm
 
 
 def combined_norm(norms):

@@ -14,7 +14,7 @@ and backward pass can be replayed exactly; the optimizer's slots are not copied.
 import re
 from dataclasses import dataclass
 
-from nanscope.engine.flat import Snapshot, VariableStats, any_nonfinite_count
+from nanscope.engine.flat import Snapshot, any_nonfinite_count, variable_rows
 from nanscope.engine.probes import LayerRecorder
 from nanscope.engine.records import StepRecord
 from nanscope.errors import DataError
@@ -86,10 +86,9 @@ class InstrumentedStep:
         ]
         self.loss_scaled = is_loss_scale_optimizer(optimizer)
         self.trainable = list(model.keras_model.trainable_variables if model.keras_model is not None else model.trainable_variables)
-        self.variable_names = _without_model_prefix([variable_name(v) for v in self.trainable], model.keras_model)
+        self.variable_names = relative_variable_names(self.trainable, model.keras_model)
         self.optimizer.build(self.trainable)
         self._snapshot = Snapshot(self._model_state())
-        self._variable_stats = VariableStats(self.trainable, self._snapshot)
         self._recorder = LayerRecorder(self.layers)
         x_spec = tf.TensorSpec([None, *sample_x.shape[1:]], tf.as_dtype(sample_x.dtype))
         y_spec = tf.TensorSpec([None, *sample_y.shape[1:]], tf.as_dtype(sample_y.dtype))
@@ -128,23 +127,13 @@ class InstrumentedStep:
         return self._outputs(x, y, y_pred, total, data_loss, grads, applied, scale)
 
     def _layer_loss_terms(self):
-        """Per probed layer, the sum of the loss terms it owns (add_loss, weight regularizers)."""
-        tf, _ = tensorflow()
-        rows = []
-        for layer in self.layers:
-            own = list(layer._get_own_losses()) + [
-                v.regularizer(v) for v in getattr(layer, "_trainable_variables", []) if getattr(v, "regularizer", None)
-            ]
-            rows.append(tf.add_n([tf.cast(tf.reduce_sum(t), tf.float32) for t in own]) if own else tf.constant(0.0))
-        if self.model.keras_model is not None:
-            own = list(self.model.keras_model._get_own_losses())
-            rows.append(tf.add_n([tf.cast(tf.reduce_sum(t), tf.float32) for t in own]) if own else tf.constant(0.0))
-        self._loss_terms = rows
-        return rows
+        self._loss_terms = layer_loss_terms(self.layers, self.model.keras_model)
+        return self._loss_terms
 
     def _outputs(self, x, y, y_pred, total, data_loss, grads, applied, scale):
         tf, _ = tensorflow()
-        var_stats, grad_norm, applied_norm = self._variable_stats.rows(grads, None if applied is grads else applied)
+        var_stats, grad_norm, applied_norm = variable_rows(
+            grads, self._snapshot.copies[: len(self.trainable)], self.trainable, None if applied is grads else applied)
         scalars = tf.stack([
             tf.cast(total, tf.float32), data_loss, any_nonfinite_count(x), any_nonfinite_count(y),
             tf.add_n([any_nonfinite_count(t) for t in tf.nest.flatten(y_pred)]),
@@ -187,8 +176,27 @@ def is_loss_scale_optimizer(optimizer):
     return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
 
-def _without_model_prefix(names, keras_model):
+def layer_loss_terms(layers, keras_model):
+    """Per layer, then for the model itself, the sum of the loss terms it owns (add_loss, weight regularizers).
+
+    Call inside the traced step, after the forward pass. Without a Keras model (a
+    SavedModel) there are no layers and no terms.
+    """
+    tf, _ = tensorflow()
+    if keras_model is None:
+        return []
+    rows = []
+    for layer in [*layers, keras_model]:
+        own = list(layer._get_own_losses())
+        if layer is not keras_model:
+            own += [v.regularizer(v) for v in getattr(layer, "_trainable_variables", []) if getattr(v, "regularizer", None)]
+        rows.append(tf.add_n([tf.cast(tf.reduce_sum(t), tf.float32) for t in own]) if own else tf.constant(0.0))
+    return rows
+
+
+def relative_variable_names(variables, keras_model):
     """Variable names relative to the model ("dense/kernel", not "sequential/dense/kernel")."""
+    names = [variable_name(v) for v in variables]
     prefix = f"{keras_model.name}/" if keras_model is not None else None
     if prefix and names and all(n.startswith(prefix) for n in names):
         return [n[len(prefix):] for n in names]

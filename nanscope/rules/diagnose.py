@@ -175,6 +175,8 @@ RULE_FIX_LR = "train:\n  optimizer: {learning_rate: 0.001}"
 
 
 def _target_scale(report, session, healthy):
+    if session.train is None:  # a run seen only through model.fit: no arrays to look at
+        return []
     y = session.train.y
     if session.loss.name.lower() not in MSE_LIKE_LOSSES or not np.issubdtype(y.dtype, np.floating):
         return []
@@ -188,6 +190,8 @@ def _target_scale(report, session, healthy):
 
 
 def _input_scale(report, session, healthy):
+    if session.train is None:
+        return []
     x = session.train.x
     if not np.issubdtype(x.dtype, np.floating):
         return []

@@ -1,0 +1,189 @@
+"""The host side of NanScope: records as they arrive, the first non-finite step, the report."""
+
+from nanscope.engine.records import expected_layer_indices
+from nanscope.report import FirstNonfinite, TraceReport
+
+
+class FitLog:
+    """The host side of a NanScope run: records as they arrive, the first non-finite step, the report.
+
+    Args:
+        callback: NanScope. Its options (stop, verbose, console, outputs, expected layers).
+        probe: StepProbe. The attached probe, for names and buffer rows.
+    """
+
+    def __init__(self, callback, probe):
+        self.callback, self.probe = callback, probe
+        self.model = callback.model
+        self.records, self.first_nonfinite, self.dropped = [], None, 0
+        self.last_epoch_logs = {}
+        self.expected = expected_layer_indices(callback.expect_nonfinite, [layer.name for layer in probe.layers])
+        self.report = TraceReport(
+            run=describe_fit(self.model, callback.params or {}, probe), records=self.records,
+            layers=[(layer.name, type(layer).__name__) for layer in probe.layers], layer_order=[],
+            variables=probe.variable_names, trace_path=str(callback.trace) if callback.trace else None,
+        )
+        self.board = self._open_board() if callback.tensorboard else None
+        self.writer = None
+
+    def _open_board(self):
+        from nanscope.tensorboard import TensorBoardLog
+
+        return TensorBoardLog(self.callback.tensorboard, self.report.layers, self.report.variables)
+
+    def collect(self, rows):
+        """Turn fresh buffer rows into records; attribute the first non-finite one."""
+        for step, row in rows:
+            if self.first_nonfinite is not None and self.callback.stop_on_nonfinite:
+                self.dropped += 1
+                continue
+            record = self.probe.record(step, row)
+            record.expected_nonfinite = list(self.expected)
+            self.records.append(record)
+            self._write(record)
+            if record.phase is not None and self.first_nonfinite is None:
+                self.first_nonfinite = self._attribute(record)
+
+    def _write(self, record):
+        if self.board is not None:
+            self.board.write(record)
+        if self.callback.trace:
+            from nanscope.trace import _record_json
+            from nanscope.tracefile import TraceWriter
+
+            if self.writer is None:
+                self.report.layer_order = self.probe.call_order
+                self.writer = TraceWriter(self.callback.trace, self.report.trace_header())
+            self.writer.write({"kind": "step", **_record_json(record)})
+
+    def _attribute(self, record):
+        from nanscope.trace import _attribute_from_record
+
+        if record.phase == "data":
+            detail = [f"{name}: {count} non-finite value(s) in the batch"
+                      for name, count in (("x", record.x_nonfinite), ("y", record.y_nonfinite)) if count]
+            return FirstNonfinite(step=record.step, phase="data", detail=detail)
+        return _attribute_from_record(record, _Layout(self.probe), None, None, None)
+
+    def finish(self):
+        """Build the report, print it and write its JSON; close the outputs."""
+        from nanscope.rules.diagnose import diagnose
+
+        report = self.report
+        report.layer_order = self.probe.call_order
+        report.first_nonfinite = self.first_nonfinite
+        val_loss = self.last_epoch_logs.get("val_loss")
+        if self.first_nonfinite is None and val_loss is not None:
+            report.validation_loss = float(val_loss)
+        report.notes.extend(self._notes())
+        report.recommendations = diagnose(report, FitEvidence(report.run["loss"], self.model))
+        self._close(report)
+        if self.callback.verbose:
+            from rich.console import Console
+
+            from nanscope.render.trace_report import render_trace_report
+
+            render_trace_report(report, self.callback.console or Console(stderr=True, soft_wrap=False))
+        if self.callback.report_path is not None:
+            from nanscope.jsonio import write_json
+
+            write_json(str(self.callback.report_path), report.to_json())
+        return report
+
+    def _close(self, report):
+        if self.board is not None:
+            self.board.close()
+        if self.writer is not None:
+            from nanscope.trace import _summary_json
+
+            self.writer.write({"kind": "summary", **_summary_json(report)})
+            self.writer.close()
+
+    def _notes(self):
+        notes = ["recorded inside model.fit by nanscope.keras.NanScope; the failing step is not replayed op by op "
+                 "(the callback keeps no batch), and the data-scale rules need the training arrays, which a callback "
+                 "does not see: run `nanscope trace-steps` on a spec for those"]
+        if self.probe.per_execution > 1:
+            notes.append(f"steps_per_execution={self.probe.per_execution}: every step was recorded (a buffer row per "
+                         "step of an execution)")
+        if self.dropped:
+            notes.append(f"{self.dropped} step(s) after the first non-finite one ran in the same execution "
+                         "(steps_per_execution) before training could stop; their records are left out")
+        for index in self.expected:
+            bad = sum(1 for r in self.records if r.layers[index].nonfinite)
+            if bad:
+                notes.append(f"layer {self.probe.layers[index].name}: non-finite outputs on {bad} step(s), expected "
+                             "(expect_nonfinite), not counted as a problem")
+        return notes
+
+
+class _Layout:
+    """The names `trace._attribute_from_record` reads from an engine, taken from a StepProbe."""
+
+    def __init__(self, probe):
+        self.layer_info = [_LayerInfo(layer.name, type(layer).__name__) for layer in probe.layers]
+        self.layer_call_order = probe.call_order
+        self.variable_names = probe.variable_names
+
+
+class _LayerInfo:
+    def __init__(self, name, cls):
+        self.name, self.cls = name, cls
+
+
+class FitEvidence:
+    """What `diagnose` reads from a Session, for a run that only saw `fit`: the loss name and the model.
+
+    `train` is None: a callback never sees the training arrays, so the data-scale
+    detectors skip rather than guess.
+    """
+
+    def __init__(self, loss_name, keras_model):
+        self.loss = _Named(loss_name)
+        self.model = _ModelView(keras_model)
+        self.train = None
+
+
+class _Named:
+    def __init__(self, name):
+        self.name = name
+
+
+class _ModelView:
+    def __init__(self, keras_model):
+        self.keras_model = keras_model
+
+
+def describe_fit(model, params, probe):
+    """The run header of a `fit` run, with the fields trace-steps' header has where they are known."""
+    optimizer = model.optimizer
+    config = optimizer.get_config() if optimizer is not None else {}
+    shown = {k: config[k] for k in ("learning_rate", "momentum", "beta_1", "beta_2", "epsilon", "clipnorm",
+                                     "global_clipnorm", "clipvalue") if config.get(k) is not None}
+    epochs, steps = params.get("epochs"), params.get("steps")
+    return {
+        "spec": "model.fit (nanscope.keras.NanScope)",
+        "model": f"{model.name} ({type(model).__name__}, {len(probe.layers)} layers)",
+        "model_kind": "keras-fit",
+        "parameters": int(model.count_params()),
+        "data": "as given to fit",
+        "train_rows": None,
+        "validation_rows": None,
+        "batch_size": None,
+        "shuffle": None,
+        "loss": _loss_name(getattr(model, "loss", None)),
+        "optimizer": type(optimizer).__name__ if optimizer is not None else None,
+        "optimizer_config": {k: float(v) if isinstance(v, (int, float)) else v for k, v in shown.items()},
+        "steps_requested": epochs * steps if epochs and steps else None,
+        "seed": None,
+        "jit_compile": bool(model.jit_compile),
+        "steps_per_execution": probe.per_execution,
+    }
+
+
+def _loss_name(loss):
+    if loss is None:
+        return "compute_loss"
+    if isinstance(loss, str):
+        return loss
+    return getattr(loss, "name", None) or getattr(loss, "__name__", None) or type(loss).__name__
