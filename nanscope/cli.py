@@ -6,7 +6,6 @@ Nothing here imports TensorFlow at module level, so `--help` stays fast.
 """
 
 import os
-import signal
 import sys
 import traceback
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from nanscope import interrupt
 from nanscope.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, NanscopeError
 
 app = typer.Typer(
@@ -41,11 +41,11 @@ StrictOpt = Annotated[bool, typer.Option("--strict", help="Exit 1 on warning-lev
 def run_command(body):
     """Run a command body; map its outcome to an exit code and its errors to one line on stderr.
 
-    SIGTERM is turned into KeyboardInterrupt, so a terminated run finishes its report
-    like an interrupted one and exits 130.
+    SIGINT and SIGTERM stop training between steps (`nanscope.interrupt`); the run
+    finishes its report for the steps done and exits 130.
     """
     debug = os.environ.get("NANSCOPE_DEBUG") == "1"
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    interrupt.install()
     try:
         code = body()
     except NanscopeError as exc:
@@ -56,16 +56,12 @@ def run_command(body):
     except KeyboardInterrupt:
         typer.echo("nanscope: interrupted", err=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
-    raise typer.Exit(code or 0)
+    raise typer.Exit(EXIT_INTERRUPTED if interrupt.requested() else code or 0)
 
 
 def one_line(exc):
     """The error's message as one line: newlines (user code, Keras, TensorFlow) collapse to spaces."""
     return " ".join(str(exc).split())
-
-
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
 
 
 def _console(json_target):
@@ -265,8 +261,30 @@ def report(
 
 
 def main():
-    """Console-script entry point."""
-    app()
+    """Console-script entry point: a usage error (a bad option value) is one line and exit 2 too."""
+    try:
+        code = app(standalone_mode=False)
+    except _usage_error() as exc:
+        message = exc.format_message().strip()
+        if message:  # a bare `nanscope` has printed the help already and says nothing more
+            where = f"{exc.ctx.command_path}: " if exc.ctx is not None else ""
+            typer.echo(f"nanscope: error: {where}{message}".replace("\n", " "), err=True)
+        raise SystemExit(EXIT_BAD_INPUT) from None
+    except (typer.Abort, KeyboardInterrupt):
+        typer.echo("nanscope: interrupted", err=True)
+        raise SystemExit(EXIT_INTERRUPTED) from None
+    except typer.Exit as exc:
+        raise SystemExit(exc.exit_code) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
+
+
+def _usage_error():
+    """Click's UsageError, wherever this Typer version keeps click."""
+    try:
+        from click.exceptions import UsageError
+    except ImportError:
+        from typer._click.exceptions import UsageError
+    return UsageError
 
 
 if __name__ == "__main__":

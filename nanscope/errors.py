@@ -5,6 +5,8 @@ is a `NanscopeError`. The CLI turns it into one line on stderr and exit code 2;
 anything else is a bug and keeps its traceback.
 """
 
+import re
+
 EXIT_HEALTHY = 0
 EXIT_PROBLEM = 1
 EXIT_BAD_INPUT = 2
@@ -40,3 +42,13 @@ class DataError(NanscopeError):
 
 class ModelError(NanscopeError):
     """The model cannot be loaded, built or called."""
+
+
+def first_line(exc):
+    """The line of an exception's text that says what went wrong, for a one-line message.
+
+    Keras wraps errors raised inside a layer in a call header and ANSI bold; both are dropped.
+    """
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(exc).splitlines()]
+    lines = [line for line in lines if line and not line.startswith("Exception encountered when calling")]
+    return lines[0][:300] if lines else type(exc).__name__

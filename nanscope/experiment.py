@@ -11,6 +11,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from nanscope import interrupt
 from nanscope.jsonio import jsonable
 
 
@@ -95,6 +96,7 @@ def run_experiment(session, change, steps=None, stop_at_nonfinite=True, on_step=
                                        loss_scaling=change.loss_scaling)
     records, first_bad = [], None
     for step in range(steps or session.spec.train.steps):
+        interrupt.check()
         x, y = session.batch(step)
         if fingerprint:
             crc = zlib.crc32(y.tobytes(), zlib.crc32(x.tobytes(), crc))

@@ -8,7 +8,7 @@ probe any of them the same way.
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from nanscope.errors import ModelError
+from nanscope.errors import ModelError, first_line
 from nanscope.factory import call_factory, load_callable
 from nanscope.runtime import tensorflow
 
@@ -90,9 +90,9 @@ def _from_keras_file(spec, path, unsafe):
                 f"{spec.source}: model.path: {path.name} needs unsafe deserialization (e.g. a Lambda layer); "
                 "pass --unsafe only if you trust the file"
             ) from exc
-        raise ModelError(f"{spec.source}: model.path: cannot load {path.name}: {_first_line(exc)}") from exc
+        raise ModelError(f"{spec.source}: model.path: cannot load {path.name}: {first_line(exc)}") from exc
     except Exception as exc:
-        raise ModelError(f"{spec.source}: model.path: cannot load {path.name}: {_first_line(exc)}") from exc
+        raise ModelError(f"{spec.source}: model.path: cannot load {path.name}: {first_line(exc)}") from exc
     return _keras(model, path.name)
 
 
@@ -117,7 +117,7 @@ def _from_saved_model(spec, path):
     try:
         module = tf.saved_model.load(str(path))
     except Exception as exc:
-        raise ModelError(f"{spec.source}: model.path: cannot load SavedModel {path}: {_first_line(exc)}") from exc
+        raise ModelError(f"{spec.source}: model.path: cannot load SavedModel {path}: {first_line(exc)}") from exc
     call = _serving_call(module)
     if call is None:
         raise ModelError(
@@ -157,7 +157,3 @@ def _serving_call(module):
 def _args_suffix(args):
     return f"({', '.join(f'{k}={v!r}' for k, v in args.items())})" if args else "()"
 
-
-def _first_line(exc):
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

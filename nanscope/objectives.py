@@ -7,7 +7,7 @@ out. Names Keras does not know are bad input, reported against the spec field.
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from nanscope.errors import SpecError
+from nanscope.errors import DataError, SpecError, first_line
 from nanscope.factory import call_factory, load_callable
 from nanscope.runtime import tensorflow
 
@@ -48,7 +48,7 @@ def resolve_loss(spec, loaded_model):
                 + "; expected a Keras loss name (mse, sparse_categorical_crossentropy, ...) or `file.py:function`"
             ) from exc
         raise SpecError(
-            f"{spec.source}: train.loss: Keras cannot build loss {loss_spec.name!r} with {options}: {_first_line(exc)}"
+            f"{spec.source}: train.loss: Keras cannot build loss {loss_spec.name!r} with {options}: {first_line(exc)}"
         ) from exc
     return _wrap(loss)
 
@@ -112,18 +112,13 @@ def build_optimizer(spec, loaded_model, overrides=None):
                 + "; expected a Keras optimizer name (sgd, adam, rmsprop, ...)"
             ) from exc
         raise SpecError(
-            f"{spec.source}: train.optimizer: Keras cannot build optimizer {opt_spec.name!r} with {kwargs}: {_first_line(exc)}"
+            f"{spec.source}: train.optimizer: Keras cannot build optimizer {opt_spec.name!r} with {kwargs}: {first_line(exc)}"
         ) from exc
 
 
 def _optimizer_class(keras, name):
     known = {cls.lower(): cls for cls in dir(keras.optimizers) if cls[:1].isupper()}
     return known.get(name.lower().replace("_", ""), name)
-
-
-def _first_line(exc):
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def check_labels_fit(spec, loss, output, y):
@@ -145,7 +140,6 @@ def check_labels_fit(spec, loss, output, y):
     import numpy as np
 
     from nanscope.checkdata.labels import label_kind
-    from nanscope.errors import DataError
 
     shape = getattr(output, "shape", None)
     if shape is None or len(shape) < 2 or shape[-1] is None:

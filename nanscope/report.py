@@ -35,6 +35,8 @@ class FirstNonfinite:
         source: str or None. `file:line` of the user code that created the op.
         inputs: dict or None. Statistics of the op's input at that moment.
         detail: list of str. Further facts (e.g. which features and rows held NaN).
+        replica: int or None. Under tf.distribute, the lowest replica id that saw a non-finite
+            value in its batch, outputs or gradients at this step; None on one device.
     """
 
     step: int
@@ -46,6 +48,7 @@ class FirstNonfinite:
     source: Optional[str] = None
     inputs: Optional[dict] = None
     detail: list = field(default_factory=list)
+    replica: Optional[int] = None
 
 
 @dataclass
@@ -143,7 +146,7 @@ class TraceReport:
             "interrupted": self.interrupted,
             "run": self.run,
             "first_nonfinite": self.first_nonfinite,
-            "steps": [{**{f: getattr(r, f) for f in STEP_FIELDS}, "phase": r.phase} for r in self.records],
+            "steps": [step_json(r) for r in self.records],
             "layers": self.layer_summaries(),
             "layer_order": self.layer_order,
             "variables": self.variable_summaries(),
@@ -156,6 +159,14 @@ class TraceReport:
     def trace_header(self):
         """The header line of the trace file."""
         return {"run": self.run, "layers": self.layers, "layer_order": self.layer_order, "variables": self.variables}
+
+
+def step_json(record):
+    """A step of the report's JSON: STEP_FIELDS, the phase, and per-replica non-finite counts under tf.distribute."""
+    row = {**{f: getattr(record, f) for f in STEP_FIELDS}, "phase": record.phase}
+    if record.replica_nonfinite:
+        row["replica_nonfinite"] = list(record.replica_nonfinite)
+    return row
 
 
 def from_trace(header, step_lines, other_lines, trace_path=None):
@@ -172,14 +183,22 @@ def from_trace(header, step_lines, other_lines, trace_path=None):
         first_nonfinite=FirstNonfinite(**first) if first else None,
         recommendations=[Recommendation(**r) for r in summary.get("recommendations", [])],
         validation_loss=summary.get("validation_loss"),
-        interrupted=bool(summary.get("interrupted", not summary)),
-        notes=summary.get("notes", []) + ([] if summary else ["the run ended before writing its summary"]),
+        interrupted=bool(summary.get("interrupted", not summary)),  # no summary: the run was killed mid-way
+        notes=summary.get("notes", []) + _trace_end_notes(summary, other_lines),
         trace_path=str(trace_path) if trace_path else None,
     )
     if first is None and not summary:
         bad = next((r for r in records if r.phase), None)
         report.first_nonfinite = FirstNonfinite(bad.step, bad.phase) if bad else None
     return report
+
+
+def _trace_end_notes(summary, other_lines):
+    """What a trace without a summary line says about how its run ended."""
+    notes = [f"the run stopped on an error: {line.get('message', '')}" for line in other_lines if line.get("kind") == "error"]
+    if not summary and not notes:
+        notes.append("the run ended before writing its summary (killed?): the report covers the steps in the trace")
+    return notes
 
 
 def _finite_max(values):

@@ -5,6 +5,11 @@ commands call `tensorflow()` inside the function that needs it. TensorFlow's C++
 start-up lines (oneDNN, CUDA probing, CPU features) are written to file
 descriptor 2 before its log level is read, so the import and device start-up run
 with descriptor 2 pointed at /dev/null; Python-level errors still propagate.
+
+`NANSCOPE_CPU_REPLICAS=N` splits the first CPU into N logical devices before
+TensorFlow starts its devices, so `train.distribute: mirrored` can be tried, and
+tested, on a machine without GPUs. It has to be set before the first `tensorflow()`
+call of the process: logical devices cannot be changed once they are in use.
 """
 
 import contextlib
@@ -27,11 +32,27 @@ def tensorflow():
             import keras
             import tensorflow as tf
 
+            _split_cpu(tf, os.environ.get("NANSCOPE_CPU_REPLICAS"))
             tf.config.list_logical_devices()
         tf.get_logger().setLevel(logging.ERROR)
         logging.getLogger("absl").setLevel(logging.ERROR)
         _modules = (tf, keras)
     return _modules
+
+
+def _split_cpu(tf, replicas):
+    """Configure `replicas` logical CPU devices (a string from the environment; unset or "1": leave one)."""
+    if not replicas:
+        return
+    try:
+        count = int(replicas)
+    except ValueError:
+        raise ValueError(f"`NANSCOPE_CPU_REPLICAS` must be a whole number >= 1. Received: {replicas!r}") from None
+    if count < 1:
+        raise ValueError(f"`NANSCOPE_CPU_REPLICAS` must be a whole number >= 1. Received: {replicas!r}")
+    if count > 1:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
 
 
 @contextlib.contextmanager

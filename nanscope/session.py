@@ -5,6 +5,10 @@ same order every time, so the same seed gives the same initial weights and the s
 batch order. trace-steps, the fix verification and compare-clipping all start
 from a `Session`; `Session.reset_weights()` puts the initial weights back for another
 run with other optimizer settings.
+
+With `train.distribute: mirrored` the session holds a MirroredStrategy: the model
+and every optimizer are created under its scope, and `instrumented_step` returns a
+`DistributedStep` (nanscope/engine/distributed.py); otherwise nothing changes.
 """
 
 import contextlib
@@ -14,6 +18,7 @@ from typing import Any, Optional
 from nanscope.data.batches import BatchOrder, batch
 from nanscope.data.sources import LoadedData, load_data, split_validation
 from nanscope.engine.step import InstrumentedStep, build_model, is_loss_scale_optimizer
+from nanscope.errors import SpecError
 from nanscope.models import LoadedModel, load_model
 from nanscope.objectives import Loss, build_optimizer, check_labels_fit, resolve_loss
 from nanscope.runtime import tensorflow
@@ -31,6 +36,7 @@ class Session:
         model: LoadedModel.
         loss: Loss.
         unsafe: bool. Whether `.keras` files may be loaded without safe mode.
+        strategy: tf.distribute.Strategy or None. Set by `train.distribute`.
     """
 
     spec: Any
@@ -41,6 +47,7 @@ class Session:
     loss: Loss
     initial_weights: list
     unsafe: bool = False
+    strategy: Any = None
 
     def batch(self, step):
         """(x, y) of the batch drawn at `step`."""
@@ -54,6 +61,8 @@ class Session:
         """
         _, keras = tensorflow()
         model = model or self.model
+        if self.strategy is not None:
+            return self._distributed_step(model, optimizer_overrides, grad_transform)
         optimizer = build_optimizer(self.spec, model, optimizer_overrides)
         if loss_scaling is None:
             loss_scaling = self.spec.train.mixed_precision == "mixed_float16"
@@ -63,6 +72,14 @@ class Session:
         return InstrumentedStep(
             model, self.loss, optimizer, x, y, jit_compile=self.spec.train.jit_compile, grad_transform=grad_transform
         )
+
+    def _distributed_step(self, model, optimizer_overrides, grad_transform):
+        from nanscope.engine.distributed import DistributedStep
+
+        with self.strategy.scope():
+            optimizer = build_optimizer(self.spec, model, optimizer_overrides)
+        x, y = self.batch(0)
+        return DistributedStep(self.strategy, model, self.loss, optimizer, x, y, grad_transform=grad_transform)
 
     def reset_weights(self, model=None):
         """Put the model's variables back to their initial values (same seed, same start)."""
@@ -85,14 +102,33 @@ def open_session(spec, unsafe=False):
     loaded = load_data(spec)
     train, validation = split_validation(loaded, spec.data.validation.fraction)
     order = BatchOrder(train.rows, spec.data.batch_size, spec.data.shuffle, spec.train.seed)
+    strategy = distribution_strategy(spec)
     keras.utils.set_random_seed(spec.train.seed)
-    with dtype_policy(spec.train.mixed_precision):
+    with dtype_policy(spec.train.mixed_precision), strategy.scope() if strategy else contextlib.nullcontext():
         model = load_model(spec, unsafe=unsafe)
-    loss = resolve_loss(spec, model)
-    output = build_model(model, batch(train, order, 0)[0], source=spec.source)
+        loss = resolve_loss(spec, model)
+        output = build_model(model, batch(train, order, 0)[0], source=spec.source)
     check_labels_fit(spec, loss, output, loaded.y)
     initial = [v.numpy() for v in _state_variables(model)]
-    return Session(spec, train, validation, order, model, loss, initial, unsafe)
+    return Session(spec, train, validation, order, model, loss, initial, unsafe, strategy)
+
+
+def distribution_strategy(spec):
+    """The tf.distribute strategy `train.distribute` asks for, or None; contradicting settings are bad input."""
+    if spec.train.distribute is None:
+        return None
+    for field, value, clash in (("mixed_precision", spec.train.mixed_precision == "mixed_float16", "mixed_float16"),
+                                ("jit_compile", spec.train.jit_compile, True)):
+        if value:
+            raise SpecError(f"{spec.source}: train.{field}: {clash} is not supported with train.distribute: mirrored",
+                            hint=f"remove train.{field} or train.distribute")
+    from nanscope.engine.distributed import mirrored_strategy
+
+    strategy = mirrored_strategy()
+    if spec.data.batch_size < strategy.num_replicas_in_sync:
+        raise SpecError(f"{spec.source}: data.batch_size: {spec.data.batch_size} is smaller than the "
+                        f"{strategy.num_replicas_in_sync} replicas of train.distribute: mirrored")
+    return strategy
 
 
 @contextlib.contextmanager

@@ -159,6 +159,8 @@ class TrainSpec(_Section):
     jit_compile: bool = False
     expect_nonfinite: list[str] = Field(default_factory=list)
     mixed_precision: Optional[Literal["mixed_float16", "mixed_bfloat16"]] = None
+    # "mirrored": tf.distribute.MirroredStrategy over every GPU (every logical CPU without one); docs/distribute.md.
+    distribute: Optional[Literal["mirrored"]] = None
 
     @field_validator("loss", "optimizer", mode="before")
     @classmethod

@@ -14,7 +14,8 @@ from typing import Optional
 
 import numpy as np
 
-from nanscope.engine.records import expected_layer_indices
+from nanscope import interrupt
+from nanscope.engine.records import expected_layer_indices, first_nonfinite_replica
 from nanscope.engine.step import step_failure
 from nanscope.jsonio import jsonable
 from nanscope.report import FirstNonfinite, TraceReport
@@ -114,6 +115,7 @@ def _expected_notes(patterns, engine, expected):
 
 def _run_step_loop(session, engine, report, writer, options, expected, board):
     for step in range(session.spec.train.steps):
+        interrupt.check()
         x, y = session.batch(step)
         record = _run_step(engine, step, x, y, writer, session.spec)
         record.expected_nonfinite = list(expected)
@@ -172,6 +174,8 @@ def locate_first_nonfinite(record, engine, session, x, y, options=None):
 
         found = localize_step(engine, x, y)
         describe_event(first, found.event, first.phase)
+        if first.phase == "loss" and first.layer is None and first.op is not None:
+            first.detail.append(f"{first.op} is part of the loss {engine.loss.name}, outside any layer")
         first.detail.append(f"forensic replay of step {record.step}: {found.seconds:.3f} s")
         state_before = found.state_before
     if options.save_repro is not None:
@@ -185,7 +189,7 @@ def locate_first_nonfinite(record, engine, session, x, y, options=None):
 
 def _attribute_from_record(record, engine, session, x, y):
     phase = record.phase
-    first = FirstNonfinite(step=record.step, phase=phase)
+    first = FirstNonfinite(step=record.step, phase=phase, replica=first_nonfinite_replica(record))
     if phase == "data":
         first.detail = describe_bad_batch(x, y, session.order.indices(record.step), session.train)
     elif phase == "forward":
@@ -252,7 +256,16 @@ def describe_run(session, engine):
         "mixed_precision": spec.train.mixed_precision,
         "loss_scaling": engine.loss_scaled,
         "layer_dtypes": {info.name: info.dtype for info in engine.layer_info},
+        **_distribution(engine),
     }
+
+
+def _distribution(engine):
+    """The `distribute` entry of the run header under tf.distribute (strategy and replicas); nothing on one device."""
+    strategy = getattr(engine, "strategy", None)
+    if strategy is None:
+        return {}
+    return {"distribute": {"strategy": type(strategy).__name__, "replicas": strategy.num_replicas_in_sync}}
 
 
 def run_notes(spec):
@@ -260,6 +273,9 @@ def run_notes(spec):
     notes = []
     if not spec.train.jit_compile:
         notes.append("the traced step runs without XLA (jit_compile: false) so every layer output can be probed")
+    if spec.train.distribute:
+        notes.append("train.distribute: the batch is split over the replicas; the forensic replay of a non-finite "
+                     "step runs eagerly on one device over the whole batch, without the strategy")
     return notes
 
 

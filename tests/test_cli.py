@@ -88,3 +88,11 @@ def test_sigint_finishes_the_report_and_exits_130(tmp_path):
     document = json.loads(out.read_text())
     assert document["interrupted"] is True and document["steps_run"] >= 19
     assert "interrupted" in stdout
+
+
+def test_bad_option_value_is_one_line_and_exit_2():
+    result = subprocess.run([sys.executable, "-m", "nanscope", "trace-steps", str(CONFIGS / "exploding-regression.yaml"),
+                             "--steps", "abc"], capture_output=True, text=True)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--steps" in lines[0] and "Traceback" not in result.stderr

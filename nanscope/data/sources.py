@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from nanscope.data import synthetic
-from nanscope.errors import DataError
+from nanscope.errors import DataError, first_line
 from nanscope.factory import call_factory, load_callable
 
 
@@ -84,7 +84,7 @@ def _read_npz(spec, path):
         try:
             x, y = archive[spec.data.x], archive[spec.data.y]
         except Exception as exc:  # object arrays (pickles are refused), truncated members
-            raise DataError(f"{spec.source}: data.path: cannot read {path} as npz: {_first_line(exc)}") from exc
+            raise DataError(f"{spec.source}: data.path: cannot read {path} as npz: {first_line(exc)}") from exc
     return LoadedData(x, y, f"{path.name}, {len(x)} rows")
 
 
@@ -115,7 +115,7 @@ def _read_csv(spec, path):
                 raise DataError(f"{spec.source}: data.target: column(s) {missing} not in {path.name}; columns are {header}")
             values = [_parse_row(row, header, path, number) for number, row in enumerate(reader, start=2) if row]
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise DataError(f"{spec.source}: data.path: cannot read {path} as a UTF-8 csv: {_first_line(exc)}") from exc
+        raise DataError(f"{spec.source}: data.path: cannot read {path} as a UTF-8 csv: {first_line(exc)}") from exc
     table = np.asarray(values, dtype=np.float32).reshape(-1, len(header))
     target_idx = [header.index(t) for t in targets]
     feature_idx = [i for i in range(len(header)) if i not in target_idx]
@@ -253,7 +253,3 @@ def is_file_source(path):
     """True when `path` names a data file nanscope can read directly."""
     return Path(path).suffix.lower() in {".npz", ".npy", ".csv", ".tfrecord", ".tfrecords"}
 
-
-def _first_line(exc):
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

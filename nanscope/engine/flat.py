@@ -42,10 +42,17 @@ class Snapshot:
         return [copy.numpy() for copy in self.copies[:count]]
 
 
-def variable_rows(grads, before, after, applied=None):
-    """Per-variable statistics: ([n, 6] rows, global grad norm, global applied-grad norm).
+# Columns of a variable-stats row, in order. |dw|/|w| is taken against the weights after
+# the update: one pass fewer than also measuring them before, and the same ratio to
+# three digits whenever the ratio is small enough to be healthy.
+VARIABLE_COLUMNS = ("grad_norm", "grad_nonfinite", "weight_norm", "update_norm", "weight_nonfinite")
+GRAD_NONFINITE, WEIGHT_NONFINITE = 1, 4
 
-    Row columns: grad norm, non-finite grad entries, |w| before, |w| after, |dw|, non-finite weights.
+
+def variable_rows(grads, before, after, applied=None):
+    """Per-variable statistics: ([n, 5] rows, global grad norm, global applied-grad norm).
+
+    Row columns: see VARIABLE_COLUMNS.
 
     Args:
         grads: list of gradient tensors, one per variable.
@@ -55,12 +62,9 @@ def variable_rows(grads, before, after, applied=None):
     """
     tf, _ = tensorflow()
     if not grads:
-        return tf.zeros([0, 6]), tf.constant(0.0), tf.constant(0.0)
+        return tf.zeros([0, len(VARIABLE_COLUMNS)]), tf.constant(0.0), tf.constant(0.0)
     pairs = [(_f32(g), _f32(b), _f32(v)) for g, b, v in zip(grads, before, after)]
-    squares = tf.stack([
-        tf.stack([tf.nn.l2_loss(g), tf.nn.l2_loss(b), tf.nn.l2_loss(v), tf.nn.l2_loss(v - b)])
-        for g, b, v in pairs
-    ]) * 2.0
+    squares = tf.stack([tf.stack([tf.nn.l2_loss(g), tf.nn.l2_loss(v), tf.nn.l2_loss(v - b)]) for g, b, v in pairs]) * 2.0
 
     def plain():
         zeros = tf.zeros([len(pairs)])
@@ -68,11 +72,11 @@ def variable_rows(grads, before, after, applied=None):
 
     def recount():
         counts = tf.stack([tf.stack([_nonfinite(g), _nonfinite(v)]) for g, _, v in pairs])
-        norms = tf.stack([tf.stack([_scaled_norm(t) for t in (g, b, v, v - b)]) for g, b, v in pairs])
+        norms = tf.stack([tf.stack([_scaled_norm(t) for t in (g, v, v - b)]) for g, b, v in pairs])
         return counts, norms
 
     counts, norms = tf.cond(tf.reduce_all(tf.math.is_finite(squares)), plain, recount)
-    rows = tf.stack([norms[:, 0], counts[:, 0], norms[:, 1], norms[:, 2], norms[:, 3], counts[:, 1]], axis=1)
+    rows = tf.stack([norms[:, 0], counts[:, 0], norms[:, 1], norms[:, 2], counts[:, 1]], axis=1)
     grad_norm = combined_norm(norms[:, 0])
     applied_norm = grad_norm if applied is None else combined_norm(
         tf.stack([tf.sqrt(2.0 * tf.nn.l2_loss(_f32(a))) for a in applied]))

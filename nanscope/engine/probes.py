@@ -6,9 +6,15 @@ layer's output. The wrapping lives only for the trace (`attached()` restores eve
 layer in `finally`); the compiled graph keeps the reductions, the model keeps
 nothing. This works the same for Sequential, functional and subclassed models,
 because every layer call goes through `Layer.__call__` -> `self.call`.
+
+Under `tf.distribute`, the replica function is traced once per replica, each in its
+own Python thread; `begin_replica` files that thread's rows under its replica id, and
+`stats_matrix` returns the rows of the calling thread's replica. On one device every
+row is replica 0's: the bookkeeping is Python at trace time and adds no op.
 """
 
 import contextlib
+import threading
 
 from nanscope.runtime import tensorflow
 
@@ -25,8 +31,10 @@ def tensor_stats(tensors):
     The last column counts non-zero magnitudes below float16's smallest normal, and
     is computed only for float16 tensors (0 otherwise).
 
-    The healthy path costs one abs, two reductions and a count; the exact non-finite
-    count and the finite-only max/sum are computed only when the sum is not finite.
+    The healthy path costs an abs, a sign and three reductions: zeros are counted as
+    size - sum(sign(|x|)), which is half the cost of `count_nonzero` (a compare, a
+    cast to int64 and a sum). The exact non-finite count and the finite-only statistics
+    are computed only when the sum is not finite.
     """
     tf, _ = tensorflow()
     floats = [t for t in tensors if t.dtype.is_floating]
@@ -36,22 +44,22 @@ def tensor_stats(tensors):
         return tf.zeros([len(LAYER_COLUMNS)], tf.float32)
     x = flat[0] if len(flat) == 1 else tf.concat(flat, axis=0)
     size = tf.cast(tf.size(x), tf.float32)
-    zeros = size - tf.cast(tf.math.count_nonzero(x), tf.float32)
     a = tf.abs(x)
     total = tf.reduce_sum(a)
 
     def healthy():
-        return tf.stack([_safe_max(a), total, 0.0])
+        return tf.stack([_safe_max(a), total, 0.0, size - tf.reduce_sum(tf.sign(a))])
 
     def unhealthy():
         finite = tf.math.is_finite(x)
         a_finite = tf.where(finite, a, tf.zeros_like(a))
-        nonfinite = tf.cast(tf.size(x), tf.float32) - tf.reduce_sum(tf.cast(finite, tf.float32))
-        return tf.stack([_safe_max(a_finite), tf.reduce_sum(a_finite), nonfinite])
+        nonfinite = size - tf.reduce_sum(tf.cast(finite, tf.float32))
+        zeros = tf.reduce_sum(tf.cast(tf.equal(x, 0.0), tf.float32))
+        return tf.stack([_safe_max(a_finite), tf.reduce_sum(a_finite), nonfinite, zeros])
 
     head = tf.cond(tf.math.is_finite(total), healthy, unhealthy)
     tiny = tf.add_n([_underflow_count(t) for t in half]) if half else tf.constant(0.0)
-    return tf.concat([head, tf.stack([zeros, size, tiny])], axis=0)
+    return tf.concat([head, tf.stack([size, tiny])], axis=0)
 
 
 def _underflow_count(tensor):
@@ -95,6 +103,7 @@ class LayerRecorder:
         self._rows = {}
         self.call_order = []
         self._graph = None
+        self._thread = threading.local()
 
     @contextlib.contextmanager
     def attached(self):
@@ -118,6 +127,16 @@ class LayerRecorder:
         tf, _ = tensorflow()
         self._rows, self.call_order = {}, []
         self._graph = tf.compat.v1.get_default_graph()
+        self._thread.replica, self._thread.graph = 0, self._graph
+
+    def begin_replica(self, replica):
+        """File the calling thread's layer rows under `replica` (inside a replica function, before the forward pass)."""
+        tf, _ = tensorflow()
+        self._thread.replica, self._thread.graph = replica, tf.compat.v1.get_default_graph()
+        self._rows.update({key: [] for key in self._rows if key[0] == replica})
+
+    def _replica(self):
+        return getattr(self._thread, "replica", 0)
 
     def _wrap(self, index, call):
         tf, _ = tensorflow()
@@ -126,9 +145,9 @@ class LayerRecorder:
             outputs = call(*args, **kwargs)
             # Layers called inside a while loop (an RNN's cell) live in another graph:
             # their outputs cannot leave it, and the enclosing layer's output is probed instead.
-            if tf.compat.v1.get_default_graph() is self._graph:
+            if tf.compat.v1.get_default_graph() is getattr(self._thread, "graph", self._graph):
                 flat = [t for t in tf.nest.flatten(outputs) if tf.is_tensor(t)]
-                self._rows.setdefault(index, []).append(tensor_stats(flat))
+                self._rows.setdefault((self._replica(), index), []).append(tensor_stats(flat))
                 if index not in self.call_order:
                     self.call_order.append(index)
             return outputs
@@ -136,11 +155,15 @@ class LayerRecorder:
         return probed_call
 
     def stats_matrix(self):
-        """[len(layers), len(LAYER_COLUMNS)] float32: one row of `tensor_stats` per layer (0 if never called)."""
+        """[len(layers), len(LAYER_COLUMNS)] float32: one row of `tensor_stats` per layer (0 if never called).
+
+        The rows are the calling thread's replica's (see `begin_replica`).
+        """
         tf, _ = tensorflow()
         rows = []
+        replica = self._replica()
         for index in range(len(self.layers)):
-            calls = self._rows.get(index)
+            calls = self._rows.get((replica, index))
             if not calls:
                 rows.append(tf.zeros([len(LAYER_COLUMNS)], tf.float32))
                 continue

@@ -66,6 +66,8 @@ class StepRecord:
             overflowed, which is how dynamic loss scaling works, not a failure of the run.
         expected_nonfinite: list of int. Indices of layers whose non-finite outputs are
             intended (an attention mask's -inf): reported, but they do not make a step non-finite.
+        replica_nonfinite: list of int. Under tf.distribute, per replica: non-finite entries in
+            its share of the batch, its model outputs and its own gradients. Empty on one device.
     """
 
     step: int
@@ -86,6 +88,7 @@ class StepRecord:
     expected_nonfinite: list = field(default_factory=list)
     loss_scale: Optional[float] = None
     update_skipped: bool = False
+    replica_nonfinite: list = field(default_factory=list)
 
     @classmethod
     def from_arrays(cls, step, batch_rows, scalars, layer_stats, layer_terms, var_stats):
@@ -107,9 +110,9 @@ class StepRecord:
             VariableStats(
                 grad_norm=float(row[0]),
                 grad_nonfinite=int(row[1]),
-                weight_norm=float(row[3]),
-                update_ratio=_ratio(row[4], row[2]),
-                weight_nonfinite=int(row[5]),
+                weight_norm=float(row[2]),
+                update_ratio=_ratio(row[3], row[2]),
+                weight_nonfinite=int(row[4]),
             )
             for row in var_stats
         ]
@@ -172,6 +175,11 @@ def first_nonfinite_layer(record, layer_order):
         if record.layers[index].nonfinite and index not in record.expected_nonfinite:
             return index
     return None
+
+
+def first_nonfinite_replica(record):
+    """The lowest replica id whose batch, outputs or gradients held a non-finite value; None on one device."""
+    return next((replica for replica, count in enumerate(record.replica_nonfinite) if count), None)
 
 
 def series(records, attribute):

@@ -14,10 +14,10 @@ and backward pass can be replayed exactly; the optimizer's slots are not copied.
 import re
 from dataclasses import dataclass
 
-from nanscope.engine.flat import Snapshot, any_nonfinite_count, variable_rows
+from nanscope.engine.flat import GRAD_NONFINITE, WEIGHT_NONFINITE, Snapshot, any_nonfinite_count, variable_rows
 from nanscope.engine.probes import LayerRecorder
 from nanscope.engine.records import StepRecord
-from nanscope.errors import DataError
+from nanscope.errors import DataError, ModelError, first_line
 from nanscope.runtime import tensorflow
 
 SCALAR_COLUMNS = (
@@ -25,7 +25,6 @@ SCALAR_COLUMNS = (
     "grad_global_norm", "grad_nonfinite", "weights_nonfinite", "applied_grad_global_norm", "loss_scale",
     "update_skipped",
 )
-VARIABLE_COLUMNS = ("grad_norm", "grad_nonfinite", "weight_norm_before", "weight_norm", "update_norm", "weight_nonfinite")
 
 
 @dataclass
@@ -139,8 +138,8 @@ class InstrumentedStep:
             tf.add_n([any_nonfinite_count(t) for t in tf.nest.flatten(y_pred)]),
             tf.cast(tf.logical_not(tf.math.is_finite(total)), tf.float32),
             grad_norm,
-            tf.reduce_sum(var_stats[:, 1]),
-            tf.reduce_sum(var_stats[:, 5]),
+            tf.reduce_sum(var_stats[:, GRAD_NONFINITE]),
+            tf.reduce_sum(var_stats[:, WEIGHT_NONFINITE]),
             applied_norm,
             tf.cast(tf.convert_to_tensor(self.optimizer.dynamic_scale), tf.float32) if self.loss_scaled else 0.0,
             self._skipped(applied, scale),
@@ -219,7 +218,7 @@ def build_model(model, sample_x, source=None):
             (f"{source}: " if source else "")
             + f"data: input of shape {tuple(sample_x.shape[1:])} (per row) does not fit the model"
             + (f", which expects {expected}" if expected else "")
-            + f": {_first_line(exc)}"
+            + f": {first_line(exc)}"
         ) from exc
 
 
@@ -231,13 +230,6 @@ def _expected_input(keras_model):
         return None
 
 
-def _first_line(exc):
-    """The line of an exception's text that says what went wrong (Keras wraps it in a call header and ANSI bold)."""
-    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(exc).splitlines()]
-    lines = [line for line in lines if line and not line.startswith("Exception encountered when calling")]
-    return lines[0][:300] if lines else type(exc).__name__
-
-
 def step_failure(exc, step, source=None, jit_compile=False):
     """A ModelError that says why TensorFlow failed inside step `step`, or None when `exc` is not a TF op error.
 
@@ -245,7 +237,6 @@ def step_failure(exc, step, source=None, jit_compile=False):
     `tf.debugging.assert_*` in a layer, for example) become one line naming the
     step, what failed and what to try; they are not crashes.
     """
-    from nanscope.errors import ModelError
 
     tf, _ = tensorflow()
     if not isinstance(exc, tf.errors.OpError):

@@ -1,6 +1,6 @@
 """The host side of NanScope: records as they arrive, the first non-finite step, the report."""
 
-from nanscope.engine.records import expected_layer_indices
+from nanscope.engine.records import expected_layer_indices, first_nonfinite_replica
 from nanscope.report import FirstNonfinite, TraceReport
 
 
@@ -62,7 +62,7 @@ class FitLog:
         if record.phase == "data":
             detail = [f"{name}: {count} non-finite value(s) in the batch"
                       for name, count in (("x", record.x_nonfinite), ("y", record.y_nonfinite)) if count]
-            return FirstNonfinite(step=record.step, phase="data", detail=detail)
+            return FirstNonfinite(step=record.step, phase="data", detail=detail, replica=first_nonfinite_replica(record))
         return _attribute_from_record(record, _Layout(self.probe), None, None, None)
 
     def finish(self):
@@ -178,6 +178,8 @@ def describe_fit(model, params, probe):
         "seed": None,
         "jit_compile": bool(model.jit_compile),
         "steps_per_execution": probe.per_execution,
+        **({"distribute": {"strategy": type(probe.strategy).__name__, "replicas": probe.replicas}}
+           if probe.replicas > 1 else {}),
     }
 
 

@@ -1,13 +1,29 @@
-"""The compiled side of NanScope: an instrumented `train_step` that writes one row of statistics per step."""
+"""The compiled side of NanScope: an instrumented `train_step` that writes one row of statistics per step.
+
+Under `tf.distribute` (a model compiled under `strategy.scope()`), Keras runs
+`train_step` once per replica. Each replica then sums the gradients it hands the
+optimizer with the others' (one all-reduce, for the statistics only), gathers every
+replica's row, and writes all of them into its own copy of an on-read buffer with a
+replica axis; the host reads replica 0's copy and merges the rows with
+`combine_replicas`, keeping per-replica non-finite counts. On one device none of
+this is traced: the step is the same as without a strategy.
+"""
 
 import contextlib
 import functools
+import threading
 
-from nanscope.engine.flat import any_nonfinite_count, variable_rows
+from nanscope.engine.distributed import combine_replicas
+from nanscope.engine.flat import (
+    GRAD_NONFINITE, VARIABLE_COLUMNS, WEIGHT_NONFINITE, any_nonfinite_count, variable_rows,
+)
 from nanscope.engine.probes import LAYER_COLUMNS, LayerRecorder
 from nanscope.engine.records import StepRecord
 from nanscope.engine.step import (
-    SCALAR_COLUMNS, VARIABLE_COLUMNS, layer_loss_terms, probed_layers, relative_variable_names,
+    SCALAR_COLUMNS,
+    layer_loss_terms,
+    probed_layers,
+    relative_variable_names,
 )
 from nanscope.runtime import tensorflow
 
@@ -31,10 +47,26 @@ class StepProbe:
         self.recorder = LayerRecorder(self.layers)
         self.width = (len(HEAD) + len(SCALAR_COLUMNS) + len(self.layers) * len(LAYER_COLUMNS) + len(self.layers) + 1
                       + len(self.trainable) * len(VARIABLE_COLUMNS))
-        self.buffer = tf.Variable(tf.fill([self.per_execution, self.width], -1.0), trainable=False, name="nanscope_rows")
-        self.counter = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="nanscope_step")
+        self.strategy = model.distribute_strategy
+        self.replicas = self.strategy.num_replicas_in_sync
+        if self.replicas == 1:
+            self.buffer = tf.Variable(tf.fill([self.per_execution, self.width], -1.0), trainable=False,
+                                      name="nanscope_rows")
+            self.counter = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="nanscope_step")
+        else:
+            self._distributed_buffer()
         self._saved = None
         self._next_step = 0
+
+    def _distributed_buffer(self):
+        """Buffer and counter that each replica writes in its own copy; reads return replica 0's."""
+        on_read = {"trainable": False, "synchronization": tf.VariableSynchronization.ON_READ,
+                   "aggregation": tf.VariableAggregation.ONLY_FIRST_REPLICA}
+        # A row per replica, each one column wider: its own gradients' non-finite count.
+        with self.strategy.scope():
+            self.buffer = tf.Variable(tf.fill([self.per_execution, self.replicas, self.width + 1], -1.0),
+                                      name="nanscope_rows", **on_read)
+            self.counter = tf.Variable(tf.constant(0, tf.int64), name="nanscope_step", **on_read)
 
     def attach(self):
         """Replace `train_step` with the instrumented one and rebuild the train function around it."""
@@ -42,6 +74,8 @@ class StepProbe:
         self._saved = (model.__dict__.get("train_step"), model.train_function)
         object.__setattr__(model, "train_step", self._instrumented(model.train_step))
         model.make_train_function(force=True)
+        if self.replicas > 1:
+            model.train_function = self._hooked_per_call(model.train_function)
         model.train_function = self._detaching_on_error(model.train_function)
 
     def detach(self):
@@ -55,6 +89,18 @@ class StepProbe:
         else:
             object.__setattr__(self.model, "train_step", step)
         self.model.train_function = function
+
+    def _hooked_per_call(self, function):
+        """The train function with the layer and optimizer hooks attached for each call (under tf.distribute)."""
+        self._hub = StepCapture(self.model, self.trainable)
+        self._hub._thread = threading.local()
+
+        @functools.wraps(function)
+        def train_function(iterator):
+            with self.recorder.attached(), self._hub.attached():
+                return function(iterator)
+
+        return train_function
 
     def _detaching_on_error(self, function):
         # Keras calls on_train_end only when fit returns: an error inside a step must
@@ -72,15 +118,21 @@ class StepProbe:
         return train_function
 
     def read(self):
-        """StepRecord inputs for the steps finished since the last read: list of (step, row) pairs."""
+        """StepRecord inputs for the steps finished since the last read: list of (step, row) pairs.
+
+        Under tf.distribute a row holds every replica's row (a leading replica axis).
+        """
         rows = self.buffer.numpy()
-        fresh = sorted((int(row[0]), row) for row in rows if row[0] >= self._next_step)
+        fresh = sorted(((int(row.flat[0]), row) for row in rows if row.flat[0] >= self._next_step),
+                       key=lambda pair: pair[0])
         if fresh:
             self._next_step = fresh[-1][0] + 1
         return fresh
 
     def record(self, step, row):
-        """A StepRecord from one buffer row."""
+        """A StepRecord from one buffer row (under tf.distribute: one row per replica, merged)."""
+        if row.ndim == 2:
+            return self._replica_record(step, row)
         n_layers, n_vars = len(self.layers), len(self.trainable)
         at = len(HEAD)
         scalars, at = row[at:at + len(SCALAR_COLUMNS)], at + len(SCALAR_COLUMNS)
@@ -90,7 +142,21 @@ class StepProbe:
         return StepRecord.from_arrays(step, int(row[1]), scalars, layer_stats.reshape(n_layers, len(LAYER_COLUMNS)),
                                       terms, var_stats.reshape(n_vars, len(VARIABLE_COLUMNS)))
 
+    def _replica_record(self, step, rows):
+        n_layers, n_vars = len(self.layers), len(self.trainable)
+        at = len(HEAD)
+        scalars, at = rows[:, at:at + len(SCALAR_COLUMNS)], at + len(SCALAR_COLUMNS)
+        layer_stats, at = rows[:, at:at + n_layers * len(LAYER_COLUMNS)], at + n_layers * len(LAYER_COLUMNS)
+        terms, at = rows[:, at:at + n_layers + 1], at + n_layers + 1
+        var_stats, counts = rows[:, at:-1], rows[:, [1, -1]]
+        return combine_replicas(step, int(counts[:, 0].sum()), scalars,
+                                layer_stats.reshape(-1, n_layers, len(LAYER_COLUMNS)), terms,
+                                var_stats.reshape(-1, n_vars, len(VARIABLE_COLUMNS)), counts)
+
     def _instrumented(self, original):
+        if self.replicas > 1:
+            return self._instrumented_per_replica(original)
+
         @functools.wraps(original)
         def train_step(data):
             capture = StepCapture(self.model, self.trainable)
@@ -101,6 +167,31 @@ class StepProbe:
             return logs
 
         return train_step
+
+    def _instrumented_per_replica(self, original):
+        # Replica threads take turns while one step is traced: the layer and optimizer hooks
+        # are attached once, around the train function (`_hooked_per_call`), and each
+        # thread's hooks write into that thread's own capture.
+        @functools.wraps(original)
+        def train_step(data):
+            context = tf.distribute.get_replica_context()
+            self.recorder.begin_replica(int(tf.get_static_value(context.replica_id_in_sync_group)))
+            capture = StepCapture(self.model, self.trainable, context, self.replicas)
+            self._hub._thread.capture = capture
+            logs = original(data)
+            row = capture.row(data, logs, self.recorder.stats_matrix(), self.layers)
+            self._write_replica_rows(context, tf.concat([row, tf.stack([capture.local_nonfinite])], axis=0))
+            return logs
+
+        return train_step
+
+    def _write_replica_rows(self, context, row):
+        rows = context.all_gather(row[None], axis=0)
+        step = self.counter.assign_add(1) - 1
+        rows = tf.concat([tf.fill([self.replicas, 1], tf.cast(step, tf.float32)), rows], axis=1)
+        slot = tf.reshape(step % self.per_execution, [1, 1])
+        # On-read variables take whole assignments only (no scatter) in a replica.
+        self.buffer.assign(tf.tensor_scatter_nd_update(tf.convert_to_tensor(self.buffer), slot, rows[None]))
 
     def _write_row(self, stats):
         step = self.counter.assign_add(1) - 1
@@ -124,8 +215,11 @@ class StepCapture:
     (a `cond` branch under gradient accumulation) cannot hand its tensors out.
     """
 
-    def __init__(self, model, trainable):
+    def __init__(self, model, trainable, replica_context=None, replicas=1):
         self.model, self.trainable = model, trainable
+        self.replica_context, self.replicas = replica_context, replicas
+        self.local_nonfinite = tf.constant(0.0)
+        self._thread = None  # a threading.local naming each replica thread's capture, on the shared hooks
         self.optimizer = model.optimizer
         self.loss = self.y_pred = self.applied = None
         self.grads, self.before, self.after = {}, {}, {}
@@ -152,13 +246,18 @@ class StepCapture:
     def _here(self):
         return tf.compat.v1.get_default_graph() is self.graph
 
+    def _active(self):
+        """The capture of the calling replica thread (see `StepProbe`), or this one on one device."""
+        return getattr(self._thread, "capture", self) if self._thread is not None else self
+
     def _on_compute_loss(self, compute_loss):
         @functools.wraps(compute_loss)
         def hooked(*args, **kwargs):
             loss = compute_loss(*args, **kwargs)
-            if self._here():
-                self.loss = loss
-                self.y_pred = kwargs["y_pred"] if "y_pred" in kwargs else (args[2] if len(args) > 2 else None)
+            c = self._active()
+            if c._here():
+                c.loss = loss
+                c.y_pred = kwargs["y_pred"] if "y_pred" in kwargs else (args[2] if len(args) > 2 else None)
             return loss
 
         return hooked
@@ -167,26 +266,41 @@ class StepCapture:
         @functools.wraps(apply)
         def hooked(grads, trainable_variables=None):
             grads = list(grads)
-            variables = list(trainable_variables) if trainable_variables is not None else list(self.trainable)
-            if self._here():
-                scale = self.optimizer.loss_scale_factor
-                for g, v in zip(grads, variables):
+            c = self._active()
+            variables = list(trainable_variables) if trainable_variables is not None else list(c.trainable)
+            if c._here():
+                scale = c.optimizer.loss_scale_factor
+                for g, v in zip(c._summed(grads), variables):
                     if g is not None:
-                        self.grads[id(v)] = g if scale is None else g / scale
-                    self.before[id(v)] = tf.convert_to_tensor(v)
+                        c.grads[id(v)] = g if scale is None else g / scale
+                    c.before[id(v)] = tf.convert_to_tensor(v)
             result = apply(grads, trainable_variables)
-            if self._here():
-                self.after = {id(v): tf.convert_to_tensor(v) for v in variables}
+            if c._here():
+                c.after = {id(v): tf.convert_to_tensor(v) for v in variables}
             return result
 
         return hooked
+
+    def _summed(self, grads):
+        """Under tf.distribute, the gradient of the whole batch (all replicas summed), for the statistics.
+
+        The replica's own non-finite gradient entries are counted first. The optimizer
+        still gets the replica's own gradients, and sums them itself.
+        """
+        if self.replica_context is None:
+            return grads
+        present = [g for g in grads if g is not None]
+        self.local_nonfinite = _count(present)
+        summed = iter(self.replica_context.all_reduce(tf.distribute.ReduceOp.SUM, present) if present else [])
+        return [None if g is None else next(summed) for g in grads]
 
     def _on_clip(self, clip):
         @functools.wraps(clip)
         def hooked(grads):
             clipped = clip(grads)
-            if self._here():
-                self.applied = [g for g in clipped if g is not None]
+            c = self._active()
+            if c._here():
+                c.applied = [g for g in c._summed(clipped) if g is not None]
             return clipped
 
         return hooked
@@ -199,6 +313,8 @@ class StepCapture:
         var_rows, grad_norm, applied_norm = self._variable_rows()
         total = self.loss if self.loss is not None else logs.get("loss", tf.constant(float("nan")))
         total = tf.cast(tf.reduce_sum(total), tf.float32)
+        if self.replicas > 1:
+            total = total * self.replicas  # Keras divides each replica's loss by the replica count
         terms = layer_loss_terms(layers, self.model)
         values = {
             "loss": total, "data_loss": total - tf.add_n(terms), "x_nonfinite": _count(flat_x),
@@ -206,8 +322,8 @@ class StepCapture:
             "output_nonfinite": _count(tf.nest.flatten(self.y_pred) if self.y_pred is not None else []),
             "loss_nonfinite": tf.cast(tf.logical_not(tf.math.is_finite(total)), tf.float32),
             "grad_global_norm": grad_norm,
-            "grad_nonfinite": tf.reduce_sum(var_rows[:, 1]),
-            "weights_nonfinite": tf.reduce_sum(var_rows[:, 5]),
+            "grad_nonfinite": tf.reduce_sum(var_rows[:, GRAD_NONFINITE]),
+            "weights_nonfinite": tf.reduce_sum(var_rows[:, WEIGHT_NONFINITE]),
             "applied_grad_global_norm": applied_norm,
         }
         # Columns this probe does not measure (loss scaling) are 0, which records read as "not known".

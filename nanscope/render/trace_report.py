@@ -50,6 +50,8 @@ def _header(report):
         ("steps", f"{report.steps_run} of {run.get('steps_requested')}"
                   + (" (interrupted)" if report.interrupted else "")),
     ]
+    if run.get("distribute"):
+        rows.append(("distribute", f"{run['distribute']['strategy']}, {run['distribute']['replicas']} replicas"))
     if report.validation_loss is not None:
         rows.append(("validation loss", fmt(report.validation_loss)))
     for key, value in rows:
@@ -130,8 +132,8 @@ def _first_nonfinite(report):
     grid.add_column(style="bold")
     grid.add_column()
     layer = f"{first.layer} ({first.layer_class})" if first.layer_class else first.layer
-    for key, value in (("step", first.step), ("phase", first.phase), ("layer", layer), ("variable", first.variable),
-                       ("op", first.op), ("source", first.source)):
+    for key, value in (("step", first.step), ("phase", first.phase), ("replica", _replica_text(report)),
+                       ("layer", layer), ("variable", first.variable), ("op", first.op), ("source", first.source)):
         if value is not None:
             grid.add_row(key, str(value))
     if first.inputs:
@@ -142,6 +144,16 @@ def _first_nonfinite(report):
     for line in first.detail:
         grid.add_row("", line)
     return Panel(grid, title="first non-finite value", title_align="left", border_style="red")
+
+
+def _replica_text(report):
+    """"1 (non-finite values per replica: 0, 12)" under tf.distribute; None on one device."""
+    first = report.first_nonfinite
+    if first.replica is None:
+        return None
+    record = next((r for r in report.records if r.step == first.step), None)
+    counts = f" (non-finite values per replica: {', '.join(map(str, record.replica_nonfinite))})" if record else ""
+    return f"{first.replica}{counts}"
 
 
 def render_replay(report, console):

@@ -1,0 +1,169 @@
+"""The instrumented train step under `tf.distribute.MirroredStrategy`: one row of statistics per replica.
+
+`DistributedStep` has `InstrumentedStep`'s interface. Its compiled function takes
+the snapshot in cross-replica context, then runs one replica function per device
+with `strategy.run`. Each replica takes its share of the batch (rows
+`[n * r // R, n * (r + 1) // R)`), weights its mean loss by that share and sums the
+gradients of all replicas with one all-reduce, so every replica sees the gradient
+of the whole batch: statistics, `grad_transform` and the optimizer's own clipping
+act on it exactly as on one device. Only replica 0 hands that gradient to the
+optimizer (the others hand zeros), because Keras' optimizer sums the replicas'
+gradients once more. Each replica returns its own reductions; `combine_replicas`
+merges them into one `StepRecord` on the host and keeps, per replica, how many
+non-finite values its batch, its outputs and its own gradients held.
+"""
+
+import numpy as np
+
+from nanscope.engine.flat import Snapshot, any_nonfinite_count
+from nanscope.engine.probes import LayerRecorder
+from nanscope.engine.records import StepRecord
+from nanscope.engine.step import (
+    InstrumentedStep,
+    LayerInfo,
+    build_model,
+    layer_loss_terms,
+    probed_layers,
+    relative_variable_names,
+)
+from nanscope.runtime import tensorflow
+
+
+def mirrored_strategy():
+    """A MirroredStrategy over every GPU, or over every logical CPU when there is no GPU."""
+    tf, _ = tensorflow()
+    if tf.config.list_logical_devices("GPU"):
+        return tf.distribute.MirroredStrategy()
+    devices = [device.name for device in tf.config.list_logical_devices("CPU")]
+    return tf.distribute.MirroredStrategy(devices=devices)
+
+
+class DistributedStep(InstrumentedStep):
+    """A compiled, instrumented train step whose batch is split over the replicas of a strategy.
+
+    The model and the optimizer must have been created under `strategy.scope()`.
+
+    Args:
+        strategy: tf.distribute.MirroredStrategy.
+        model: LoadedModel.
+        loss: objectives.Loss.
+        optimizer: keras.Optimizer. Built here, under the strategy's scope.
+        sample_x: np.ndarray. A batch of inputs, used for shapes and to build the model.
+        sample_y: np.ndarray. The matching targets.
+        grad_transform: callable(list of grads) -> list of grads, optional. Applied to the
+            whole batch's gradients, on every replica.
+
+    Example:
+        with strategy.scope():
+            model, optimizer = ...
+        step = DistributedStep(strategy, model, loss, optimizer, x[:32], y[:32])
+        record = step.run(0, x[:32], y[:32])
+        record.replica_nonfinite   # [0, 0]
+    """
+
+    def __init__(self, strategy, model, loss, optimizer, sample_x, sample_y, grad_transform=None):
+        tf, _ = tensorflow()
+        self.strategy = strategy
+        self.replicas = strategy.num_replicas_in_sync
+        self.model, self.loss, self.optimizer = model, loss, optimizer
+        self.jit_compile = False
+        self.grad_transform = grad_transform
+        build_model(model, sample_x)
+        self.layers = probed_layers(model.keras_model)
+        self.layer_info = [
+            LayerInfo(layer.name, type(layer).__name__, str(getattr(layer, "compute_dtype", "float32")))
+            for layer in self.layers
+        ]
+        self.loss_scaled = False
+        keras_model = model.keras_model
+        self.trainable = list(keras_model.trainable_variables if keras_model is not None else model.trainable_variables)
+        self.variable_names = relative_variable_names(self.trainable, keras_model)
+        with strategy.scope():
+            self.optimizer.build(self.trainable)
+            self._snapshot = Snapshot(self._model_state())
+        self._loss_unscale = float(self.replicas) if divides_by_replicas(loss.fn) else 1.0
+        self._recorder = LayerRecorder(self.layers)
+        x_spec = tf.TensorSpec([None, *sample_x.shape[1:]], tf.as_dtype(sample_x.dtype))
+        y_spec = tf.TensorSpec([None, *sample_y.shape[1:]], tf.as_dtype(sample_y.dtype))
+        self._compiled = tf.function(self._step, input_signature=[x_spec, y_spec], autograph=False)
+        with self._recorder.attached():
+            self._concrete = self._compiled.get_concrete_function()
+        self.layer_call_order = [self.layer_info[i].name for i in self._recorder.call_order]
+
+    def _step(self, x, y):
+        tf, _ = tensorflow()
+        self._recorder.begin()
+        self._snapshot.take()
+        per_replica = self.strategy.run(self._replica_step, args=(x, y))
+        return tuple(tf.stack(self.strategy.experimental_local_results(part)) for part in per_replica)
+
+    def _replica_step(self, x, y):
+        tf, _ = tensorflow()
+        context = tf.distribute.get_replica_context()
+        replica = int(tf.get_static_value(context.replica_id_in_sync_group))
+        self._recorder.begin_replica(replica)
+        rows = tf.shape(x)[0]
+        start, end = rows * replica // self.replicas, rows * (replica + 1) // self.replicas
+        x, y = x[start:end], y[start:end]
+        share = tf.cast(end - start, tf.float32) / tf.cast(rows, tf.float32)
+        with tf.GradientTape() as tape:
+            y_pred = self.model.call(x, training=True)
+            y_pred_f = tf.cast(y_pred, tf.float32) if y_pred.dtype != tf.float32 else y_pred
+            data_loss = tf.reduce_mean(tf.cast(self.loss.fn(y, y_pred_f), tf.float32)) * self._loss_unscale
+            own_terms = layer_loss_terms(self.layers, self.model.keras_model)
+            terms = tf.add_n([tf.reduce_sum(t) for t in own_terms]) if own_terms else 0.0
+            total = data_loss + terms
+            # Summed over replicas: the whole batch's mean loss, and the loss terms once.
+            objective = data_loss * share + terms / self.replicas
+        local = tape.gradient(objective, self.trainable)
+        local = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(local, self.trainable)]
+        grads = context.all_reduce(tf.distribute.ReduceOp.SUM, local)
+        applied = self.grad_transform(grads) if self.grad_transform is not None else grads
+        handed = applied if replica == 0 else [tf.zeros_like(g) for g in applied]
+        self.optimizer.apply_gradients(zip(handed, self.trainable))
+        # Replica threads take turns only inside the all-reduce and the optimizer: set here, read by _outputs.
+        self._loss_terms = own_terms
+        scalars, layer_stats, layer_terms, var_stats = self._outputs(x, y, y_pred, total, data_loss, grads, applied, None)
+        local_nonfinite = tf.add_n([any_nonfinite_count(g) for g in local]) if local else tf.constant(0.0)
+        counts = tf.stack([tf.cast(end - start, tf.float32), local_nonfinite])
+        return scalars, layer_stats, layer_terms, var_stats, counts
+
+    def run(self, step, x, y):
+        """Run one train step on a batch split over the replicas and return its StepRecord."""
+        scalars, layer_stats, layer_terms, var_stats, counts = (t.numpy() for t in self._concrete(x, y))
+        return combine_replicas(step, len(x), scalars, layer_stats, layer_terms, var_stats, counts)
+
+
+# Keras losses with these reductions divide their value by the number of replicas
+# when called inside a replica (keras.src.losses.loss.scale_loss_for_distribution).
+_REPLICA_SCALED_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
+
+
+def divides_by_replicas(loss_fn):
+    """True when a loss callable is a Keras Loss that scales its value by 1 / replicas under tf.distribute."""
+    _, keras = tensorflow()
+    return isinstance(loss_fn, keras.losses.Loss) and getattr(loss_fn, "reduction", None) in _REPLICA_SCALED_REDUCTIONS
+
+
+def combine_replicas(step, batch_rows, scalars, layer_stats, layer_terms, var_stats, counts):
+    """One StepRecord from the replicas' outputs (a leading replica axis on every array).
+
+    Losses are weighted by each replica's share of the batch; counts and sizes add up;
+    a layer's max |x| is the largest of the replicas'. Gradient, weight and loss-term
+    statistics are of the summed gradient and the shared weights, the same on every
+    replica, and are taken from replica 0.
+
+    Args:
+        counts: np.ndarray [R, 2]. Per replica: its rows, its own gradients' non-finite entries.
+    """
+    share = counts[:, 0] / max(float(counts[:, 0].sum()), 1.0)
+    merged = scalars[0].copy()
+    with np.errstate(invalid="ignore", over="ignore"):
+        merged[:2] = (share[:, None] * scalars[:, :2]).sum(axis=0)
+    merged[2:5] = scalars[:, 2:5].sum(axis=0)
+    merged[5] = scalars[:, 5].max()
+    layers = np.concatenate([layer_stats[:, :, :1].max(axis=0), layer_stats[:, :, 1:].sum(axis=0)], axis=1)
+    record = StepRecord.from_arrays(step, batch_rows, merged, layers, layer_terms[0], var_stats[0])
+    record.replica_nonfinite = [int(v) for v in scalars[:, 2:5].sum(axis=1) + counts[:, 1]]
+    return record
+
