@@ -16,7 +16,17 @@ import numpy as np
 
 
 def jsonable(value):
-    """`value` as plain JSON types, with non-finite floats as strings."""
+    """`value` as plain JSON types, with non-finite floats as strings.
+
+    Runs once per trace line, so the common exact types are tested first.
+    """
+    kind = type(value)
+    if kind is float:
+        return encode_float(value)
+    if kind is int or kind is str or kind is bool or value is None:
+        return value
+    if kind is list:
+        return [jsonable(v) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, dict):

@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 from nanscope.data.batches import BatchOrder, batch
 from nanscope.data.sources import LoadedData, load_data, split_validation
+from nanscope.engine.chunk import ChunkRunner, fits_on_device
 from nanscope.engine.step import InstrumentedStep, build_model, is_loss_scale_optimizer
 from nanscope.errors import SpecError
 from nanscope.models import LoadedModel, load_model
@@ -80,6 +81,12 @@ class Session:
             optimizer = build_optimizer(self.spec, model, optimizer_overrides)
         x, y = self.batch(0)
         return DistributedStep(self.strategy, model, self.loss, optimizer, x, y, grad_transform=grad_transform)
+
+    def chunk_runner(self, engine):
+        """A ChunkRunner for `engine` when the training arrays fit on the device, else None (one call per step)."""
+        if not getattr(engine, "chunkable", False) or not fits_on_device(self.train.x, self.train.y):
+            return None
+        return ChunkRunner(engine, self.train.x, self.train.y)
 
     def reset_weights(self, model=None):
         """Put the model's variables back to their initial values (same seed, same start)."""

@@ -15,6 +15,7 @@ from typing import Optional
 import numpy as np
 
 from nanscope import interrupt
+from nanscope.engine.chunk import CHUNK_STEPS, ChunkFailure
 from nanscope.engine.records import expected_layer_indices, first_nonfinite_replica
 from nanscope.engine.step import step_failure
 from nanscope.jsonio import jsonable
@@ -114,39 +115,61 @@ def _expected_notes(patterns, engine, expected):
 
 
 def _run_step_loop(session, engine, report, writer, options, expected, board):
-    for step in range(session.spec.train.steps):
+    runner = session.chunk_runner(engine)
+    step, total = 0, session.spec.train.steps
+    while step < total:
         interrupt.check()
+        records, failure = _next_records(session, engine, runner, step, total, report.first_nonfinite is None)
+        for record in records:
+            record.expected_nonfinite = list(expected)
+            # The trace line first: a signal landing between these two lines must not leave a step out of the trace.
+            writer.write({"kind": "step", **_record_json(record)})
+            report.records.append(record)
+            if board is not None:
+                board.write(record)
+            if options.on_step is not None:
+                options.on_step(record)
+            if record.phase is not None and report.first_nonfinite is None:
+                x, y = session.batch(record.step)
+                report.first_nonfinite = locate_first_nonfinite(record, engine, session, x, y, options)
+                if not options.keep_going:
+                    return
+        step += len(records)
+        if failure is not None:
+            _raise_step_failure(failure, step, session.spec, writer)
+
+
+def _next_records(session, engine, runner, step, total, stop_on_nonfinite):
+    """(records, None) of the next step, or of the next chunk of steps when the data lives on the device.
+
+    When a TensorFlow op fails inside a step, returns the records of the steps finished
+    before it and the error.
+    """
+    if runner is None:
         x, y = session.batch(step)
-        record = _run_step(engine, step, x, y, writer, session.spec)
-        record.expected_nonfinite = list(expected)
-        # The trace line first: a signal landing between these two lines must not leave a step out of the trace.
-        writer.write({"kind": "step", **_record_json(record)})
-        report.records.append(record)
-        if board is not None:
-            board.write(record)
-        if options.on_step is not None:
-            options.on_step(record)
-        if record.phase is not None and report.first_nonfinite is None:
-            report.first_nonfinite = locate_first_nonfinite(record, engine, session, x, y, options)
-            if not options.keep_going:
-                break
+        try:
+            return [engine.run(step, x, y)], None
+        except Exception as exc:
+            return [], exc
+    steps = session.order.uniform_run(step, min(total, step + CHUNK_STEPS))
+    try:
+        return runner.run(step, [session.order.indices(s) for s in steps], stop_on_nonfinite), None
+    except ChunkFailure as failure:
+        return failure.records, failure.error
 
 
-def _run_step(engine, step, x, y, writer, spec):
-    """One step; a TensorFlow failure inside it (XLA, out of memory, a failed op) ends the run as a clear error.
+def _raise_step_failure(exc, step, spec, writer):
+    """End the run on a TensorFlow failure inside `step` (XLA, out of memory, a failed op) with one clear line.
 
     The steps done are already in the trace; an `error` line records why the run stopped.
     """
-    try:
-        return engine.run(step, x, y)
-    except Exception as exc:
-        error = step_failure(exc, step, spec.source, spec.train.jit_compile)
-        if error is None:
-            raise
-        writer.write({"kind": "error", "step": step, "message": str(error)})
-        if step:
-            error.message += f"; steps 0-{step - 1} are kept in {writer.path}"
-        raise error from exc
+    error = step_failure(exc, step, spec.source, spec.train.jit_compile)
+    if error is None:
+        raise exc
+    writer.write({"kind": "error", "step": step, "message": str(error)})
+    if step:
+        error.message += f"; steps 0-{step - 1} are kept in {writer.path}"
+    raise error from exc
 
 
 def _finish(session, engine, report, options=None):
@@ -286,7 +309,8 @@ def default_trace_path(spec):
 
 
 def _record_json(record):
-    return {**jsonable(record), "phase": record.phase}
+    """A step's trace line (made JSON-safe by the writer)."""
+    return {**vars(record), "phase": record.phase}
 
 
 def _summary_json(report):

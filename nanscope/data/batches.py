@@ -44,6 +44,21 @@ class BatchOrder:
             return np.arange(start, stop)
         return self._permutation(epoch)[start:stop]
 
+    def uniform_run(self, first, stop):
+        """Steps first, first+1, ... (before `stop`) whose batches all have the size of `first`'s.
+
+        An epoch's last, smaller batch ends a run, so each run can be stacked into one array.
+        """
+        size = len(self.indices(first))
+        steps = [first]
+        while steps[-1] + 1 < stop and self._size(steps[-1] + 1) == size:
+            steps.append(steps[-1] + 1)
+        return steps
+
+    def _size(self, step):
+        position = step % self.steps_per_epoch
+        return min(self.batch_size, self.rows - position * self.batch_size)
+
     def _permutation(self, epoch):
         if epoch not in self._permutations:
             self._permutations = {epoch: np.random.default_rng([self.seed, epoch]).permutation(self.rows)}

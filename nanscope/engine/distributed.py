@@ -61,6 +61,9 @@ class DistributedStep(InstrumentedStep):
         record.replica_nonfinite   # [0, 0]
     """
 
+    # Each step goes through `strategy.run` with host-split batches: one call per step.
+    chunkable = False
+
     def __init__(self, strategy, model, loss, optimizer, sample_x, sample_y, grad_transform=None):
         tf, _ = tensorflow()
         self.strategy = strategy

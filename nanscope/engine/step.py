@@ -70,6 +70,9 @@ class InstrumentedStep:
         record = step.run(0, x[:32], y[:32])
     """
 
+    # `_step` can run inside a `tf.while_loop` over device-resident data (engine/chunk.py).
+    chunkable = True
+
     def __init__(self, model, loss, optimizer, sample_x, sample_y, jit_compile=False, grad_transform=None):
         tf, _ = tensorflow()
         self.model = model

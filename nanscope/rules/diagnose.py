@@ -13,6 +13,7 @@ import numpy as np
 from nanscope.rules.catalogue import recommend
 from nanscope.rules.early import early_findings
 from nanscope.rules.precision import precision_findings
+from nanscope.rules.trends import geometric_growth
 from nanscope.rules.producer import producer_findings
 
 # A gradient norm that grows by more than 20% per step, sustained over at least
@@ -71,33 +72,16 @@ def _bad_data(report, session, healthy):
 
 
 def growth(records):
-    """(per-step growth factor, first step of the fitted window, window length) of the gradient norm, or None.
-
-    Fits log(norm) against step over the longest stretch of finite norms that ends
-    at the last healthy step.
-    """
-    norms = np.array([r.grad_global_norm for r in records], dtype=np.float64)
-    steps = np.array([r.step for r in records], dtype=np.float64)
-    ok = np.isfinite(norms) & (norms > 0)
-    if ok.sum() < GROWTH_MIN_STEPS:
-        return None
-    norms, steps = norms[ok], steps[ok]
-    best = None
-    for start in range(0, len(norms) - GROWTH_MIN_STEPS + 1):
-        slope = np.polyfit(steps[start:], np.log(norms[start:]), 1)[0]
-        rate = math.exp(slope)
-        total = norms[-1] / norms[start]
-        if rate > GROWTH_RATE_LIMIT and total > GROWTH_MIN_TOTAL:
-            best = (rate, int(steps[start]), len(norms) - start)
-            break
-    return best
+    """(per-step growth factor, onset step) of the gradient norm's geometric rise to the last record, or None."""
+    return geometric_growth([r.step for r in records], [r.grad_global_norm for r in records], GROWTH_RATE_LIMIT,
+                            GROWTH_MIN_STEPS, GROWTH_MIN_TOTAL)
 
 
 def _gradient_growth(report, session, healthy):
     found = growth(healthy)
     if found is None:
         return []
-    rate, onset, length = found
+    rate, onset = found
     last = healthy[-1]
     start_norm = next(r.grad_global_norm for r in healthy if r.step == onset)
     overflow_in = math.log(FLOAT32_MAX / last.grad_global_norm) / math.log(rate)

@@ -11,6 +11,7 @@ import numpy as np
 
 from nanscope.engine.step import probed_layers
 from nanscope.rules.catalogue import recommend
+from nanscope.rules.trends import geometric_growth
 
 # A layer output whose square overflows breaks any MSE or L2 norm taken of it:
 # sqrt(float32 max) ~ 1.8e19. float16's range is so small (max 65504) that a
@@ -40,18 +41,6 @@ def early_findings(report, session, healthy):
     severity = "error" if report.first_nonfinite is not None else "warning"
     return _loss_growth(healthy, severity) + _activation_limits(report, session, healthy, severity) + \
         _weight_growth(healthy, severity)
-
-
-def geometric_growth(steps, values, rate_limit, min_steps, min_total):
-    """(rate, onset step) of a geometric rise ending at the last value, or None (fit of log(value) on step)."""
-    values, steps = np.asarray(values, dtype=np.float64), np.asarray(steps, dtype=np.float64)
-    ok = np.isfinite(values) & (values > 0)
-    values, steps = values[ok], steps[ok]
-    for start in range(0, len(values) - min_steps + 1):
-        slope = np.polyfit(steps[start:], np.log(values[start:]), 1)[0]
-        if math.exp(slope) > rate_limit and values[-1] / values[start] > min_total:
-            return math.exp(slope), int(steps[start])
-    return None
 
 
 def _loss_growth(healthy, severity):

@@ -1,0 +1,139 @@
+"""Run many instrumented steps in one compiled call.
+
+Calling a compiled function from Python costs a fixed ~0.2 ms (argument binding, the
+numpy-to-tensor copies of the batch, four output transfers), which on a small model
+is as much as the step itself. `ChunkRunner` keeps the training arrays on the device
+and runs up to `CHUNK_STEPS` steps per call in a `tf.while_loop`, gathering each batch
+by its row indices inside the graph. Every step is still the same instrumented step
+with its snapshot and statistics; the loop stops right after the first step that shows
+a non-finite value, so the snapshot then holds the weights from before that step.
+
+Each step writes its statistics into buffer variables as it finishes, so when an op
+fails in the middle of a chunk the steps finished before it are still read back.
+"""
+
+import numpy as np
+
+from nanscope.engine.records import StepRecord
+from nanscope.runtime import tensorflow
+
+# Steps per compiled call: enough to amortise the call, few enough that Ctrl-C, the
+# progress display and the trace file hear about steps within a fraction of a second.
+CHUNK_STEPS = 32
+# Training arrays up to this size are copied to the device once; larger ones are fed per step.
+DEVICE_DATA_LIMIT_BYTES = 256 * 2**20
+
+
+def fits_on_device(x, y):
+    """True when the training arrays are small enough to keep on the device for chunked runs."""
+    return x.nbytes + y.nbytes <= DEVICE_DATA_LIMIT_BYTES
+
+
+class ChunkRunner:
+    """Runs an InstrumentedStep over runs of consecutive steps, one compiled call per run.
+
+    Args:
+        engine: InstrumentedStep.
+        x, y: np.ndarray. The training arrays the batch indices refer to.
+
+    Example:
+        runner = ChunkRunner(engine, train.x, train.y)
+        records = runner.run(0, [order.indices(s) for s in range(32)], stop_on_nonfinite=True)
+    """
+
+    def __init__(self, engine, x, y):
+        tf, _ = tensorflow()
+        self.engine = engine
+        self._x, self._y = tf.constant(x), tf.constant(y)
+        self._buffers = [tf.Variable(tf.zeros([CHUNK_STEPS, *shape]), trainable=False, name="nanscope_chunk")
+                         for shape in self._output_shapes()]
+        self._done = tf.Variable(0, trainable=False, name="nanscope_chunk_done")
+        self._compiled = tf.function(
+            self._chunk, input_signature=[tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([], tf.bool)],
+            jit_compile=engine.jit_compile, autograph=False,
+        )
+        self._concrete = None
+
+    def run(self, first_step, index_rows, stop_on_nonfinite):
+        """StepRecords of the steps run: all of `index_rows` (equal-length batches, at most CHUNK_STEPS), or up to
+        and including the first step that shows a non-finite value.
+
+        Raises:
+            ChunkFailure: an op failed inside a step; it carries the records of the steps finished before it.
+        """
+        tf, _ = tensorflow()
+        if self._concrete is None:
+            with self.engine._recorder.attached():
+                self._concrete = self._compiled.get_concrete_function()
+        indices = np.stack(index_rows).astype(np.int32)
+        try:
+            self._concrete(indices, stop_on_nonfinite)
+        except tf.errors.OpError as exc:
+            raise ChunkFailure(self._records(first_step, indices.shape[1]), exc) from exc
+        return self._records(first_step, indices.shape[1])
+
+    def _records(self, first_step, rows):
+        count = int(self._done.numpy())
+        scalars, layers, terms, variables = (buffer[:count].numpy() for buffer in self._buffers)
+        return [
+            StepRecord.from_arrays(first_step + i, rows, scalars[i], layers[i], terms[i], variables[i])
+            for i in range(count)
+        ]
+
+    def _chunk(self, indices, stop_on_nonfinite):
+        # A step's record is stored at the start of the next iteration (or after the
+        # loop), which runs only once every op of that step has succeeded: when an op
+        # fails, the stored records are exactly the steps that finished.
+        tf, _ = tensorflow()
+        steps = tf.shape(indices)[0]
+        self._done.assign(0)
+        empty = [tf.zeros(shape) for shape in self._output_shapes()]
+
+        def keep_going(i, bad, *previous):
+            return tf.logical_and(i < steps, tf.logical_not(tf.logical_and(stop_on_nonfinite, bad)))
+
+        def body(i, bad, *previous):
+            tf.cond(i > 0, lambda: self._store(i - 1, previous), tf.no_op)
+            x, y = tf.gather(self._x, indices[i]), tf.gather(self._y, indices[i])
+            outputs = self.engine._step(x, y)
+            return (i + 1, _suspicious(*outputs), *outputs)
+
+        count, _, *last = tf.while_loop(keep_going, body, (tf.constant(0), tf.constant(False), *empty))
+        tf.cond(count > 0, lambda: self._store(count - 1, last), tf.no_op)
+        return self._done.value()
+
+    def _store(self, i, outputs):
+        tf, _ = tensorflow()
+        writes = [buffer[i].assign(output) for buffer, output in zip(self._buffers, outputs)]
+        with tf.control_dependencies(writes):
+            return self._done.assign(i + 1).op
+
+    def _output_shapes(self):
+        from nanscope.engine.flat import VARIABLE_COLUMNS
+        from nanscope.engine.probes import LAYER_COLUMNS
+        from nanscope.engine.step import SCALAR_COLUMNS
+
+        layers = len(self.engine.layers)
+        terms = layers + 1 if self.engine.model.keras_model is not None else 0
+        return ([len(SCALAR_COLUMNS)], [layers, len(LAYER_COLUMNS)], [terms],
+                [len(self.engine.trainable), len(VARIABLE_COLUMNS)])
+
+
+class ChunkFailure(Exception):
+    """An op failed inside a chunk: `records` are the steps finished before it, `error` the TensorFlow error."""
+
+    def __init__(self, records, error):
+        super().__init__(str(error))
+        self.records, self.error = records, error
+
+
+def _suspicious(scalars, layer_stats, terms, variables):
+    """True when a step shows any non-finite count or value; the host then decides what it means.
+
+    Conservative on purpose: an expected -inf layer (`expect_nonfinite`) or an update a
+    LossScaleOptimizer skipped also ends the chunk, and the host carries on after it.
+    """
+    tf, _ = tensorflow()
+    counts = tf.concat([scalars[2:6], scalars[7:9], layer_stats[:, 2]], axis=0)
+    values = tf.stack([scalars[0], scalars[6]])
+    return tf.logical_or(tf.reduce_any(counts > 0), tf.logical_not(tf.reduce_all(tf.math.is_finite(values))))

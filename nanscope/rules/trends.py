@@ -1,0 +1,38 @@
+"""Trend fits over the steps of a run: is a quantity growing geometrically, and since when?"""
+
+import numpy as np
+
+
+def geometric_growth(steps, values, rate_limit, min_steps, min_total):
+    """(per-step growth factor, onset step) of a geometric rise that lasts to the last value, or None.
+
+    For every start step, fits log(value) against step by least squares over the values
+    from that start to the end, and returns the earliest start whose fitted growth factor
+    exceeds `rate_limit` and over which the value grew more than `min_total` times. All
+    fits come from suffix sums in one vectorised pass, so a run of thousands of steps
+    costs what a handful of `polyfit` calls would.
+    """
+    values, steps = np.asarray(values, dtype=np.float64), np.asarray(steps, dtype=np.float64)
+    ok = np.isfinite(values) & (values > 0)
+    values, steps = values[ok], steps[ok]
+    if len(values) < max(min_steps, 2):
+        return None
+    x = steps - steps.mean()  # a shift leaves every slope as it is and keeps the sums small
+    y = np.log(values)
+
+    def suffix(a):
+        return np.cumsum(a[::-1])[::-1]
+
+    count, sx, sy, sxx, sxy = suffix(np.ones_like(x)), suffix(x), suffix(y), suffix(x * x), suffix(x * y)
+    starts = np.arange(0, len(values) - min_steps + 1)
+    denominator = count[starts] * sxx[starts] - sx[starts] ** 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        slope = (count[starts] * sxy[starts] - sx[starts] * sy[starts]) / denominator
+    rate = np.exp(np.clip(slope, -700, 700))
+    total = values[-1] / values[starts]
+    hits = np.flatnonzero((denominator > 0) & (rate > rate_limit) & (total > min_total))
+    if not len(hits):
+        return None
+    start = starts[hits[0]]
+    return float(rate[hits[0]]), int(steps[start])
+
