@@ -95,19 +95,24 @@ def run_experiment(session, change, steps=None, stop_at_nonfinite=True, on_step=
     engine = session.instrumented_step(change.optimizer_overrides, change.grad_transform, model=model,
                                        loss_scaling=change.loss_scaling)
     records, first_bad = [], None
-    for step in range(steps or session.spec.train.steps):
+    runner, step, total = session.chunk_runner(engine), 0, steps or session.spec.train.steps
+    while step < total and not (stop_at_nonfinite and first_bad is not None):
         interrupt.check()
-        x, y = session.batch(step)
-        if fingerprint:
-            crc = zlib.crc32(y.tobytes(), zlib.crc32(x.tobytes(), crc))
-        record = engine.run(step, x, y)
-        records.append(record)
-        if on_step is not None:
-            on_step(record)
-        if record.phase is not None:
-            first_bad = step if first_bad is None else first_bad
-            if stop_at_nonfinite:
-                break
+        done, error = session.next_records(engine, runner, step, total, first_bad is None)
+        for record in done:
+            if fingerprint:
+                x, y = session.batch(record.step)
+                crc = zlib.crc32(y.tobytes(), zlib.crc32(x.tobytes(), crc))
+            records.append(record)
+            if on_step is not None:
+                on_step(record)
+            if record.phase is not None and first_bad is None:
+                first_bad = record.step
+                if stop_at_nonfinite:
+                    break
+        if error is not None:
+            raise error
+        step += len(done)
     finite_losses = [r.loss for r in records if r.phase is None and math.isfinite(r.loss)]
     val_loss = session.evaluate(engine) if first_bad is None and records else None
     return ExperimentResult(

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from nanscope.data.batches import BatchOrder, batch
 from nanscope.data.sources import LoadedData, load_data, split_validation
-from nanscope.engine.chunk import ChunkRunner, fits_on_device
+from nanscope.engine.chunk import CHUNK_STEPS, ChunkFailure, ChunkRunner, fits_on_device
 from nanscope.engine.step import InstrumentedStep, build_model, is_loss_scale_optimizer
 from nanscope.errors import SpecError
 from nanscope.models import LoadedModel, load_model
@@ -81,6 +81,24 @@ class Session:
             optimizer = build_optimizer(self.spec, model, optimizer_overrides)
         x, y = self.batch(0)
         return DistributedStep(self.strategy, model, self.loss, optimizer, x, y, grad_transform=grad_transform)
+
+    def next_records(self, engine, runner, step, total, stop_on_nonfinite):
+        """(records, None) of the next step, or of the next chunk of steps when `runner` is set.
+
+        When a TensorFlow op fails inside a step, returns the records of the steps
+        finished before it and the error instead of raising.
+        """
+        if runner is None:
+            x, y = self.batch(step)
+            try:
+                return [engine.run(step, x, y)], None
+            except Exception as exc:
+                return [], exc
+        steps = self.order.uniform_run(step, min(total, step + CHUNK_STEPS))
+        try:
+            return runner.run(step, [self.order.indices(s) for s in steps], stop_on_nonfinite), None
+        except ChunkFailure as failure:
+            return failure.records, failure.error
 
     def chunk_runner(self, engine):
         """A ChunkRunner for `engine` when the training arrays fit on the device, else None (one call per step)."""

@@ -15,7 +15,6 @@ from typing import Optional
 import numpy as np
 
 from nanscope import interrupt
-from nanscope.engine.chunk import CHUNK_STEPS, ChunkFailure
 from nanscope.engine.records import expected_layer_indices, first_nonfinite_replica
 from nanscope.engine.step import step_failure
 from nanscope.jsonio import jsonable
@@ -119,7 +118,7 @@ def _run_step_loop(session, engine, report, writer, options, expected, board):
     step, total = 0, session.spec.train.steps
     while step < total:
         interrupt.check()
-        records, failure = _next_records(session, engine, runner, step, total, report.first_nonfinite is None)
+        records, failure = session.next_records(engine, runner, step, total, report.first_nonfinite is None)
         for record in records:
             record.expected_nonfinite = list(expected)
             # The trace line first: a signal landing between these two lines must not leave a step out of the trace.
@@ -137,25 +136,6 @@ def _run_step_loop(session, engine, report, writer, options, expected, board):
         step += len(records)
         if failure is not None:
             _raise_step_failure(failure, step, session.spec, writer)
-
-
-def _next_records(session, engine, runner, step, total, stop_on_nonfinite):
-    """(records, None) of the next step, or of the next chunk of steps when the data lives on the device.
-
-    When a TensorFlow op fails inside a step, returns the records of the steps finished
-    before it and the error.
-    """
-    if runner is None:
-        x, y = session.batch(step)
-        try:
-            return [engine.run(step, x, y)], None
-        except Exception as exc:
-            return [], exc
-    steps = session.order.uniform_run(step, min(total, step + CHUNK_STEPS))
-    try:
-        return runner.run(step, [session.order.indices(s) for s in steps], stop_on_nonfinite), None
-    except ChunkFailure as failure:
-        return failure.records, failure.error
 
 
 def _raise_step_failure(exc, step, spec, writer):
