@@ -15,16 +15,11 @@ non-finite values its batch, its outputs and its own gradients held.
 
 import numpy as np
 
-from nanscope.engine.flat import Snapshot, any_nonfinite_count
-from nanscope.engine.probes import LayerRecorder
+from nanscope.engine.flat import any_nonfinite_count
 from nanscope.engine.records import StepRecord
 from nanscope.engine.step import (
     InstrumentedStep,
-    LayerInfo,
-    build_model,
     layer_loss_terms,
-    probed_layers,
-    relative_variable_names,
 )
 from nanscope.runtime import tensorflow
 
@@ -65,33 +60,13 @@ class DistributedStep(InstrumentedStep):
     chunkable = False
 
     def __init__(self, strategy, model, loss, optimizer, sample_x, sample_y, grad_transform=None):
-        tf, _ = tensorflow()
         self.strategy = strategy
         self.replicas = strategy.num_replicas_in_sync
-        self.model, self.loss, self.optimizer = model, loss, optimizer
-        self.jit_compile = False
-        self.grad_transform = grad_transform
-        build_model(model, sample_x)
-        self.layers = probed_layers(model.keras_model)
-        self.layer_info = [
-            LayerInfo(layer.name, type(layer).__name__, str(getattr(layer, "compute_dtype", "float32")))
-            for layer in self.layers
-        ]
-        self.loss_scaled = False
-        keras_model = model.keras_model
-        self.trainable = list(keras_model.trainable_variables if keras_model is not None else model.trainable_variables)
-        self.variable_names = relative_variable_names(self.trainable, keras_model)
-        with strategy.scope():
-            self.optimizer.build(self.trainable)
-            self._snapshot = Snapshot(self._model_state())
         self._loss_unscale = float(self.replicas) if divides_by_replicas(loss.fn) else 1.0
-        self._recorder = LayerRecorder(self.layers)
-        x_spec = tf.TensorSpec([None, *sample_x.shape[1:]], tf.as_dtype(sample_x.dtype))
-        y_spec = tf.TensorSpec([None, *sample_y.shape[1:]], tf.as_dtype(sample_y.dtype))
-        self._compiled = tf.function(self._step, input_signature=[x_spec, y_spec], autograph=False)
-        with self._recorder.attached():
-            self._concrete = self._compiled.get_concrete_function()
-        self.layer_call_order = [self.layer_info[i].name for i in self._recorder.call_order]
+        # The optimizer's slots and the snapshot must be mirrored variables.
+        with strategy.scope():
+            super().__init__(model, loss, optimizer, sample_x, sample_y, jit_compile=False,
+                             grad_transform=grad_transform)
 
     def _step(self, x, y):
         tf, _ = tensorflow()
@@ -133,7 +108,7 @@ class DistributedStep(InstrumentedStep):
 
     def run(self, step, x, y):
         """Run one train step on a batch split over the replicas and return its StepRecord."""
-        scalars, layer_stats, layer_terms, var_stats, counts = (t.numpy() for t in self._concrete(x, y))
+        scalars, layer_stats, layer_terms, var_stats, counts = (t.numpy() for t in self._traced()(x, y))
         return combine_replicas(step, len(x), scalars, layer_stats, layer_terms, var_stats, counts)
 
 

@@ -102,6 +102,7 @@ class LayerRecorder:
         self.layers = list(layers)
         self._rows = {}
         self.call_order = []
+        self.traced = False  # set once a step function has been traced with the probes attached
         self._graph = None
         self._thread = threading.local()
 
@@ -115,6 +116,7 @@ class LayerRecorder:
                 saved.append((layer, layer.__dict__.get("call")))
                 object.__setattr__(layer, "call", self._wrap(index, layer.call))
             yield self
+            self.traced = True
         finally:
             for layer, previous in saved:
                 if previous is None:

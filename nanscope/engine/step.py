@@ -95,9 +95,21 @@ class InstrumentedStep:
         x_spec = tf.TensorSpec([None, *sample_x.shape[1:]], tf.as_dtype(sample_x.dtype))
         y_spec = tf.TensorSpec([None, *sample_y.shape[1:]], tf.as_dtype(sample_y.dtype))
         self._compiled = tf.function(self._step, input_signature=[x_spec, y_spec], jit_compile=jit_compile, autograph=False)
-        with self._recorder.attached():
-            self._concrete = self._compiled.get_concrete_function()
-        self.layer_call_order = [self.layer_info[i].name for i in self._recorder.call_order]
+        self._concrete = None  # traced on first use: a chunked run never calls the single step
+
+    @property
+    def layer_call_order(self):
+        """Probed layer names in execution order, as seen when a step was traced."""
+        if not self._recorder.traced:
+            self._traced()
+        return [self.layer_info[i].name for i in self._recorder.call_order]
+
+    def _traced(self):
+        """The single-step concrete function, traced (with the layer probes attached) on first use."""
+        if self._concrete is None:
+            with self._recorder.attached():
+                self._concrete = self._compiled.get_concrete_function()
+        return self._concrete
 
     def _model_state(self):
         if self.model.keras_model is None:
@@ -160,7 +172,7 @@ class InstrumentedStep:
 
     def run(self, step, x, y):
         """Run one train step on a batch and return its StepRecord."""
-        scalars, layer_stats, layer_terms, var_stats = self._concrete(x, y)
+        scalars, layer_stats, layer_terms, var_stats = self._traced()(x, y)
         return StepRecord.from_arrays(step, len(x), scalars.numpy(), layer_stats.numpy(), layer_terms.numpy(), var_stats.numpy())
 
     def restore_before_step(self):
