@@ -56,7 +56,10 @@ def run_command(body):
     except KeyboardInterrupt:
         typer.echo("nanscope: interrupted", err=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
-    raise typer.Exit(EXIT_INTERRUPTED if interrupt.requested() else code or 0)
+    if code == EXIT_INTERRUPTED or interrupt.requested():
+        typer.echo("nanscope: interrupted; the report covers the work done before the signal", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED)
+    raise typer.Exit(code or 0)
 
 
 def one_line(exc):
@@ -117,11 +120,12 @@ def trace_steps(
         options = TraceOptions(trace_path=trace, keep_going=keep_going, save_repro=save_repro, verify=verify,
                                tensorboard=tensorboard, plot=plot, unsafe=unsafe)
         report = run_trace(run_spec, options)
-        render_trace_report(report, _console(json_out))
-        if json_out:
-            from nanscope.jsonio import write_json
+        with interrupt.deferred():  # a second Ctrl-C must not cut the report short
+            render_trace_report(report, _console(json_out))
+            if json_out:
+                from nanscope.jsonio import write_json
 
-            write_json(json_out, report.to_json())
+                write_json(json_out, report.to_json())
         return report.exit_code(strict=strict)
 
     run_command(body)
@@ -224,13 +228,14 @@ def compare_clipping(
         run_spec = apply_overrides(load_spec(spec), steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed)
         with clipping_progress() as on_progress:
             report = run_comparison(run_spec, chosen, on_progress=on_progress)
-        render_clipping_report(report, _console(json_out))
-        if plot is not None:
-            plot_losses(report, plot)
-        if json_out:
-            from nanscope.jsonio import write_json
+        with interrupt.deferred():  # a second Ctrl-C must not cut the report short
+            render_clipping_report(report, _console(json_out))
+            if plot is not None:
+                plot_losses(report, plot)
+            if json_out:
+                from nanscope.jsonio import write_json
 
-            write_json(json_out, report.to_json())
+                write_json(json_out, report.to_json())
         return report.exit_code()
 
     run_command(body)

@@ -6,10 +6,12 @@ printed and dropped, and the run would go on. The handler therefore also sets a
 flag, and every training loop checks it between steps.
 """
 
+import contextlib
 import signal
 import sys
 
 _requested = False
+_deferring = False
 _default_unraisable = sys.unraisablehook
 
 
@@ -31,10 +33,23 @@ def _quiet_unraisable(info):
 
 
 def request(signum=None, frame=None):
-    """Remember the stop request and raise KeyboardInterrupt."""
+    """Remember the stop request; raise KeyboardInterrupt unless one was raised already or raising is deferred."""
     global _requested
+    first = not _requested
     _requested = True
-    raise KeyboardInterrupt
+    if first and not _deferring:
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def deferred():
+    """Finish the block (writing the report) even if a signal arrives; the request is still remembered."""
+    global _deferring
+    previous, _deferring = _deferring, True
+    try:
+        yield
+    finally:
+        _deferring = previous
 
 
 def requested():

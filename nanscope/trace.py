@@ -62,6 +62,7 @@ def run_trace(spec, options=None):
     options = options or TraceOptions()
     session = open_session(spec, unsafe=options.unsafe)
     engine = session.instrumented_step()
+    runner = session.chunk_runner(engine)  # traced first, so the layer order below needs no second trace
     report = TraceReport(
         run=describe_run(session, engine),
         layers=[(info.name, info.cls) for info in engine.layer_info],
@@ -73,11 +74,13 @@ def run_trace(spec, options=None):
     report.notes.extend(session.model.notes + run_notes(spec))
     with TraceWriter(report.trace_path, report.trace_header()) as writer:
         try:
-            _run_steps(session, engine, report, writer, options)
+            _run_steps(session, engine, runner, report, writer, options)
         except KeyboardInterrupt:
             report.interrupted = True
-        _finish(session, engine, report, options)
-        writer.write({"kind": "summary", **_summary_json(report)})
+        with interrupt.deferred():
+            report.interrupted = report.interrupted or interrupt.requested()
+            _finish(session, engine, report, options)
+            writer.write({"kind": "summary", **_summary_json(report)})
     if options.plot is not None:
         from nanscope.plotting import plot_trace
 
@@ -85,12 +88,12 @@ def run_trace(spec, options=None):
     return report
 
 
-def _run_steps(session, engine, report, writer, options):
+def _run_steps(session, engine, runner, report, writer, options):
     expected = expected_layer_indices(session.spec.train.expect_nonfinite, [info.name for info in engine.layer_info])
     report.notes.extend(_expected_notes(session.spec.train.expect_nonfinite, engine, expected))
     board = _open_board(options.tensorboard, report)
     try:
-        _run_step_loop(session, engine, report, writer, options, expected, board)
+        _run_step_loop(session, engine, runner, report, writer, options, expected, board)
     finally:
         if board is not None:
             board.close()
@@ -113,8 +116,7 @@ def _expected_notes(patterns, engine, expected):
     return [f"non-finite outputs of {', '.join(names)} are expected (train.expect_nonfinite) and not counted"]
 
 
-def _run_step_loop(session, engine, report, writer, options, expected, board):
-    runner = session.chunk_runner(engine)
+def _run_step_loop(session, engine, runner, report, writer, options, expected, board):
     step, total = 0, session.spec.train.steps
     while step < total:
         interrupt.check()
@@ -159,7 +161,11 @@ def _finish(session, engine, report, options=None):
     if options is not None and options.verify and report.records and not report.interrupted:
         from nanscope.verify import verify_recommendations
 
-        verify_recommendations(session, report)
+        try:
+            verify_recommendations(session, report)
+        except KeyboardInterrupt:
+            report.interrupted = True
+            report.notes.append("--verify was interrupted: recommendations not yet re-run stay unverified")
 
 
 def locate_first_nonfinite(record, engine, session, x, y, options=None):

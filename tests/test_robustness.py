@@ -124,16 +124,19 @@ def test_kill_9_keeps_every_completed_step_and_report_redraws_without_tensorflow
     assert any("summary" in note for note in document["notes"])
 
 
-def test_sigint_during_compare_clipping_exits_130(tmp_path):
+def test_sigint_during_compare_clipping_exits_130_and_reports_what_finished(tmp_path):
+    out = tmp_path / "r.json"
     process = subprocess.Popen([sys.executable, "-m", "nanscope", "compare-clipping", str(long_run_spec(tmp_path)),
-                                "--strategies", "none,clipnorm=1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, cwd=tmp_path)
+                                "--strategies", "none,clipnorm=1", "--json", str(out)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     wait_until_training(process)
     assert process.poll() is None, process.communicate()
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr and "interrupted" in stderr
+    document = json.loads(out.read_text())
+    assert document["interrupted"] is True and any("interrupted" in note for note in document["notes"])
 
 
 # --- atomic output files -------------------------------------------------------------------------------

@@ -14,6 +14,8 @@ from nanscope.clipping.effect import OptimizerCheck, StepEffect, clip_overrides,
 from nanscope.clipping.strategies import Strategy, parse_strategies
 from nanscope.clipping.thresholds import derive_thresholds
 from nanscope.clipping.transforms import ClipMonitor
+from nanscope import interrupt
+from nanscope.errors import EXIT_INTERRUPTED
 from nanscope.experiment import Change, run_experiment
 from nanscope.session import open_session
 
@@ -62,9 +64,12 @@ class ClippingReport:
     recommendations: list = field(default_factory=list)
     diagnosis: Optional[str] = None
     notes: list = field(default_factory=list)
+    interrupted: bool = False
 
     def exit_code(self):
-        """0 when a strategy is recommended, 1 when none is."""
+        """0 when a strategy is recommended, 1 when none is, 130 when a signal cut the comparison short."""
+        if self.interrupted:
+            return EXIT_INTERRUPTED
         return 0 if self.recommended is not None else 1
 
     def to_json(self):
@@ -97,13 +102,19 @@ def compare_clipping(spec, strategies=None, steps=None, on_progress=None, unsafe
     session = open_session(spec, unsafe=unsafe)
     ordered, notes = _unclipped_first(strategies)
     progress = _Progress(on_progress, steps * len(ordered))
-    runs, thresholds = [], {}
-    for strategy in ordered:
-        if strategy.kind != "none" and strategy.threshold is None:
-            thresholds = derive_thresholds(ordered, runs[0].result, _learning_rate(spec), session.model.param_count)
-        runs.append(_run_strategy(session, strategy, steps, progress))
-    report = ClippingReport(run=_describe(session, steps), runs=runs, thresholds=thresholds, notes=notes)
-    decide(report)
+    runs, thresholds, interrupted = [], {}, False
+    try:
+        for strategy in ordered:
+            if strategy.kind != "none" and strategy.threshold is None:
+                thresholds = derive_thresholds(ordered, runs[0].result, _learning_rate(spec), session.model.param_count)
+            runs.append(_run_strategy(session, strategy, steps, progress))
+    except KeyboardInterrupt:
+        interrupted = True
+        notes.append(f"interrupted: {len(runs)} of {len(ordered)} strategies finished; the verdict covers those")
+    report = ClippingReport(run=_describe(session, steps), runs=runs, thresholds=thresholds, notes=notes,
+                            interrupted=interrupted)
+    with interrupt.deferred():
+        decide(report)
     return report
 
 

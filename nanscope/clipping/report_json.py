@@ -15,6 +15,7 @@ def clipping_json(report):
         "recommended": report.recommended,
         "recommendations": report.recommendations,
         "diagnosis": report.diagnosis,
+        "interrupted": report.interrupted,
         "notes": report.notes,
     })
 

@@ -19,7 +19,7 @@ def decide(report):
     ranked = sorted((run for run in report.runs if _qualifies(run)), key=_score)
     report.recommendations = [_recommendation(run, report, rank) for rank, run in enumerate(ranked)]
     report.recommended = ranked[0].strategy.name if ranked else None
-    if not ranked:
+    if not ranked and not report.interrupted:
         report.diagnosis = _why_nothing_helps(report)
 
 

@@ -48,11 +48,12 @@ class ChunkRunner:
         self._buffers = [tf.Variable(tf.zeros([CHUNK_STEPS, *shape]), trainable=False, name="nanscope_chunk")
                          for shape in self._output_shapes()]
         self._done = tf.Variable(0, trainable=False, name="nanscope_chunk_done")
-        self._compiled = tf.function(
+        compiled = tf.function(
             self._chunk, input_signature=[tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([], tf.bool)],
             jit_compile=engine.jit_compile, autograph=False,
         )
-        self._concrete = None
+        with engine._recorder.attached():
+            self._concrete = compiled.get_concrete_function()
 
     def run(self, first_step, index_rows, stop_on_nonfinite):
         """StepRecords of the steps run: all of `index_rows` (equal-length batches, at most CHUNK_STEPS), or up to
@@ -62,9 +63,6 @@ class ChunkRunner:
             ChunkFailure: an op failed inside a step; it carries the records of the steps finished before it.
         """
         tf, _ = tensorflow()
-        if self._concrete is None:
-            with self.engine._recorder.attached():
-                self._concrete = self._compiled.get_concrete_function()
         indices = np.stack(index_rows).astype(np.int32)
         try:
             self._concrete(indices, stop_on_nonfinite)
