@@ -80,3 +80,10 @@ def not_a_model(features=4):
 
 def raises(features=4):
     raise RuntimeError("factory exploded")
+
+
+def dead_relu(features=4):
+    """Dense(zeros, relu) -> Dense: the hidden layer's gradients are exactly 0 (relu'(0) = 0)."""
+    return keras.Sequential([keras.Input((features,)),
+                             keras.layers.Dense(3, activation="relu", kernel_initializer="zeros", name="hidden"),
+                             keras.layers.Dense(1, name="out")])
