@@ -55,13 +55,6 @@ def encode_float(value):
     return value
 
 
-def decode_float(value):
-    """Inverse of `encode_float`; None stays None."""
-    if isinstance(value, str):
-        return float(value)
-    return value
-
-
 def dumps(value, indent=2):
     return json.dumps(jsonable(value), indent=indent, allow_nan=False)
 

@@ -8,7 +8,6 @@ hundred batches, so the data is held in memory; `check-data` streams instead.
 
 import csv
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -247,9 +246,3 @@ def split_validation(loaded, fraction):
         return LoadedData(loaded.x[sl], loaded.y[sl], loaded.description, loaded.feature_names, loaded.target_names)
 
     return part(slice(0, cut)), part(slice(cut, None))
-
-
-def is_file_source(path):
-    """True when `path` names a data file nanscope can read directly."""
-    return Path(path).suffix.lower() in {".npz", ".npy", ".csv", ".tfrecord", ".tfrecords"}
-

@@ -10,7 +10,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-import numpy as np
 
 PHASES = ("data", "forward", "loss", "backward", "update")
 
@@ -169,22 +168,9 @@ def expected_layer_indices(patterns, layer_names):
     return [i for i, name in enumerate(layer_names) if any(fnmatch.fnmatchcase(name, p) for p in patterns or ())]
 
 
-def first_nonfinite_layer(record, layer_order):
-    """Index of the first layer, in execution order, whose output held non-finite values."""
-    for index in layer_order:
-        if record.layers[index].nonfinite and index not in record.expected_nonfinite:
-            return index
-    return None
-
-
 def first_nonfinite_replica(record):
     """The lowest replica id whose batch, outputs or gradients held a non-finite value; None on one device."""
     return next((replica for replica, count in enumerate(record.replica_nonfinite) if count), None)
-
-
-def series(records, attribute):
-    """One attribute of every record, as a float64 array."""
-    return np.array([getattr(r, attribute) for r in records], dtype=np.float64)
 
 
 def record_from_dict(line):
