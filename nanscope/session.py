@@ -100,11 +100,14 @@ class Session:
         except ChunkFailure as failure:
             return failure.records, failure.error
 
-    def chunk_runner(self, engine):
-        """A ChunkRunner for `engine` when the training arrays fit on the device, else None (one call per step)."""
+    def chunk_runner(self, engine, expected=()):
+        """A ChunkRunner for `engine` when the training arrays fit on the device, else None (one call per step).
+
+        `expected`: indices of layers whose non-finite outputs are intended; they do not end a chunk.
+        """
         if not getattr(engine, "chunkable", False) or not fits_on_device(self.train.x, self.train.y):
             return None
-        return ChunkRunner(engine, self.train.x, self.train.y)
+        return ChunkRunner(engine, self.train.x, self.train.y, expected)
 
     def reset_weights(self, model=None):
         """Put the model's variables back to their initial values (same seed, same start)."""

@@ -62,7 +62,8 @@ def run_trace(spec, options=None):
     options = options or TraceOptions()
     session = open_session(spec, unsafe=options.unsafe)
     engine = session.instrumented_step()
-    runner = session.chunk_runner(engine)  # traced first, so the layer order below needs no second trace
+    expected = expected_layer_indices(spec.train.expect_nonfinite, [info.name for info in engine.layer_info])
+    runner = session.chunk_runner(engine, expected)  # traced first, so the layer order below needs no second trace
     report = TraceReport(
         run=describe_run(session, engine),
         layers=[(info.name, info.cls) for info in engine.layer_info],
@@ -74,7 +75,7 @@ def run_trace(spec, options=None):
     report.notes.extend(session.model.notes + run_notes(spec))
     with TraceWriter(report.trace_path, report.trace_header()) as writer:
         try:
-            _run_steps(session, engine, runner, report, writer, options)
+            _run_steps(session, engine, runner, report, writer, options, expected)
         except KeyboardInterrupt:
             report.interrupted = True
         with interrupt.deferred():
@@ -88,8 +89,7 @@ def run_trace(spec, options=None):
     return report
 
 
-def _run_steps(session, engine, runner, report, writer, options):
-    expected = expected_layer_indices(session.spec.train.expect_nonfinite, [info.name for info in engine.layer_info])
+def _run_steps(session, engine, runner, report, writer, options, expected):
     report.notes.extend(_expected_notes(session.spec.train.expect_nonfinite, engine, expected))
     board = _open_board(options.tensorboard, report)
     try:

@@ -35,15 +35,18 @@ class ChunkRunner:
     Args:
         engine: InstrumentedStep.
         x, y: np.ndarray. The training arrays the batch indices refer to.
+        expected: list of int, default (). Layers whose non-finite outputs are intended
+            (`train.expect_nonfinite`): they alone do not end a chunk.
 
     Example:
         runner = ChunkRunner(engine, train.x, train.y)
         records = runner.run(0, [order.indices(s) for s in range(32)], stop_on_nonfinite=True)
     """
 
-    def __init__(self, engine, x, y):
+    def __init__(self, engine, x, y, expected=()):
         tf, _ = tensorflow()
         self.engine = engine
+        self._watched = tf.constant([0.0 if i in set(expected) else 1.0 for i in range(len(engine.layers))])
         self._x, self._y = tf.constant(x), tf.constant(y)
         self._buffers = [tf.Variable(tf.zeros([CHUNK_STEPS, *shape]), trainable=False, name="nanscope_chunk")
                          for shape in self._output_shapes()]
@@ -94,7 +97,7 @@ class ChunkRunner:
             tf.cond(i > 0, lambda: self._store(i - 1, previous), tf.no_op)
             x, y = tf.gather(self._x, indices[i]), tf.gather(self._y, indices[i])
             outputs = self.engine._step(x, y)
-            return (i + 1, _suspicious(*outputs), *outputs)
+            return (i + 1, _suspicious(*outputs, self._watched), *outputs)
 
         count, _, *last = tf.while_loop(keep_going, body, (tf.constant(0), tf.constant(False), *empty))
         tf.cond(count > 0, lambda: self._store(count - 1, last), tf.no_op)
@@ -125,13 +128,13 @@ class ChunkFailure(Exception):
         self.records, self.error = records, error
 
 
-def _suspicious(scalars, layer_stats, terms, variables):
-    """True when a step shows any non-finite count or value; the host then decides what it means.
+def _suspicious(scalars, layer_stats, terms, variables, watched):
+    """True when a step shows any non-finite count or value outside the expected layers; the host decides the rest.
 
-    Conservative on purpose: an expected -inf layer (`expect_nonfinite`) or an update a
-    LossScaleOptimizer skipped also ends the chunk, and the host carries on after it.
+    Conservative on purpose: a model output made non-finite by an expected layer, or an
+    update a LossScaleOptimizer skipped, also ends the chunk, and the host carries on.
     """
     tf, _ = tensorflow()
-    counts = tf.concat([scalars[2:6], scalars[7:9], layer_stats[:, 2]], axis=0)
+    counts = tf.concat([scalars[2:6], scalars[7:9], layer_stats[:, 2] * watched], axis=0)
     values = tf.stack([scalars[0], scalars[6]])
     return tf.logical_or(tf.reduce_any(counts > 0), tf.logical_not(tf.reduce_all(tf.math.is_finite(values))))
