@@ -116,6 +116,20 @@ def build_optimizer(spec, loaded_model, overrides=None):
         ) from exc
 
 
+SHOWN_OPTIMIZER_SETTINGS = ("learning_rate", "momentum", "beta_1", "beta_2", "epsilon", "clipnorm", "global_clipnorm",
+                            "clipvalue")
+
+
+def optimizer_settings(optimizer):
+    """(class name, the settings a report shows) of an optimizer, looking through a LossScaleOptimizer."""
+    if optimizer is None:
+        return None, {}
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    config = inner.get_config()
+    shown = {k: config[k] for k in SHOWN_OPTIMIZER_SETTINGS if config.get(k) is not None}
+    return type(inner).__name__, {k: float(v) if isinstance(v, (int, float)) else v for k, v in shown.items()}
+
+
 def _optimizer_class(keras, name):
     known = {cls.lower(): cls for cls in dir(keras.optimizers) if cls[:1].isupper()}
     return known.get(name.lower().replace("_", ""), name)

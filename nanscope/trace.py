@@ -18,6 +18,7 @@ from nanscope import interrupt
 from nanscope.engine.records import expected_layer_indices, first_nonfinite_replica
 from nanscope.engine.step import step_failure
 from nanscope.jsonio import jsonable
+from nanscope.objectives import optimizer_settings
 from nanscope.report import FirstNonfinite, TraceReport
 from nanscope.rules.diagnose import diagnose
 from nanscope.session import open_session
@@ -241,10 +242,7 @@ def describe_bad_batch(x, y, rows, data):
 def describe_run(session, engine):
     """The run header: what was run, for the report and the trace."""
     spec = session.spec
-    optimizer = getattr(engine.optimizer, "inner_optimizer", engine.optimizer)  # through a LossScaleOptimizer
-    config = optimizer.get_config()
-    shown = {k: config[k] for k in ("learning_rate", "momentum", "beta_1", "beta_2", "epsilon", "clipnorm",
-                                     "global_clipnorm", "clipvalue") if config.get(k) is not None}
+    optimizer_name, optimizer_config = optimizer_settings(engine.optimizer)
     return {
         "spec": spec.source,
         "model": session.model.description,
@@ -257,8 +255,8 @@ def describe_run(session, engine):
         "batch_size": spec.data.batch_size,
         "shuffle": spec.data.shuffle,
         "loss": session.loss.name,
-        "optimizer": type(optimizer).__name__,
-        "optimizer_config": {k: float(v) if isinstance(v, (int, float)) else v for k, v in shown.items()},
+        "optimizer": optimizer_name,
+        "optimizer_config": optimizer_config,
         "steps_requested": spec.train.steps,
         "seed": spec.train.seed,
         "jit_compile": spec.train.jit_compile,

@@ -1,6 +1,7 @@
 """The host side of NanScope: records as they arrive, the first non-finite step, the report."""
 
-from nanscope.engine.records import expected_layer_indices, first_nonfinite_replica
+from nanscope.engine.records import expected_layer_indices
+from nanscope.objectives import optimizer_settings, first_nonfinite_replica
 from nanscope.report import FirstNonfinite, TraceReport
 
 
@@ -156,10 +157,7 @@ class _ModelView:
 
 def describe_fit(model, params, probe):
     """The run header of a `fit` run, with the fields trace-steps' header has where they are known."""
-    optimizer = model.optimizer
-    config = optimizer.get_config() if optimizer is not None else {}
-    shown = {k: config[k] for k in ("learning_rate", "momentum", "beta_1", "beta_2", "epsilon", "clipnorm",
-                                     "global_clipnorm", "clipvalue") if config.get(k) is not None}
+    optimizer_name, optimizer_config = optimizer_settings(model.optimizer)
     epochs, steps = params.get("epochs"), params.get("steps")
     return {
         "spec": "model.fit (nanscope.keras.NanScope)",
@@ -172,8 +170,8 @@ def describe_fit(model, params, probe):
         "batch_size": None,
         "shuffle": None,
         "loss": _loss_name(getattr(model, "loss", None)),
-        "optimizer": type(optimizer).__name__ if optimizer is not None else None,
-        "optimizer_config": {k: float(v) if isinstance(v, (int, float)) else v for k, v in shown.items()},
+        "optimizer": optimizer_name,
+        "optimizer_config": optimizer_config,
         "steps_requested": epochs * steps if epochs and steps else None,
         "seed": None,
         "jit_compile": bool(model.jit_compile),
