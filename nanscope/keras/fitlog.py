@@ -1,7 +1,7 @@
 """The host side of NanScope: records as they arrive, the first non-finite step, the report."""
 
-from nanscope.engine.records import expected_layer_indices
-from nanscope.objectives import optimizer_settings, first_nonfinite_replica
+from nanscope.engine.records import expected_layer_indices, first_nonfinite_replica
+from nanscope.objectives import optimizer_settings
 from nanscope.report import FirstNonfinite, TraceReport
 
 
