@@ -47,10 +47,18 @@ def changes_for(rec, session, report):
                        {"global_clipnorm": threshold, "clipnorm": None, "clipvalue": None})]
     if rec.id == "optimizer-epsilon" and "epsilon" in _optimizer_arguments(session):
         return [Change(f"epsilon={SAFE_EPSILON:g}", {"epsilon": SAFE_EPSILON}, {"epsilon": SAFE_EPSILON})]
+    if rec.id == "loss-scaling" and _float16_without_loss_scaling(report):
+        return [Change("loss scaling", {"optimizer": "LossScaleOptimizer"}, loss_scaling=True)]
     if rec.id == "bounded-activation":
         model = relu6_model(session.model)
         return [Change("relu->relu6", {"activation": "relu6"}, model=model)] if model is not None else []
     return []
+
+
+def _float16_without_loss_scaling(report):
+    """True when some layer computes in float16 and the run's optimizer does not scale the loss."""
+    dtypes = (report.run.get("layer_dtypes") or {}).values()
+    return "float16" in dtypes and not report.run.get("loss_scaling")
 
 
 def _optimizer_arguments(session):

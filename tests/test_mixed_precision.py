@@ -10,7 +10,7 @@ tf, keras = tensorflow()
 SPECS = Path(__file__).parent / "specs"
 
 
-def run(tmp_path, factory, steps=6, scale=1.0, policy="mixed_float16"):
+def run(tmp_path, factory, steps=6, scale=1.0, policy="mixed_float16", verify=False):
     document = {
         "model": {"factory": f"{SPECS / 'precision_models.py'}:{factory}"},
         "data": {"factory": f"{SPECS / 'data_factories.py'}:arrays", "batch_size": 16, "shuffle": False},
@@ -20,7 +20,7 @@ def run(tmp_path, factory, steps=6, scale=1.0, policy="mixed_float16"):
     if scale != 1.0:
         document["data"]["args"] = {"scale": scale}
     spec = parse_spec(document, source=str(tmp_path / "spec.yaml"))
-    return run_trace(spec, TraceOptions(trace_path=tmp_path / "t.jsonl", keep_going=True))
+    return run_trace(spec, TraceOptions(trace_path=tmp_path / "t.jsonl", keep_going=not verify, verify=verify))
 
 
 def test_float16_run_reports_dtypes_and_loss_scale_and_restores_the_policy(tmp_path):
@@ -56,3 +56,12 @@ def test_collapsed_loss_scale_is_an_error_finding(tmp_path):
     top = report.recommendations[0]
     assert top.id == "loss-scaling" and top.severity == "error" and "skipped 12 of the last 12" in top.evidence[0]
     assert report.status == "warning"
+
+
+def test_verify_tries_loss_scaling_on_float16_layers_that_lack_it(tmp_path):
+    report = run(tmp_path, "float16_layers", scale=1e5, policy=None, verify=True)
+    assert report.run["loss_scaling"] is False and report.run["layer_dtypes"]["hidden"] == "float16"
+    rec = next(r for r in report.recommendations if r.id == "loss-scaling")
+    assert [row["fix"] for row in rec.verification] == ["loss scaling"]
+    # The overflow is in the forward pass, before any gradient: scaling the loss cannot prevent it.
+    assert rec.verified is False and rec.verification[0]["finite"] is False

@@ -136,6 +136,7 @@ RULES = {
             "A float16 value overflowing (> 65504) or gradients underflowing; a loss scale stuck at its floor.",
             "optimizer = keras.optimizers.LossScaleOptimizer(optimizer)  # dynamic loss scaling\n"
             "# or keep the overflowing layer in float32: keras.layers.Dense(..., dtype='float32')",
+            applicable=True,
         ),
         Rule(
             "optimizer-epsilon",
