@@ -73,3 +73,17 @@ def test_the_clipped_twin_stays_free_of_warnings(tmp_path):
     report = run_trace(spec, TraceOptions(trace_path=tmp_path / "t.jsonl"))
     assert report.status == "healthy"
     assert all(r.severity == "info" for r in report.recommendations)
+
+
+def test_unscaled_targets_come_first_when_the_loss_overflows_at_once(tmp_path):
+    # Targets of 1e20: the squared error overflows float32 on the first step, before any trend exists.
+    report = run_document(tmp_path, "dense", {"name": "sgd", "learning_rate": 0.01}, {"target_scale": 1e20})
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.op) == (0, "loss", "Square")
+    assert ids(report)[0] == "normalize-targets" and report.recommendations[0].severity == "error"
+
+
+def test_unscaled_inputs_rank_among_the_first_two(tmp_path):
+    report = run_document(tmp_path, "dense", {"name": "sgd", "learning_rate": 0.01}, {"scale": 1e37})
+    assert report.first_nonfinite.step == 0
+    assert "normalize-inputs" in ids(report)[:2]

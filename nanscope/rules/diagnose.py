@@ -164,7 +164,8 @@ def _target_scale(report, session, healthy):
     y = session.train.y
     if session.loss.name.lower() not in MSE_LIKE_LOSSES or not np.issubdtype(y.dtype, np.floating):
         return []
-    std, mean = float(np.nanstd(y)), float(np.nanmean(np.abs(y)))
+    with np.errstate(all="ignore"):  # targets so large their variance overflows are exactly the finding
+        std, mean = float(np.nanstd(y.astype(np.float64))), float(np.nanmean(np.abs(y.astype(np.float64))))
     if max(std, mean) <= SCALE_LIMIT:
         return []
     evidence = [f"regression targets have std {std:.3g} and mean |y| {mean:.3g} under {session.loss.name} "

@@ -3,12 +3,12 @@
 import numpy as np
 
 
-def arrays(rows=64, features=4, nan_rows=(), scale=1.0):
+def arrays(rows=64, features=4, nan_rows=(), scale=1.0, target_scale=1.0):
     rng = np.random.default_rng(0)
     x = (scale * rng.standard_normal((rows, features))).astype(np.float32)
     for row in nan_rows:
         x[row, 1] = np.nan
-    y = (x[:, :1] * 2.0 + 1.0).astype(np.float32)
+    y = (target_scale * (x[:, :1] * 2.0 + 1.0)).astype(np.float32)
     return x, np.nan_to_num(y)
 
 
