@@ -87,3 +87,12 @@ def test_unscaled_inputs_rank_among_the_first_two(tmp_path):
     report = run_document(tmp_path, "dense", {"name": "sgd", "learning_rate": 0.01}, {"scale": 1e37})
     assert report.first_nonfinite.step == 0
     assert "normalize-inputs" in ids(report)[:2]
+
+
+def test_weight_constraint_fires_when_a_loss_rewards_ever_larger_weights(tmp_path):
+    loss = f"{SPECS / 'phase_models.py'}:reward_large_outputs"
+    report = run_document(tmp_path, "dense", {"name": "sgd", "learning_rate": 0.5}, steps=40, loss=loss)
+    assert report.first_nonfinite is None and report.status == "warning"
+    assert "weight-constraint" in ids(report)[:2]
+    quiet = run_document(tmp_path, "dense", {"name": "sgd", "learning_rate": 0.01}, steps=40)
+    assert "weight-constraint" not in ids(quiet)

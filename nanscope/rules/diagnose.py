@@ -47,8 +47,9 @@ def diagnose(report, session):
     for detector in (_bad_data, producer_findings, precision_findings, _gradient_growth, _update_ratio,
                      early_findings, _target_scale, _input_scale):
         found.extend(detector(report, session, healthy))
-    # Stable sort: equal scores keep detector order, so the same evidence gives the same order.
-    found.sort(key=lambda pair: -pair[0])
+    # Findings that fired above info come first, then by how directly the evidence implicates
+    # them. Stable sort: equal keys keep detector order, so the same evidence gives the same order.
+    found.sort(key=lambda pair: (pair[1].severity == "info", -pair[0]))
     by_id, ordered = {}, []
     for _, rec in found:
         if rec.id in by_id:

@@ -87,3 +87,8 @@ def dead_relu(features=4):
     return keras.Sequential([keras.Input((features,)),
                              keras.layers.Dense(3, activation="relu", kernel_initializer="zeros", name="hidden"),
                              keras.layers.Dense(1, name="out")])
+
+
+def reward_large_outputs(y_true, y_pred):
+    """A loss with no minimum: it keeps rewarding larger outputs, so the weights grow without bound."""
+    return -ops.mean(y_pred)
