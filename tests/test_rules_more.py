@@ -96,3 +96,14 @@ def test_weight_constraint_fires_when_a_loss_rewards_ever_larger_weights(tmp_pat
     assert "weight-constraint" in ids(report)[:2]
     quiet = run_document(tmp_path, "dense", {"name": "sgd", "learning_rate": 0.01}, steps=40)
     assert "weight-constraint" not in ids(quiet)
+
+
+def test_bounded_activation_ranks_in_the_first_two_when_relu_outputs_grow_geometrically(tmp_path):
+    # Each batch is twice the size of the last and the weights hardly move (lr 1e-12): the relu layer's
+    # outputs double every step. The loss grows too, but not because of the learning rate.
+    report = run_document(tmp_path, "dense", {"name": "sgd", "learning_rate": 1e-12},
+                          {"rows": 320, "growth": 2.0}, steps=20)
+    assert report.first_nonfinite is None and "bounded-activation" in ids(report)[:2]
+    assert "lower-learning-rate" not in ids(report)
+    quiet = run_document(tmp_path, "dense", {"name": "sgd", "learning_rate": 0.01}, {"rows": 320}, steps=20)
+    assert "bounded-activation" not in ids(quiet)

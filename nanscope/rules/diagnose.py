@@ -13,7 +13,7 @@ import numpy as np
 from nanscope.rules.catalogue import recommend
 from nanscope.rules.early import early_findings
 from nanscope.rules.precision import precision_findings
-from nanscope.rules.trends import geometric_growth
+from nanscope.rules.trends import geometric_growth, global_update_ratio
 from nanscope.rules.producer import producer_findings
 
 # A gradient norm that grows by more than 20% per step, sustained over at least
@@ -121,13 +121,6 @@ def _round(value):
         return 1.0
     digits = -int(math.floor(math.log10(value)))
     return round(value, digits)
-
-
-def global_update_ratio(record):
-    """|dw|/|w| over all trainable weights together (small bias vectors alone would dominate a per-variable max)."""
-    weights = math.sqrt(sum(v.weight_norm ** 2 for v in record.variables))
-    updates = math.sqrt(sum((v.update_ratio * v.weight_norm) ** 2 for v in record.variables if math.isfinite(v.update_ratio)))
-    return updates / weights if weights > 0 else 0.0
 
 
 def _update_ratio(report, session, healthy):

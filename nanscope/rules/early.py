@@ -11,7 +11,7 @@ import numpy as np
 
 from nanscope.engine.step import probed_layers
 from nanscope.rules.catalogue import recommend
-from nanscope.rules.trends import geometric_growth
+from nanscope.rules.trends import geometric_growth, global_update_ratio
 
 # A layer output whose square overflows breaks any MSE or L2 norm taken of it:
 # sqrt(float32 max) ~ 1.8e19. float16's range is so small (max 65504) that a
@@ -33,6 +33,9 @@ LOSS_GROWTH_MIN_TOTAL = 100.0
 # All weights' norm ten times its start, and still rising over the last quarter of
 # the run: healthy training moves weights by a fraction of their initial norm.
 WEIGHT_GROWTH_LIMIT = 10.0
+# Below this median |dw|/|w| (a hundredth of the ~1e-3 of healthy training) the weights
+# hardly move, so a growing loss cannot be the learning rate's doing.
+UPDATE_RATIO_NEGLIGIBLE = 1e-5
 RELU_NAMES = {"relu", "leaky_relu", "elu", "linear", "relu6"}
 
 
@@ -44,6 +47,9 @@ def early_findings(report, session, healthy):
 
 
 def _loss_growth(healthy, severity):
+    ratios = [global_update_ratio(r) for r in healthy[1:]]
+    if ratios and float(np.median(ratios)) < UPDATE_RATIO_NEGLIGIBLE:
+        return []  # the weights barely move: the loss grows with the data, not with the learning rate
     found = geometric_growth([r.step for r in healthy], [r.loss for r in healthy], LOSS_GROWTH_RATE, 4,
                              LOSS_GROWTH_MIN_TOTAL)
     if found is None:

@@ -1,5 +1,7 @@
 """Trend fits over the steps of a run: is a quantity growing geometrically, and since when?"""
 
+import math
+
 import numpy as np
 
 
@@ -36,3 +38,10 @@ def geometric_growth(steps, values, rate_limit, min_steps, min_total):
     start = starts[hits[0]]
     return float(rate[hits[0]]), int(steps[start])
 
+
+
+def global_update_ratio(record):
+    """|dw|/|w| over all trainable weights together (small bias vectors alone would dominate a per-variable max)."""
+    weights = math.sqrt(sum(v.weight_norm ** 2 for v in record.variables))
+    updates = math.sqrt(sum((v.update_ratio * v.weight_norm) ** 2 for v in record.variables if math.isfinite(v.update_ratio)))
+    return updates / weights if weights > 0 else 0.0

@@ -3,9 +3,11 @@
 import numpy as np
 
 
-def arrays(rows=64, features=4, nan_rows=(), scale=1.0, target_scale=1.0):
+def arrays(rows=64, features=4, nan_rows=(), scale=1.0, target_scale=1.0, growth=1.0, block=16):
+    """Random regression rows; with `growth`, each block of `block` rows is `growth` times larger than the last."""
     rng = np.random.default_rng(0)
-    x = (scale * rng.standard_normal((rows, features))).astype(np.float32)
+    x = scale * rng.standard_normal((rows, features)) * growth ** (np.arange(rows) // block)[:, None]
+    x = x.astype(np.float32)
     for row in nan_rows:
         x[row, 1] = np.nan
     y = (target_scale * (x[:, :1] * 2.0 + 1.0)).astype(np.float32)
