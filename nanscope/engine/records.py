@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 
-PHASES = ("data", "forward", "loss", "backward", "update")
-
 
 @dataclass
 class LayerStats:

@@ -1,6 +1,7 @@
 """The host side of NanScope: records as they arrive, the first non-finite step, the report."""
 
 from nanscope.engine.records import expected_layer_indices, first_nonfinite_replica
+from nanscope.engine.step import LayerInfo
 from nanscope.objectives import optimizer_settings
 from nanscope.report import FirstNonfinite, TraceReport
 
@@ -122,14 +123,9 @@ class _Layout:
     """The names `trace._attribute_from_record` reads from an engine, taken from a StepProbe."""
 
     def __init__(self, probe):
-        self.layer_info = [_LayerInfo(layer.name, type(layer).__name__) for layer in probe.layers]
+        self.layer_info = [LayerInfo(layer.name, type(layer).__name__) for layer in probe.layers]
         self.layer_call_order = probe.call_order
         self.variable_names = probe.variable_names
-
-
-class _LayerInfo:
-    def __init__(self, name, cls):
-        self.name, self.cls = name, cls
 
 
 class FitEvidence:
