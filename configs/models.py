@@ -23,3 +23,12 @@ def classifier(features=20, units=32, classes=3):
             keras.layers.Dense(classes, activation="softmax"),
         ]
     )
+
+
+def two_heads(features=12, units=32, classes=4):
+    """A shared trunk with two heads: `price` (regression) and `kind` (class logits)."""
+    inputs = keras.Input(shape=(features,), name="features")
+    hidden = keras.layers.Dense(units, activation="relu", name="trunk")(inputs)
+    price = keras.layers.Dense(1, name="price")(hidden)
+    kind = keras.layers.Dense(classes, name="kind")(hidden)
+    return keras.Model(inputs, [price, kind], name="two_heads")

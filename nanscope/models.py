@@ -27,6 +27,7 @@ class LoadedModel:
         variables: list of tf.Variable. All state that a step may change (trainable and not).
         compiled_loss: the compiled model's loss, if any.
         compiled_optimizer: the compiled model's optimizer, if any.
+        compiled_loss_weights: the compiled model's loss_weights (per output), if any.
     """
 
     kind: str
@@ -38,6 +39,7 @@ class LoadedModel:
     module: Any = None
     compiled_loss: Any = None
     compiled_optimizer: Any = None
+    compiled_loss_weights: Any = None
     notes: list = field(default_factory=list)
 
     @property
@@ -107,7 +109,13 @@ def _keras(model, description):
         keras_model=model,
         compiled_loss=getattr(model, "loss", None) if compiled else None,
         compiled_optimizer=getattr(model, "optimizer", None) if compiled else None,
+        compiled_loss_weights=_compiled_loss_weights(model) if compiled else None,
     )
+
+
+def _compiled_loss_weights(model):
+    # Keras keeps `compile(loss_weights=...)` only on its CompileLoss.
+    return getattr(getattr(model, "_compile_loss", None), "_user_loss_weights", None)
 
 
 def _from_saved_model(spec, path):
@@ -157,3 +165,34 @@ def _serving_call(module):
 def _args_suffix(args):
     return f"({', '.join(f'{k}={v!r}' for k, v in args.items())})" if args else "()"
 
+
+
+def output_names(model, output):
+    """Names of a model's outputs, in the order `tf.nest.flatten` gives them.
+
+    A dict output is named by its keys (paths for nested ones); a list of outputs by
+    the Keras model's `output_names` when they fit, else `output_0`, `output_1`, ...
+
+    Args:
+        model: LoadedModel.
+        output: the model's output on a sample batch.
+    """
+    tf, _ = tensorflow()
+    if isinstance(output, dict):
+        return _paths(output, "")
+    count = len(tf.nest.flatten(output))
+    names = list(getattr(model.keras_model, "output_names", None) or [])
+    if len(names) == count and len(set(names)) == count:
+        return names
+    return ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
+
+
+def _paths(structure, prefix):
+    """"a/b"-style paths of the leaves of a nested output, in `tf.nest.flatten` order (dict keys sorted)."""
+    if isinstance(structure, dict):
+        items = sorted(structure.items())
+    elif isinstance(structure, (list, tuple)):
+        items = list(enumerate(structure))
+    else:
+        return [prefix]
+    return [path for key, value in items for path in _paths(value, f"{prefix}/{key}" if prefix else str(key))]

@@ -37,6 +37,8 @@ class FirstNonfinite:
         detail: list of str. Further facts (e.g. which features and rows held NaN).
         replica: int or None. Under tf.distribute, the lowest replica id that saw a non-finite
             value in its batch, outputs or gradients at this step; None on one device.
+        output: str or None. For a multi-output model, the output whose targets (data),
+            prediction (forward) or own loss (loss) first held the value; None otherwise.
     """
 
     step: int
@@ -49,6 +51,7 @@ class FirstNonfinite:
     inputs: Optional[dict] = None
     detail: list = field(default_factory=list)
     replica: Optional[int] = None
+    output: Optional[str] = None
 
 
 @dataclass
@@ -88,6 +91,11 @@ class TraceReport:
         if any(r.severity in ("error", "warning") for r in self.recommendations):
             return "warning"
         return "healthy"
+
+    @property
+    def output_names(self):
+        """Names of a multi-output model's outputs (run header `outputs`); one entry for a single output."""
+        return [o["name"] for o in self.run.get("outputs") or []]
 
     @property
     def steps_run(self):
@@ -137,6 +145,26 @@ class TraceReport:
             })
         return rows
 
+    def output_summaries(self):
+        """Per output of a multi-output model: its loss and weight, first/last/largest own loss, non-finite steps.
+
+        Empty for a single-output model (its loss is the run's data loss).
+        """
+        rows = []
+        for index, spec in enumerate(self.run.get("outputs") or []):
+            stats = [(r.step, r.outputs[index]) for r in self.records if index < len(r.outputs)]
+            if not stats:
+                return []
+            bad = [step for step, o in stats
+                   if not math.isfinite(o.loss) or o.target_nonfinite or o.prediction_nonfinite]
+            rows.append({
+                **spec,
+                "first_loss": stats[0][1].loss, "last_loss": stats[-1][1].loss,
+                "max_loss": _finite_max(o.loss for _, o in stats),
+                "nonfinite_steps": len(bad), "first_nonfinite_step": bad[0] if bad else None,
+            })
+        return rows
+
     def to_json(self):
         """The `nanscope.trace/1` document."""
         return jsonable({
@@ -146,7 +174,8 @@ class TraceReport:
             "interrupted": self.interrupted,
             "run": self.run,
             "first_nonfinite": self.first_nonfinite,
-            "steps": [step_json(r) for r in self.records],
+            "steps": [step_json(r, self.output_names) for r in self.records],
+            "outputs": self.output_summaries(),
             "layers": self.layer_summaries(),
             "layer_order": self.layer_order,
             "variables": self.variable_summaries(),
@@ -161,11 +190,14 @@ class TraceReport:
         return {"run": self.run, "layers": self.layers, "layer_order": self.layer_order, "variables": self.variables}
 
 
-def step_json(record):
-    """A step of the report's JSON: STEP_FIELDS, the phase, and per-replica non-finite counts under tf.distribute."""
+def step_json(record, output_names=()):
+    """A step of the report's JSON: STEP_FIELDS, the phase, per-replica non-finite counts under tf.distribute,
+    and per output of a multi-output model its loss and non-finite counts."""
     row = {**{f: getattr(record, f) for f in STEP_FIELDS}, "phase": record.phase}
     if record.replica_nonfinite:
         row["replica_nonfinite"] = list(record.replica_nonfinite)
+    if record.outputs:
+        row["outputs"] = {name: vars(stats) for name, stats in zip(output_names, record.outputs)}
     return row
 
 

@@ -12,15 +12,16 @@ and every optimizer are created under its scope, and `instrumented_step` returns
 """
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from nanscope.data import targets
 from nanscope.data.batches import BatchOrder, batch
 from nanscope.data.sources import LoadedData, load_data, split_validation
 from nanscope.engine.chunk import CHUNK_STEPS, ChunkFailure, ChunkRunner, fits_on_device
 from nanscope.engine.step import InstrumentedStep, build_model, is_loss_scale_optimizer
 from nanscope.errors import SpecError
-from nanscope.models import LoadedModel, load_model
+from nanscope.models import LoadedModel, load_model, output_names
 from nanscope.objectives import Loss, build_optimizer, check_labels_fit, resolve_loss
 from nanscope.runtime import tensorflow
 
@@ -38,6 +39,7 @@ class Session:
         loss: Loss.
         unsafe: bool. Whether `.keras` files may be loaded without safe mode.
         strategy: tf.distribute.Strategy or None. Set by `train.distribute`.
+        output_names: list of str. The model's outputs, flattened (one name for a single output).
     """
 
     spec: Any
@@ -49,6 +51,7 @@ class Session:
     initial_weights: list
     unsafe: bool = False
     strategy: Any = None
+    output_names: list = field(default_factory=list)
 
     def batch(self, step):
         """(x, y) of the batch drawn at `step`."""
@@ -134,22 +137,27 @@ def open_session(spec, unsafe=False):
     keras.utils.set_random_seed(spec.train.seed)
     with dtype_policy(spec.train.mixed_precision), strategy.scope() if strategy else contextlib.nullcontext():
         model = load_model(spec, unsafe=unsafe)
-        loss = resolve_loss(spec, model)
         output = build_model(model, batch(train, order, 0)[0], source=spec.source)
+        names = output_names(model, output)
+        loss = resolve_loss(spec, model, names)
+    loaded.y = targets.arrange(loaded.y, names, f"{spec.source}: data")
+    for part in (train, validation):
+        if part is not None:
+            part.y = targets.arrange(part.y, names, f"{spec.source}: data")
     check_labels_fit(spec, loss, output, loaded.y)
     initial = [v.numpy() for v in _state_variables(model)]
-    return Session(spec, train, validation, order, model, loss, initial, unsafe, strategy)
+    return Session(spec, train, validation, order, model, loss, initial, unsafe, strategy, names)
 
 
 def distribution_strategy(spec):
     """The tf.distribute strategy `train.distribute` asks for, or None; contradicting settings are bad input."""
     if spec.train.distribute is None:
         return None
-    for field, value, clash in (("mixed_precision", spec.train.mixed_precision == "mixed_float16", "mixed_float16"),
-                                ("jit_compile", spec.train.jit_compile, True)):
+    for name, value, clash in (("mixed_precision", spec.train.mixed_precision == "mixed_float16", "mixed_float16"),
+                               ("jit_compile", spec.train.jit_compile, True)):
         if value:
-            raise SpecError(f"{spec.source}: train.{field}: {clash} is not supported with train.distribute: mirrored",
-                            hint=f"remove train.{field} or train.distribute")
+            raise SpecError(f"{spec.source}: train.{name}: {clash} is not supported with train.distribute: mirrored",
+                            hint=f"remove train.{name} or train.distribute")
     from nanscope.engine.distributed import mirrored_strategy
 
     strategy = mirrored_strategy()
@@ -187,13 +195,13 @@ def evaluate_loss(step_engine, data, batch_size):
 
         @tf.function(autograph=False, reduce_retracing=True)
         def fn(x, y):
-            y_pred = model.call(x, training=False)
-            return tf.reduce_mean(tf.cast(loss.fn(y, tf.cast(y_pred, tf.float32)), tf.float32))
+            return loss.total(loss.terms(y, model.call(x, training=False)))
 
         step_engine._evaluate_fn = fn
     total, rows = 0.0, 0
     for start in range(0, data.rows, batch_size):
-        x, y = data.x[start:start + batch_size], data.y[start:start + batch_size]
+        part = slice(start, start + batch_size)
+        x, y = data.x[part], targets.take(data.y, part)
         total += float(fn(x, y)) * len(x)
         rows += len(x)
     return total / rows if rows else None

@@ -12,10 +12,10 @@ Example:
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from nanscope.errors import SpecError
 
@@ -87,6 +87,8 @@ class DataSpec(_Section):
     Exactly one of `synthetic`, `path`, `factory`. For npz/npy the arrays are the keys
     `x` and `y`; for csv, `target` names the target column(s); for TFRecord,
     `features` maps feature names to their spec and `target` names the label feature.
+    A multi-output model takes one target per output: `y` (npz, npy) or `target`
+    (csv, TFRecord) as a mapping from output name to key, file, column or feature.
     """
 
     synthetic: Optional[SyntheticSpec] = None
@@ -94,8 +96,11 @@ class DataSpec(_Section):
     factory: Optional[str] = None
     args: dict[str, Any] = Field(default_factory=dict)
     x: str = "x"
-    y: str = "y"
-    target: Optional[Union[str, list[str]]] = None
+    # One target array, or one per output of a multi-output model: a list in output
+    # order, or a mapping from output name to array key (npz) or file (npy).
+    y: Union[str, list[str], dict[str, str]] = "y"
+    # csv: the target column(s); per output of a multi-output model, a mapping from output name to column(s).
+    target: Optional[Union[str, list[str], dict[str, Union[str, list[str]]]]] = None
     features: Optional[dict[str, FeatureSpec]] = None
     batch_size: int = Field(32, gt=0)
     shuffle: bool = True
@@ -124,6 +129,30 @@ class LossSpec(_Section):
     name: str
 
 
+def _loss_form(value):
+    """Which form a `train.loss` value takes: one loss, one per output by name, or one per output in order."""
+    if isinstance(value, (list, tuple)):
+        return "per_output_list"
+    if isinstance(value, dict) and "name" not in value:
+        return "per_output"
+    return "one"
+
+
+def _named(value):
+    return {"name": value} if isinstance(value, str) else value
+
+
+# `train.loss`: `mse`, `{name: mse}`, `{out_a: mse, out_b: {name: ...}}` or `[mse, ...]`.
+LossField = Annotated[
+    Union[
+        Annotated[LossSpec, Tag("one")],
+        Annotated[dict[str, LossSpec], Tag("per_output")],
+        Annotated[list[LossSpec], Tag("per_output_list")],
+    ],
+    Discriminator(_loss_form),
+]
+
+
 class OptimizerSpec(_Section):
     """A Keras optimizer by name with any of its arguments, clipping included."""
 
@@ -150,9 +179,12 @@ class TrainSpec(_Section):
     """How to train: loss, optimizer, number of steps, seed.
 
     `loss` and `optimizer` may be left out when the model factory returns a compiled model.
+    A multi-output model takes one loss for every output, a mapping from output name to
+    loss, or a list in output order, as `model.compile`; `loss_weights` weighs them.
     """
 
-    loss: Optional[LossSpec] = None
+    loss: Optional[LossField] = None
+    loss_weights: Optional[Union[dict[str, float], list[float]]] = None
     optimizer: Optional[OptimizerSpec] = None
     steps: int = Field(100, gt=0)
     seed: int = 0
@@ -162,10 +194,24 @@ class TrainSpec(_Section):
     # "mirrored": tf.distribute.MirroredStrategy over every GPU (every logical CPU without one); docs/distribute.md.
     distribute: Optional[Literal["mirrored"]] = None
 
-    @field_validator("loss", "optimizer", mode="before")
+    @field_validator("optimizer", mode="before")
     @classmethod
     def _by_name(cls, value):
-        return {"name": value} if isinstance(value, str) else value
+        return _named(value)
+
+    @field_validator("loss", mode="before")
+    @classmethod
+    def _losses_by_name(cls, value):
+        form = _loss_form(value)
+        entries = value if form == "per_output_list" else value.values() if form == "per_output" else [value]
+        if any(one is not None and not isinstance(one, (str, dict)) for one in entries):
+            raise ValueError("expected a Keras loss name, `{name: ..., <arguments>}`, `file.py:function`, "
+                             "or one of those per output (a mapping from output name, or a list)")
+        if form == "per_output_list":
+            return [_named(v) for v in value]
+        if form == "per_output":
+            return {k: _named(v) for k, v in value.items()}
+        return _named(value)
 
 
 class RunSpec(_Section):
@@ -289,7 +335,8 @@ def describe_validation_error(exc, root_model):
 
 def _is_union_tag(part):
     text = str(part)
-    return text in {"str", "list[str]"} or text.startswith(("function-", "union["))
+    return text in {"str", "list[str]", "dict[str,str]", "one", "per_output", "per_output_list"} or text.startswith(
+        ("function-", "union[", "dict[", "list["))
 
 
 def _did_you_mean(root_model, loc):

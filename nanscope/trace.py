@@ -15,6 +15,7 @@ from typing import Optional
 import numpy as np
 
 from nanscope import interrupt
+from nanscope.data import targets
 from nanscope.engine.records import expected_layer_indices, first_nonfinite_replica
 from nanscope.engine.step import step_failure
 from nanscope.jsonio import jsonable
@@ -185,7 +186,8 @@ def locate_first_nonfinite(record, engine, session, x, y, options=None):
         found = localize_step(engine, x, y)
         describe_event(first, found.event, first.phase)
         if first.phase == "loss" and first.layer is None and first.op is not None:
-            first.detail.append(f"{first.op} is part of the loss {engine.loss.name}, outside any layer")
+            loss = _loss_of(engine.loss, first.output)
+            first.detail.append(f"{first.op} is part of the loss {loss}, outside any layer")
         first.detail.append(f"forensic replay of step {record.step}: {found.seconds:.3f} s")
         state_before = found.state_before
     if options.save_repro is not None:
@@ -200,8 +202,12 @@ def locate_first_nonfinite(record, engine, session, x, y, options=None):
 def _attribute_from_record(record, engine, session, x, y):
     phase = record.phase
     first = FirstNonfinite(step=record.step, phase=phase, replica=first_nonfinite_replica(record))
+    output = record.nonfinite_output(phase)
+    if output is not None:
+        first.output = engine.loss.outputs[output].name
     if phase == "data":
-        first.detail = describe_bad_batch(x, y, session.order.indices(record.step), session.train)
+        first.detail = describe_bad_batch(x, y, session.order.indices(record.step), session.train,
+                                          [o.name for o in engine.loss.outputs])
     elif phase == "forward":
         for name in engine.layer_call_order:
             index = next(i for i, info in enumerate(engine.layer_info) if info.name == name)
@@ -219,10 +225,23 @@ def _attribute_from_record(record, engine, session, x, y):
     return first
 
 
-def describe_bad_batch(x, y, rows, data):
-    """Which features and which dataset rows of a batch hold non-finite values."""
+def _loss_of(loss, output):
+    """The loss of output `output` of a multi-output model ("kind: sparse_categorical_crossentropy"), or the loss."""
+    named = next((o for o in loss.outputs if o.name == output), None)
+    return f"{named.loss.name} of output {named.name!r}" if named else loss.name
+
+
+def describe_bad_batch(x, y, rows, data, output_names=()):
+    """Which features and which dataset rows of a batch hold non-finite values.
+
+    `y` is a tuple of arrays for a multi-output model; `output_names` then names them.
+    """
     lines = []
-    for label, array, names in (("x", x, data.feature_names), ("y", y, data.target_names)):
+    if targets.is_multi(y):
+        arrays = [(name, part, []) for name, part in zip(output_names or [f"y{i}" for i in range(len(y))], y)]
+    else:
+        arrays = [("y", y, data.target_names)]
+    for label, array, names in (("x", x, data.feature_names), *arrays):
         if not np.issubdtype(array.dtype, np.floating):
             continue
         bad = ~np.isfinite(array.reshape(len(array), -1))
@@ -232,9 +251,9 @@ def describe_bad_batch(x, y, rows, data):
         columns = np.flatnonzero(bad.any(axis=0))
         shown = [names[c] if c < len(names) else f"{label}[{c}]" for c in columns[:8]]
         lines.append(
-            f"{label}: {int(bad.sum())} non-finite value(s) in feature(s) {', '.join(shown)}"
-            f"{' ...' if len(columns) > 8 else ''}; dataset rows {', '.join(str(int(r)) for r in bad_rows[:8])}"
-            f"{' ...' if len(bad_rows) > 8 else ''}"
+            f"{label}: {int(bad.sum())} non-finite value(s) in {'feature' if label == 'x' else 'target'}(s) "
+            f"{', '.join(shown)}{' ...' if len(columns) > 8 else ''}; dataset rows "
+            f"{', '.join(str(int(r)) for r in bad_rows[:8])}{' ...' if len(bad_rows) > 8 else ''}"
         )
     return lines
 
@@ -255,6 +274,7 @@ def describe_run(session, engine):
         "batch_size": spec.data.batch_size,
         "shuffle": spec.data.shuffle,
         "loss": session.loss.name,
+        "outputs": _outputs(session),
         "optimizer": optimizer_name,
         "optimizer_config": optimizer_config,
         "steps_requested": spec.train.steps,
@@ -265,6 +285,13 @@ def describe_run(session, engine):
         "layer_dtypes": {info.name: info.dtype for info in engine.layer_info},
         **_distribution(engine),
     }
+
+
+def _outputs(session):
+    """Per model output: its name, its loss and the loss's weight in the total."""
+    if session.loss.multi_output:
+        return [{"name": o.name, "loss": o.loss.name, "weight": o.weight} for o in session.loss.outputs]
+    return [{"name": name, "loss": session.loss.name, "weight": 1.0} for name in session.output_names[:1]]
 
 
 def _distribution(engine):

@@ -2,8 +2,12 @@
 
 `clean-input-data` for NaN/Inf the spec does not allow, `normalize-inputs` and
 `normalize-targets` for columns far from unit scale, `fix-labels` for targets that
-do not fit the loss, and `drop-constant-features` (info) for constant features.
+do not fit the loss (one per output of a multi-output model), and
+`drop-constant-features` (info) for constant features. Evidence names the output a
+target column belongs to.
 """
+
+import re
 
 import numpy as np
 
@@ -12,6 +16,7 @@ from nanscope.rules.catalogue import RULES, recommend
 LARGE_SCALE = 10.0
 SMALL_SCALE = 1e-3
 EVIDENCE_LINES = 5
+
 
 def column_scale(stats_mean, stats_std, count):
     """"large", "small" or None per column, from max(|mean|, std) of the finite values."""
@@ -24,8 +29,14 @@ def column_scale(stats_mean, stats_std, count):
         ]
 
 
-def recommendations(inputs, targets, labels, target_kind):
-    """The recommendations for a scan's columns and label report, most severe first."""
+def recommendations(inputs, targets, label_checks, regression_arrays):
+    """The recommendations for a scan's columns and label checks, most severe first.
+
+    Args:
+        inputs, targets: list of ColumnReport.
+        label_checks: list of LabelReport. One per target array checked against its loss.
+        regression_arrays: set of str. Target arrays whose output is a regression (their scale matters).
+    """
     found = []
     for role, columns in (("input", inputs), ("target", targets)):
         bad = [c for c in columns if c.is_problem]
@@ -34,13 +45,10 @@ def recommendations(inputs, targets, labels, target_kind):
     large_inputs = [c for c in inputs if c.scale and not c.constant]
     if large_inputs:
         found.append(_scale("normalize-inputs", large_inputs))
-    if target_kind == "regression":
-        large_targets = [c for c in targets if c.scale == "large"]
-        if large_targets:
-            found.append(_scale("normalize-targets", large_targets))
-    if labels is not None and labels.problems:
-        found.append(recommend("fix-labels", "error", [f"{labels.loss}: {p}" for p in labels.problems]
-                            + [f"first rows: {labels.first_bad_rows}"], data={"bad_rows": labels.bad_rows}))
+    large_targets = [c for c in targets if c.scale == "large" and c.array in regression_arrays]
+    if large_targets:
+        found.append(_scale("normalize-targets", large_targets))
+    found.extend(_fix_labels(labels) for labels in label_checks if labels.problems)
     constant = [c for c in inputs if c.constant]
     if constant:
         evidence = [f"{c.name} = {c.min:.6g} in every row" for c in constant[:EVIDENCE_LINES]]
@@ -51,17 +59,39 @@ def recommendations(inputs, targets, labels, target_kind):
 
 def _clean(role, columns):
     evidence = [
-        f"{role} {c.name}: {c.nan} NaN, {c.posinf} +Inf, {c.neginf} -Inf (first rows {c.first_nonfinite_rows})"
+        f"{role} {_named(c)}: {c.nan} NaN, {c.posinf} +Inf, {c.neginf} -Inf (first rows {c.first_nonfinite_rows})"
         for c in columns[:EVIDENCE_LINES]
     ]
-    fix = None if role == "input" else RULES["clean-input-data"].fix.replace("x", "y")
+    fix = None if role == "input" else re.sub(r"\bx\b", "y", RULES["clean-input-data"].fix)
     data = {"role": role, "columns": [c.name for c in columns], "nonfinite": sum(c.nonfinite for c in columns)}
+    data = {**data, **_outputs(columns)}
     return recommend("clean-input-data", "error", evidence + _more(columns), fix=fix, data=data)
 
 
+def _fix_labels(labels):
+    where = "" if labels.output is None else f"output {labels.output}: "
+    evidence = [f"{where}{labels.loss}: {p}" for p in labels.problems] + [f"{where}first rows: {labels.first_bad_rows}"]
+    data = {"bad_rows": labels.bad_rows, **({} if labels.output is None else {"output": labels.output})}
+    return recommend("fix-labels", "error", evidence, data=data)
+
+
+def _named(column):
+    """A column's name, with the output it belongs to where the name does not already say it."""
+    output = column.output
+    if output is None or column.name == str(output) or column.name.startswith(f"{output}["):
+        return column.name
+    return f"{column.name} (output {output})"
+
+
+def _outputs(columns):
+    outputs = list(dict.fromkeys(c.output for c in columns if c.output is not None))
+    return {"outputs": outputs} if outputs else {}
+
+
 def _scale(rule_id, columns):
-    evidence = [f"{c.name}: mean {c.mean:.4g}, std {c.std:.4g} ({c.scale} scale)" for c in columns[:EVIDENCE_LINES]]
-    return recommend(rule_id, "warning", evidence + _more(columns), data={"columns": [c.name for c in columns]})
+    evidence = [f"{_named(c)}: mean {c.mean:.4g}, std {c.std:.4g} ({c.scale} scale)" for c in columns[:EVIDENCE_LINES]]
+    data = {"columns": [c.name for c in columns], **_outputs(columns)}
+    return recommend(rule_id, "warning", evidence + _more(columns), data=data)
 
 
 def _more(columns):

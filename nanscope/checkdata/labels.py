@@ -5,11 +5,12 @@ cross-entropy wants one integer label per row in [0, classes); a categorical one
 wants rows of class probabilities (one-hot) that sum to 1; a binary one wants
 targets in [0, 1]. `LabelTally` streams over target chunks, counting labels per
 class and the rows that break the expectation; the number of classes comes from a
-hint (spec or command line), from the one-hot width, or stays unknown.
+hint (spec or command line), from the one-hot width, or stays unknown. A
+multi-output model has one tally per target array, against its own output's loss.
 """
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 import numpy as np
 
@@ -17,6 +18,7 @@ MAX_COUNTED_CLASSES = 10_000
 FIRST_ROWS_KEPT = 5
 ONE_HOT_TOLERANCE = 1e-3
 
+LABEL_KINDS = ("sparse", "onehot", "binary")
 LOSS_KINDS = {
     "sparsecategoricalcrossentropy": "sparse",
     "sparsecategoricalfocalcrossentropy": "sparse",
@@ -52,6 +54,9 @@ class LabelReport:
         bad_rows: int. Rows that break what the loss expects.
         first_bad_rows: list of int. The first few of them.
         problems: list of str. One line per kind of problem found.
+        output: str, int or None. The output of a multi-output model the labels belong to:
+            its name, or its position when the targets are listed in output order.
+        array: str or None. The target array checked.
     """
 
     loss: str
@@ -61,6 +66,8 @@ class LabelReport:
     bad_rows: int = 0
     first_bad_rows: list = field(default_factory=list)
     problems: list = field(default_factory=list)
+    output: Optional[Union[str, int]] = None
+    array: Optional[str] = None
 
 
 class LabelTally:
@@ -70,10 +77,12 @@ class LabelTally:
         loss: str. The loss name, for the report.
         kind: str. "sparse", "onehot" or "binary" (from `label_kind`).
         classes: int or None. Expected number of classes, when known.
+        output: str, int or None. The output the target array belongs to, for the report.
+        array: str or None. The target array's name, for the report.
     """
 
-    def __init__(self, loss, kind, classes=None):
-        self.report = LabelReport(loss, kind, classes)
+    def __init__(self, loss, kind, classes=None, output=None, array=None):
+        self.report = LabelReport(loss, kind, classes, output=output, array=array)
         self._counts = np.zeros(0, np.int64)
         self._issues = {}
 

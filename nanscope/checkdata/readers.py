@@ -5,7 +5,8 @@ target arrays, the number of rows when it is known without reading the data,
 and `chunks(rows)`, which yields `{array name: np.ndarray}` dicts of at most
 `rows` rows each. Nothing is held beyond one chunk: npy files are memory-mapped,
 npz members, csv and TFRecord files are read piece by piece. TensorFlow is
-imported only for TFRecord files and tf.data datasets.
+imported only for TFRecord files and tf.data datasets. A multi-output model's
+targets are one target array per output (`checkdata/outputs.py`).
 """
 
 from pathlib import Path
@@ -13,10 +14,12 @@ from pathlib import Path
 import numpy as np
 
 from nanscope.checkdata import file_readers
-from nanscope.checkdata.stream import DataStream, check_rows
+from nanscope.checkdata.outputs import array_names, structure_parts
+from nanscope.checkdata.stream import DataStream, check_rows, outputs_of
 from nanscope.data import synthetic
 from nanscope.errors import DataError
 from nanscope.factory import call_factory, load_callable
+
 
 def _open_tfrecord(data, path, base_dir, origin, require_targets):
     from nanscope.checkdata.tfrecord_reader import open_tfrecord  # imports TensorFlow
@@ -63,8 +66,13 @@ def open_stream(data, base_dir, origin, require_targets=True):
     return reader(data, path, base_dir, origin, require_targets)
 
 
-def arrays_stream(inputs, targets, description, origin, field_name):
-    """A DataStream over in-memory arrays, after checking that their row counts agree."""
+def arrays_stream(inputs, targets, description, origin, field_name, outputs=None):
+    """A DataStream over in-memory arrays, after checking that their row counts agree.
+
+    Args:
+        inputs, targets: dict. {array name: array}.
+        outputs: dict, optional. {target array name: output} for a multi-output model.
+    """
     arrays = {**inputs, **targets}
     rows = check_rows({name: np.shape(a) for name, a in arrays.items()}, origin, field_name)
 
@@ -74,7 +82,8 @@ def arrays_stream(inputs, targets, description, origin, field_name):
 
     row_bytes = sum(np.asarray(a[:1]).nbytes for a in arrays.values())
     return DataStream(
-        description, list(inputs), list(targets), rows, chunks, origin=origin, field=field_name, row_bytes=row_bytes
+        description, list(inputs), list(targets), rows, chunks, origin=origin, field=field_name, row_bytes=row_bytes,
+        outputs=dict(outputs or {}),
     )
 
 
@@ -94,9 +103,22 @@ def _factory_stream(data, base_dir, origin):
     if isinstance(result, (tuple, list)) and len(result) == 2:
         x, y = result
         inputs = {k: np.asarray(v) for k, v in x.items()} if isinstance(x, dict) else {"x": np.asarray(x)}
-        targets = {k: np.asarray(v) for k, v in y.items()} if isinstance(y, dict) else {"y": np.asarray(y)}
-        return arrays_stream(inputs, targets, str(data.factory), origin, field_name)
+        rows = len(next(iter(inputs.values()))) if inputs and np.ndim(next(iter(inputs.values()))) else 0
+        keys = list(y) if isinstance(y, dict) else len(y) if _per_output(y, rows) else None
+        named = array_names(structure_parts(keys, field_name), inputs,
+                            lambda part: "y" if part.output is None else f"y{part.output}")
+        targets = {name: np.asarray(y if part.source is None else y[part.source]) for name, part in named.items()}
+        return arrays_stream(inputs, targets, str(data.factory), origin, field_name, outputs_of(named))
     raise DataError(
         f"{origin}: {field_name}: {data.factory} must return (x, y) arrays or a tf.data.Dataset "
         f"of (x, y). Received: a {type(result).__name__}"
     )
+
+
+def _per_output(y, rows):
+    """True when a list or tuple `y` holds one full-length target array per output, as the training loader reads it.
+
+    A list of per-row values (`[0, 1, 1, ...]` or one small array per row) is one target array.
+    """
+    return (isinstance(y, (tuple, list)) and len(y) > 0 and len(y) != rows
+            and all(np.ndim(part) >= 1 and len(part) == rows for part in y))

@@ -1,7 +1,7 @@
 """The result of a data scan, as plain data that serialises to `nanscope.data/1` JSON."""
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 from nanscope.errors import EXIT_HEALTHY, EXIT_PROBLEM
 from nanscope.jsonio import jsonable
@@ -26,6 +26,8 @@ class ColumnReport:
         allowed_nonfinite: bool. The spec allows NaN here (`data.allow_nonfinite`): not a problem.
         constant: bool. All finite values are equal.
         scale: str or None. "large" or "small" when far from unit scale.
+        output: str, int or None. For a target column of a multi-output model, the output it
+            belongs to: its name, or its position when the targets are listed in output order.
     """
 
     name: str
@@ -44,6 +46,7 @@ class ColumnReport:
     allowed_nonfinite: bool = False
     constant: bool = False
     scale: Optional[str] = None
+    output: Optional[Union[str, int]] = None
 
     @property
     def nonfinite(self):
@@ -67,8 +70,11 @@ class DataScan:
         scanned_rows: int. Rows whose values were scanned (`rows` unless sampled).
         inputs: list of ColumnReport. One per input feature/channel.
         targets: list of ColumnReport. One per target column.
-        labels: LabelReport or None. The label check, when the loss is a classification loss.
+        labels: LabelReport or None. The label check when exactly one target array was checked
+            (the single-output case); see `label_checks` for all of them.
         recommendations: list of Recommendation. Rules that fired, with evidence.
+        label_checks: list of LabelReport. One per target array whose output's loss is a
+            classification loss, each naming its `output` (multi-output models) and `array`.
     """
 
     source: str
@@ -79,6 +85,7 @@ class DataScan:
     targets: list = field(default_factory=list)
     labels: Optional[object] = None
     recommendations: list = field(default_factory=list)
+    label_checks: list = field(default_factory=list)
 
     @property
     def status(self):
@@ -113,4 +120,5 @@ class DataScan:
             "targets": [column(c) for c in self.targets],
             "labels": jsonable(self.labels) if self.labels is not None else None,
             "recommendations": jsonable(self.recommendations),
+            "label_checks": jsonable(self.label_checks),
         }

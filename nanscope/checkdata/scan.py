@@ -1,8 +1,9 @@
 """`scan_data`: the one entry point of check-data.
 
 Opens the data a run spec (or a data file given directly) names, streams it in
-chunks through per-column statistics and the label check, and returns a
-`DataScan`. Exact over all rows unless `sample` asks for a uniform sample.
+chunks through per-column statistics and the label checks (one per target array,
+against the loss of its output), and returns a `DataScan`. Exact over all rows
+unless `sample` asks for a uniform sample.
 
 Example:
     scan = scan_data("my-run.yaml")
@@ -10,11 +11,13 @@ Example:
 """
 
 from pathlib import Path
+from typing import NamedTuple, Optional
 
 import numpy as np
 
 from nanscope.checkdata.findings import column_scale, recommendations
-from nanscope.checkdata.labels import LabelTally, label_kind
+from nanscope.checkdata.labels import LABEL_KINDS, LabelTally, label_kind
+from nanscope.checkdata.outputs import output_losses
 from nanscope.checkdata.readers import FILE_READERS, open_stream
 from nanscope.checkdata.result import ColumnReport, DataScan
 from nanscope.checkdata.stats import ColumnStats
@@ -32,8 +35,10 @@ def scan_data(source, target=None, loss=None, classes=None, sample=None, chunk_r
     Args:
         source: str or Path. A YAML run spec (its data section is scanned) or a data file.
         target: str, optional. The target column of a csv / feature of a TFRecord file given directly.
-        loss: str, optional. Loss name the labels are checked against (default: the spec's `train.loss`).
-        classes: int, optional. Number of classes (default: from the spec, when it says).
+        loss: str, optional. Loss name the labels of every target array are checked against (default:
+            the spec's `train.loss`, per output for a multi-output model).
+        classes: int, optional. Number of classes (default: from the spec, when it says; per output
+            when a factory's `classes` argument is a mapping from output name).
         sample: int, optional. Scan a uniform random sample of this many rows instead of all.
         chunk_rows: int, optional. Rows per chunk (default: about 4 MB per chunk, to stay in cache).
         on_progress: callable(rows_done, rows_total or None), optional. Called after each chunk.
@@ -46,11 +51,12 @@ def scan_data(source, target=None, loss=None, classes=None, sample=None, chunk_r
     """
     path = Path(source)
     stream, settings = _open(path, target, loss, classes)
-    loss_name, kind, classes = settings
     sampler = _Sampler(sample, stream.rows)
     arrays = _ArrayScans(stream)
-    checks_labels = kind in ("sparse", "onehot", "binary") and len(stream.targets) == 1
-    tally = LabelTally(loss_name, kind, classes) if checks_labels else None
+    tallies = {
+        name: LabelTally(s.loss, s.kind, s.classes, output=stream.outputs.get(name), array=name)
+        for name, s in settings.items() if s.kind in LABEL_KINDS
+    }
     rows = 0
     for chunk in stream.chunks(chunk_rows or _chunk_rows(stream)):
         n = _chunk_length(chunk, stream)
@@ -59,48 +65,74 @@ def scan_data(source, target=None, loss=None, classes=None, sample=None, chunk_r
             break
         picked = {name: a[chosen - rows] if sampler.active else a for name, a in chunk.items()}
         arrays.update(picked, chosen)
-        if tally is not None:
-            tally.update(picked[stream.targets[0]], chosen)
+        for name, tally in tallies.items():
+            tally.update(picked[name], chosen)
         rows += n
         if on_progress is not None:
             on_progress(rows, stream.rows)
     if rows == 0:
         raise DataError(f"{stream.origin}: {stream.field}: the dataset is empty (0 rows)")
     inputs, targets = arrays.reports(stream.inputs), arrays.reports(stream.targets)
-    target_kind = kind or ("regression" if not arrays.integer_targets(stream.targets) else None)
-    labels = tally.finish() if tally is not None else None
-    found = recommendations(inputs, targets, labels, target_kind)
+    regression = {
+        name for name, s in settings.items()
+        if s.kind == "regression" or (s.kind is None and not arrays.integer_targets([name]))
+    }
+    label_checks = [tally.finish() for tally in tallies.values()]
+    found = recommendations(inputs, targets, label_checks, regression)
     scanned = sampler.scanned if sampler.active else rows
-    return DataScan(str(path), stream.description, rows, scanned, inputs, targets, labels, found)
+    labels = label_checks[0] if len(label_checks) == 1 else None
+    return DataScan(str(path), stream.description, rows, scanned, inputs, targets, labels, found, label_checks)
+
+
+class _LabelSettings(NamedTuple):
+    """What one target array's labels are checked against: its output's loss, the loss kind, the classes."""
+
+    loss: Optional[str]
+    kind: Optional[str]
+    classes: Optional[int]
 
 
 def _open(path, target, loss, classes):
-    """(DataStream, (loss name, label kind, classes)) for a spec or a data file."""
+    """(DataStream, {target array: _LabelSettings}) for a spec or a data file."""
     if path.suffix.lower() in (".yaml", ".yml"):
         spec = load_spec(path)
         data = spec.data if target is None else spec.data.model_copy(update={"target": target})
         stream = open_stream(data, spec.base_dir, str(path))
         stream.allow_nonfinite = set(data.allow_nonfinite)
-        loss = loss or (spec.train.loss.name if spec.train.loss else None)
-        return stream, (loss, label_kind(loss), classes or _classes_hint(spec))
+        outputs = [stream.outputs.get(name) for name in stream.targets]
+        losses = [loss] * len(outputs) if loss else output_losses(spec.train.loss, outputs, str(path))
+        hint = classes or _classes_hint(spec)
+        return stream, {
+            name: _LabelSettings(loss_name, label_kind(loss_name), _classes_for(hint, output))
+            for name, output, loss_name in zip(stream.targets, outputs, losses)
+        }
     if path.suffix.lower() not in FILE_READERS:
         raise SpecError(f"{path}: expected a YAML run spec (.yaml) or a data file (.npz, .npy, .csv, .tfrecord)")
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     data = DataSpec(path=str(path.resolve()), target=target)
     stream = open_stream(data, path.parent, str(path), require_targets=False)
-    return stream, (loss, label_kind(loss), classes)
+    return stream, {name: _LabelSettings(loss, label_kind(loss), classes) for name in stream.targets}
 
 
 def _classes_hint(spec):
+    """The number of classes the spec states: an int, or a mapping from output name to int."""
     synthetic = spec.data.synthetic
     if synthetic is not None and synthetic.kind == "classification":
         return synthetic.classes
     for key in CLASS_HINTS:
         for args in (spec.data.args, spec.model.args):
-            if isinstance(args.get(key), int):
-                return args[key]
+            hint = args.get(key)
+            if isinstance(hint, int) or (isinstance(hint, dict) and all(isinstance(v, int) for v in hint.values())):
+                return hint
     return None
+
+
+def _classes_for(hint, output):
+    """The classes of one output from a hint: one number for every output, or its entry in a mapping."""
+    if isinstance(hint, dict):
+        return hint.get(output) if isinstance(output, str) else None
+    return hint
 
 
 def _chunk_rows(stream):
@@ -174,13 +206,15 @@ class _ArrayScans:
         values = s.count + s.nan + s.posinf + s.neginf
         names = self._column_names(name, s.columns)
         allowed = self.stream.allow_nonfinite
+        output = self.stream.outputs.get(name)
+        aliases = {name} if output is None else {name, str(output)}
         return [
             ColumnReport(
                 names[i], name, int(values[i]), self.positions[name], int(s.nan[i]), int(s.posinf[i]),
                 int(s.neginf[i]), float(low[i]), float(high[i]), float(mean[i]), float(std[i]),
                 float(s.zeros[i] / max(values[i], 1)), list(s.first_nonfinite_rows[i]),
-                allowed_nonfinite=bool({names[i], name} & allowed),
-                constant=bool(s.count[i] > 1 and low[i] == high[i]), scale=scales[i],
+                allowed_nonfinite=bool(({names[i]} | aliases) & allowed),
+                constant=bool(s.count[i] > 1 and low[i] == high[i]), scale=scales[i], output=output,
             )
             for i in range(s.columns)
         ]

@@ -22,6 +22,8 @@ class DataStream:
         field: str. The spec field the data comes from, for error messages.
         row_bytes: int. Bytes per row of all arrays together, when known (sizes the chunks).
         allow_nonfinite: set of str. Array or column names allowed to hold NaN (the spec's masks).
+        outputs: dict. {target array name: output} for a multi-output model: the output's name, or its
+            position when the targets are listed in output order. Empty for one target array.
     """
 
     description: str
@@ -34,6 +36,12 @@ class DataStream:
     field: str = "data.path"
     row_bytes: int = 0
     allow_nonfinite: set = dataclasses.field(default_factory=set)
+    outputs: dict = dataclasses.field(default_factory=dict)
+
+
+def outputs_of(named_parts):
+    """The `DataStream.outputs` of {array name: TargetPart}: the parts that belong to a named or numbered output."""
+    return {name: part.output for name, part in named_parts.items() if part.output is not None}
 
 
 def check_rows(shapes, origin, field_name):

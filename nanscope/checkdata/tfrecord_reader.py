@@ -3,12 +3,15 @@
 TFRecord files are read a batch of records at a time and parsed with the feature
 spec of the run spec's `data.features`; when no spec is given (a file passed
 directly) the features are read off the first record. A dataset from a factory is
-iterated batch by batch; an unbatched one is batched here.
+iterated batch by batch; an unbatched one is batched here. Per output of a
+multi-output model, `data.target` maps output names to label features, and a
+dataset yields `(x, {output: y})` or `(x, (y0, y1, ...))`.
 """
 
 import numpy as np
 
-from nanscope.checkdata.stream import DataStream
+from nanscope.checkdata.outputs import array_names, spec_parts, structure_parts
+from nanscope.checkdata.stream import DataStream, outputs_of
 from nanscope.errors import DataError
 from nanscope.runtime import tensorflow
 
@@ -19,25 +22,31 @@ def open_tfrecord(data, path, origin):
     features = {name: (f.dtype, list(f.shape)) for name, f in (data.features or {}).items()}
     if not features:
         features = _features_of_first_record(tf, path, origin)
-    target = data.target
-    if target is not None and (not isinstance(target, str) or target not in features):
-        raise DataError(f"{origin}: data.target: {target!r} is not one of the features {sorted(features)}")
+    parts = spec_parts(data.target, "data.target", list_is_one_target=True)
+    parts = [part for part in parts if part.source is not None]
+    for part in parts:
+        if not isinstance(part.source, str) or part.source not in features:
+            raise DataError(f"{origin}: {part.field}: {part.source!r} is not one of the features {sorted(features)}")
     dtypes = {"float32": tf.float32, "float64": tf.float64, "int64": tf.int64}
     parse_spec = {name: tf.io.FixedLenFeature(shape, dtypes[dtype]) for name, (dtype, shape) in features.items()}
+    labels = {part.source for part in parts}
+    inputs = [name for name in features if name not in labels]
+    targets = array_names(parts, inputs, lambda part: part.source)
 
     def chunks(size):
         try:
             for records in tf.data.TFRecordDataset(str(path)).batch(size):
                 parsed = tf.io.parse_example(records, parse_spec)
-                yield {name: parsed[name].numpy() for name in features}
+                arrays = {name: parsed[name].numpy() for name in features}
+                yield {**{name: arrays[name] for name in inputs},
+                       **{name: arrays[part.source] for name, part in targets.items()}}
         except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as exc:
             first_line = str(exc.message).strip().splitlines()[0]
             raise DataError(
                 f"{origin}: data.features: {path.name} does not match the feature spec: {first_line}"
             ) from None
 
-    inputs = [name for name in features if name != target]
-    return DataStream(path.name, inputs, [target] if target else [], None, chunks, origin=origin)
+    return DataStream(path.name, inputs, list(targets), None, chunks, origin=origin, outputs=outputs_of(targets))
 
 
 def _features_of_first_record(tf, path, origin):
@@ -71,21 +80,25 @@ def dataset_stream(dataset, description, origin, field_name):
         )
     first_x = next(iter(tf.nest.flatten(element[0])))
     batched = bool(first_x.shape.rank) and first_x.shape[0] is None
-    inputs, targets = _names(element[0], "x"), _names(element[1], "y")
+    inputs = list(element[0]) if isinstance(element[0], dict) else ["x"]
+    targets = array_names(_target_parts(element[1], field_name), inputs,
+                          lambda part: "y" if part.output is None else f"y{part.output}")
 
     def chunks(size):
         source = dataset if batched else dataset.batch(size)
         for x, y in source.as_numpy_iterator():
-            yield {**_named(x, "x"), **_named(y, "y")}
+            x = {k: np.asarray(v) for k, v in x.items()} if isinstance(x, dict) else {"x": np.asarray(x)}
+            yield {**x, **{name: np.asarray(y if part.source is None else y[part.source])
+                           for name, part in targets.items()}}
 
-    return DataStream(description, inputs, targets, None, chunks, origin=origin, field=field_name)
+    return DataStream(description, inputs, list(targets), None, chunks, origin=origin, field=field_name,
+                      outputs=outputs_of(targets))
 
 
-def _names(spec, default):
-    return list(spec) if isinstance(spec, dict) else [default]
-
-
-def _named(value, default):
-    if isinstance(value, dict):
-        return {k: np.asarray(v) for k, v in value.items()}
-    return {default: np.asarray(value)}
+def _target_parts(spec, field_name):
+    """One part per target of a dataset element: per key of a dict, per member of a tuple, or the one tensor."""
+    if isinstance(spec, dict):
+        return structure_parts(list(spec), field_name)
+    if isinstance(spec, (tuple, list)):
+        return structure_parts(len(spec), field_name)
+    return structure_parts(None, field_name)

@@ -9,6 +9,8 @@ as Keras' `fit` does.
 
 import numpy as np
 
+from nanscope.data.targets import take
+
 
 class BatchOrder:
     """Which rows make up the batch of each step.
@@ -66,6 +68,6 @@ class BatchOrder:
 
 
 def batch(data, order, step):
-    """(x, y) numpy arrays of the batch at `step`."""
+    """(x, y) numpy arrays of the batch at `step`; y is a tuple of arrays for a multi-output model."""
     idx = order.indices(step)
-    return data.x[idx], data.y[idx]
+    return data.x[idx], take(data.y, idx)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from nanscope.data import synthetic
+from nanscope.data import synthetic, targets
 from nanscope.errors import DataError, first_line
 from nanscope.factory import call_factory, load_callable
 
@@ -22,7 +22,9 @@ class LoadedData:
 
     Args:
         x: np.ndarray. Inputs, first axis rows.
-        y: np.ndarray. Targets, first axis rows.
+        y: np.ndarray. Targets, first axis rows. For a multi-output model, one array per
+            output: a mapping from output name (or a list) as loaded, a tuple in the
+            model's output order once the session has arranged them (`data/targets.py`).
         description: str. One line for the report header ("synthetic regression, 1000 rows").
         feature_names: list of str. One name per input column (last axis), when known.
         target_names: list of str. One name per target column, when known.
@@ -77,30 +79,34 @@ def _read_npz(spec, path):
         raise DataError(f"{spec.source}: data.path: cannot read {path} as npz: {exc}") from exc
     with archive:
         keys = list(archive.keys())
-        for field_name, key in (("data.x", spec.data.x), ("data.y", spec.data.y)):
+        for field_name, key in (("data.x", spec.data.x), *(("data.y", k) for k in targets.parts(spec.data.y))):
             if key not in keys:
                 raise DataError(f"{spec.source}: {field_name}: {path} has no array {key!r}; it holds {keys}")
         try:
-            x, y = archive[spec.data.x], archive[spec.data.y]
+            x, y = archive[spec.data.x], targets.convert(spec.data.y, lambda key: archive[key])
         except Exception as exc:  # object arrays (pickles are refused), truncated members
             raise DataError(f"{spec.source}: data.path: cannot read {path} as npz: {first_line(exc)}") from exc
     return LoadedData(x, y, f"{path.name}, {len(x)} rows")
 
 
 def _read_npy(spec, path):
-    y_path = spec.resolve(spec.data.y)
-    if not y_path.is_file():
-        raise DataError(f"{spec.source}: data.y: for an .npy input, `y` names the targets' .npy file; not found: {y_path}")
+    y_paths = targets.convert(spec.data.y, spec.resolve)
+    for y_path in targets.parts(y_paths):
+        if not y_path.is_file():
+            raise DataError(
+                f"{spec.source}: data.y: for an .npy input, `y` names the targets' .npy file; not found: {y_path}")
     try:
-        x, y = np.load(path, allow_pickle=False), np.load(y_path, allow_pickle=False)
+        x, y = np.load(path, allow_pickle=False), targets.convert(y_paths, lambda p: np.load(p, allow_pickle=False))
     except Exception as exc:
-        raise DataError(f"{spec.source}: data.path: cannot read {path} / {y_path} as npy: {exc}") from exc
-    return LoadedData(x, y, f"{path.name} + {y_path.name}, {len(x)} rows")
+        raise DataError(f"{spec.source}: data.path: cannot read {path} / {spec.data.y} as npy: {exc}") from exc
+    names = " + ".join(p.name for p in targets.parts(y_paths))
+    return LoadedData(x, y, f"{path.name} + {names}, {len(x)} rows")
 
 
 def _read_csv(spec, path):
-    targets = [spec.data.target] if isinstance(spec.data.target, str) else list(spec.data.target or [])
-    if not targets:
+    per_output = _target_columns(spec.data.target)
+    columns = [c for group in per_output.values() for c in group]
+    if not columns:
         raise DataError(f"{spec.source}: data.target: a csv source needs `target:` naming the target column(s)")
     try:
         with open(path, newline="", encoding="utf-8") as handle:
@@ -109,19 +115,26 @@ def _read_csv(spec, path):
             if not header:
                 raise DataError(f"{spec.source}: data.path: {path} is empty")
             header = [h.strip() for h in header]
-            missing = [t for t in targets if t not in header]
+            missing = [t for t in columns if t not in header]
             if missing:
                 raise DataError(f"{spec.source}: data.target: column(s) {missing} not in {path.name}; columns are {header}")
             values = [_parse_row(row, header, path, number) for number, row in enumerate(reader, start=2) if row]
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise DataError(f"{spec.source}: data.path: cannot read {path} as a UTF-8 csv: {first_line(exc)}") from exc
     table = np.asarray(values, dtype=np.float32).reshape(-1, len(header))
-    target_idx = [header.index(t) for t in targets]
-    feature_idx = [i for i in range(len(header)) if i not in target_idx]
+    feature_idx = [i for i in range(len(header)) if header[i] not in columns]
+    y = {name: table[:, [header.index(c) for c in group]] for name, group in per_output.items()}
     return LoadedData(
-        table[:, feature_idx], table[:, target_idx], f"{path.name}, {len(table)} rows",
-        feature_names=[header[i] for i in feature_idx], target_names=targets,
+        table[:, feature_idx], y[None] if None in y else y, f"{path.name}, {len(table)} rows",
+        feature_names=[header[i] for i in feature_idx], target_names=columns,
     )
+
+
+def _target_columns(target):
+    """{output name: [columns]} from `data.target`; the key None when there is one output."""
+    if isinstance(target, dict):
+        return {name: [cols] if isinstance(cols, str) else list(cols) for name, cols in target.items()}
+    return {None: [target] if isinstance(target, str) else list(target or [])}
 
 
 def _parse_row(row, header, path, number):
@@ -146,10 +159,11 @@ def _read_tfrecord(spec, path):
     import tensorflow as tf
 
     features, target = spec.data.features, spec.data.target
-    if not features or not isinstance(target, str) or target not in features:
+    labels = list(target.values()) if isinstance(target, dict) else [target]
+    if not features or not all(isinstance(t, str) and t in features for t in labels):
         raise DataError(
             f"{spec.source}: data.features: a TFRecord source needs `features:` (name -> {{dtype, shape}}) "
-            "and `target:` naming one of them"
+            "and `target:` naming one of them (per output of a multi-output model, a mapping from output name)"
         )
     dtypes = {"float32": tf.float32, "float64": tf.float64, "int64": tf.int64}
     parse_spec = {name: tf.io.FixedLenFeature(f.shape, dtypes[f.dtype]) for name, f in features.items()}
@@ -163,11 +177,12 @@ def _read_tfrecord(spec, path):
         first_line = str(exc.message).strip().splitlines()[0]
         raise DataError(f"{spec.source}: data.features: {path.name} does not match the feature spec: {first_line}") from exc
     arrays = {name: np.concatenate(parts) if parts else np.zeros((0, *features[name].shape)) for name, parts in columns.items()}
-    inputs = [name for name in features if name != target]
+    inputs = [name for name in features if name not in labels]
     if not inputs:
-        raise DataError(f"{spec.source}: data.features: only the target {target!r} is listed; expected input features too")
+        raise DataError(f"{spec.source}: data.features: only the target(s) {labels} are listed; expected input features too")
     x = np.concatenate([arrays[n].reshape(len(arrays[n]), -1) for n in inputs], axis=1) if len(inputs) > 1 else arrays[inputs[0]]
-    return LoadedData(x.astype(np.float32), arrays[target], f"{path.name}, {len(x)} rows", feature_names=inputs, target_names=[target])
+    y = {name: arrays[feature] for name, feature in target.items()} if isinstance(target, dict) else arrays[target]
+    return LoadedData(x.astype(np.float32), y, f"{path.name}, {len(x)} rows", feature_names=inputs, target_names=labels)
 
 
 def _from_factory(spec):
@@ -177,13 +192,25 @@ def _from_factory(spec):
     if _is_tf_dataset(result):
         x, y = _materialize(result, spec)
     elif isinstance(result, (tuple, list)) and len(result) == 2:
-        x, y = (np.asarray(part) for part in result)
+        x = np.asarray(result[0])
+        y = targets.convert(result[1], np.asarray) if _per_output(result[1], len(x)) else np.asarray(result[1])
     else:
         raise DataError(
             f"{spec.source}: {field_name}: {spec.data.factory} must return (x, y) arrays or a tf.data.Dataset "
             f"of (x, y). Received: a {type(result).__name__}"
         )
     return LoadedData(x, y, f"{spec.data.factory}, {len(x)} rows")
+
+
+def _per_output(y, rows):
+    """True when a factory's `y` holds one target array per output (a mapping, or a list of full-length arrays).
+
+    A list of per-row values (`[0, 1, 1, ...]` or one small array per row) is one target array.
+    """
+    if isinstance(y, dict):
+        return True
+    return (isinstance(y, (tuple, list)) and len(y) > 0
+            and all(np.ndim(part) >= 1 and len(part) == rows for part in y) and len(y) != rows)
 
 
 def _is_tf_dataset(value):
@@ -203,17 +230,23 @@ def _materialize(dataset, spec):
         ys.append(y)
     if not xs:
         raise DataError(f"{spec.source}: data.factory: the dataset is empty")
+    if isinstance(ys[0], (dict, tuple, list)):  # one target per output of a multi-output model
+        keys = list(ys[0]) if isinstance(ys[0], dict) else range(len(ys[0]))
+        stacked = {k: np.stack([y[k] for y in ys]) for k in keys}
+        return np.stack(xs), stacked if isinstance(ys[0], dict) else tuple(stacked.values())
     return np.stack(xs), np.stack(ys)
 
 
 def _checked(loaded, spec):
     field_name = "data.path" if spec.data.path else "data.factory" if spec.data.factory else "data.synthetic"
-    if loaded.x.ndim == 0 or loaded.y.ndim == 0:
-        raise DataError(f"{spec.source}: {field_name}: x and y must be arrays with rows on the first axis")
+    where = f"{spec.source}: {field_name}"
+    if loaded.x.ndim == 0 or any(np.ndim(part) == 0 for part in targets.parts(loaded.y)):
+        raise DataError(f"{where}: x and y must be arrays with rows on the first axis")
     if len(loaded.x) == 0:
-        raise DataError(f"{spec.source}: {field_name}: the dataset is empty (0 rows)")
-    if len(loaded.x) != len(loaded.y):
-        raise DataError(f"{spec.source}: {field_name}: x has {len(loaded.x)} rows but y has {len(loaded.y)}")
+        raise DataError(f"{where}: the dataset is empty (0 rows)")
+    for name, part in _named_parts(loaded.y):
+        if len(part) != len(loaded.x):
+            raise DataError(f"{where}: x has {len(loaded.x)} rows but {name} has {len(part)}")
     fraction = spec.data.validation.fraction
     if int(round(len(loaded.x) * fraction)) >= len(loaded.x):
         raise DataError(
@@ -221,16 +254,23 @@ def _checked(loaded, spec):
             "expected a fraction that keeps at least one"
         )
     if not (np.issubdtype(loaded.x.dtype, np.number) or loaded.x.dtype == bool):
-        raise DataError(f"{spec.source}: {field_name}: x must be numeric. Received dtype {loaded.x.dtype}")
+        raise DataError(f"{where}: x must be numeric. Received dtype {loaded.x.dtype}")
     if loaded.x.dtype == np.float64 or loaded.x.dtype == bool or np.issubdtype(loaded.x.dtype, np.integer):
         loaded.x = loaded.x.astype(np.float32)
-    if loaded.y.dtype == np.float64:
-        loaded.y = loaded.y.astype(np.float32)
+    loaded.y = targets.convert(loaded.y, targets.as_float32)
     if not loaded.feature_names and loaded.x.ndim == 2:
         loaded.feature_names = [f"x[{i}]" for i in range(loaded.x.shape[1])]
-    if not loaded.target_names:
+    if not loaded.target_names and not targets.is_multi(loaded.y):
         loaded.target_names = [f"y[{i}]" for i in range(loaded.y.shape[1])] if loaded.y.ndim == 2 else ["y"]
     return loaded
+
+
+def _named_parts(y):
+    if isinstance(y, dict):
+        return [(f"y[{k!r}]", v) for k, v in y.items()]
+    if isinstance(y, (tuple, list)):
+        return [(f"y[{i}]", v) for i, v in enumerate(y)]
+    return [("y", y)]
 
 
 def split_validation(loaded, fraction):
@@ -243,6 +283,7 @@ def split_validation(loaded, fraction):
     cut = loaded.rows - n_val
 
     def part(sl):
-        return LoadedData(loaded.x[sl], loaded.y[sl], loaded.description, loaded.feature_names, loaded.target_names)
+        return LoadedData(loaded.x[sl], targets.take(loaded.y, sl), loaded.description, loaded.feature_names,
+                          loaded.target_names)
 
     return part(slice(0, cut)), part(slice(cut, None))

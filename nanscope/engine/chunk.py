@@ -14,6 +14,7 @@ fails in the middle of a chunk the steps finished before it are still read back.
 
 import numpy as np
 
+from nanscope.data import targets
 from nanscope.engine.records import StepRecord
 from nanscope.runtime import tensorflow
 
@@ -26,7 +27,7 @@ DEVICE_DATA_LIMIT_BYTES = 256 * 2**20
 
 def fits_on_device(x, y):
     """True when the training arrays are small enough to keep on the device for chunked runs."""
-    return x.nbytes + y.nbytes <= DEVICE_DATA_LIMIT_BYTES
+    return x.nbytes + targets.nbytes(y) <= DEVICE_DATA_LIMIT_BYTES
 
 
 class ChunkRunner:
@@ -34,7 +35,8 @@ class ChunkRunner:
 
     Args:
         engine: InstrumentedStep.
-        x, y: np.ndarray. The training arrays the batch indices refer to.
+        x, y: np.ndarray. The training arrays the batch indices refer to (y: a tuple of
+            arrays for a multi-output model).
         expected: list of int, default (). Layers whose non-finite outputs are intended
             (`train.expect_nonfinite`): they alone do not end a chunk.
 
@@ -47,7 +49,7 @@ class ChunkRunner:
         tf, _ = tensorflow()
         self.engine = engine
         self._watched = tf.constant([0.0 if i in set(expected) else 1.0 for i in range(len(engine.layers))])
-        self._x, self._y = tf.constant(x), tf.constant(y)
+        self._x, self._y = tf.constant(x), tf.nest.map_structure(tf.constant, y)
         self._buffers = [tf.Variable(tf.zeros([CHUNK_STEPS, *shape]), trainable=False, name="nanscope_chunk")
                          for shape in self._output_shapes()]
         self._done = tf.Variable(0, trainable=False, name="nanscope_chunk_done")
@@ -95,7 +97,8 @@ class ChunkRunner:
 
         def body(i, bad, *previous):
             tf.cond(i > 0, lambda: self._store(i - 1, previous), tf.no_op)
-            x, y = tf.gather(self._x, indices[i]), tf.gather(self._y, indices[i])
+            x = tf.gather(self._x, indices[i])
+            y = tf.nest.map_structure(lambda t: tf.gather(t, indices[i]), self._y)
             outputs = self.engine._step(x, y)
             return (i + 1, _suspicious(*outputs, self._watched), *outputs)
 
@@ -112,11 +115,10 @@ class ChunkRunner:
     def _output_shapes(self):
         from nanscope.engine.flat import VARIABLE_COLUMNS
         from nanscope.engine.probes import LAYER_COLUMNS
-        from nanscope.engine.step import SCALAR_COLUMNS
 
         layers = len(self.engine.layers)
         terms = layers + 1 if self.engine.model.keras_model is not None else 0
-        return ([len(SCALAR_COLUMNS)], [layers, len(LAYER_COLUMNS)], [terms],
+        return ([self.engine.scalar_width], [layers, len(LAYER_COLUMNS)], [terms],
                 [len(self.engine.trainable), len(VARIABLE_COLUMNS)])
 
 

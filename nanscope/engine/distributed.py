@@ -17,10 +17,7 @@ import numpy as np
 
 from nanscope.engine.flat import any_nonfinite_count
 from nanscope.engine.records import StepRecord
-from nanscope.engine.step import (
-    InstrumentedStep,
-    layer_loss_terms,
-)
+from nanscope.engine.step import OUTPUT_COLUMNS, SCALAR_COLUMNS, InstrumentedStep, layer_loss_terms
 from nanscope.runtime import tensorflow
 
 
@@ -62,7 +59,6 @@ class DistributedStep(InstrumentedStep):
     def __init__(self, strategy, model, loss, optimizer, sample_x, sample_y, grad_transform=None):
         self.strategy = strategy
         self.replicas = strategy.num_replicas_in_sync
-        self._loss_unscale = float(self.replicas) if divides_by_replicas(loss.fn) else 1.0
         # The optimizer's slots and the snapshot must be mirrored variables.
         with strategy.scope():
             super().__init__(model, loss, optimizer, sample_x, sample_y, jit_compile=False,
@@ -82,12 +78,12 @@ class DistributedStep(InstrumentedStep):
         self._recorder.begin_replica(replica)
         rows = tf.shape(x)[0]
         start, end = rows * replica // self.replicas, rows * (replica + 1) // self.replicas
-        x, y = x[start:end], y[start:end]
+        x, y = x[start:end], tf.nest.map_structure(lambda t: t[start:end], y)
         share = tf.cast(end - start, tf.float32) / tf.cast(rows, tf.float32)
         with tf.GradientTape() as tape:
             y_pred = self.model.call(x, training=True)
-            y_pred_f = tf.cast(y_pred, tf.float32) if y_pred.dtype != tf.float32 else y_pred
-            data_loss = tf.reduce_mean(tf.cast(self.loss.fn(y, y_pred_f), tf.float32)) * self._loss_unscale
+            output_losses = self.loss.terms(y, y_pred)  # each the replica's own mean loss
+            data_loss = self.loss.total(output_losses)
             own_terms = layer_loss_terms(self.layers, self.model.keras_model)
             terms = tf.add_n([tf.reduce_sum(t) for t in own_terms]) if own_terms else 0.0
             total = data_loss + terms
@@ -101,7 +97,8 @@ class DistributedStep(InstrumentedStep):
         self.optimizer.apply_gradients(zip(handed, self.trainable))
         # Replica threads take turns only inside the all-reduce and the optimizer: set here, read by _outputs.
         self._loss_terms = own_terms
-        scalars, layer_stats, layer_terms, var_stats = self._outputs(x, y, y_pred, total, data_loss, grads, applied, None)
+        scalars, layer_stats, layer_terms, var_stats = self._outputs(
+            x, y, y_pred, total, data_loss, grads, applied, None, output_losses)
         local_nonfinite = tf.add_n([any_nonfinite_count(g) for g in local]) if local else tf.constant(0.0)
         counts = tf.stack([tf.cast(end - start, tf.float32), local_nonfinite])
         return scalars, layer_stats, layer_terms, var_stats, counts
@@ -110,17 +107,6 @@ class DistributedStep(InstrumentedStep):
         """Run one train step on a batch split over the replicas and return its StepRecord."""
         scalars, layer_stats, layer_terms, var_stats, counts = (t.numpy() for t in self._traced()(x, y))
         return combine_replicas(step, len(x), scalars, layer_stats, layer_terms, var_stats, counts)
-
-
-# Keras losses with these reductions divide their value by the number of replicas
-# when called inside a replica (keras.src.losses.loss.scale_loss_for_distribution).
-_REPLICA_SCALED_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
-
-
-def divides_by_replicas(loss_fn):
-    """True when a loss callable is a Keras Loss that scales its value by 1 / replicas under tf.distribute."""
-    _, keras = tensorflow()
-    return isinstance(loss_fn, keras.losses.Loss) and getattr(loss_fn, "reduction", None) in _REPLICA_SCALED_REDUCTIONS
 
 
 def combine_replicas(step, batch_rows, scalars, layer_stats, layer_terms, var_stats, counts):
@@ -140,6 +126,12 @@ def combine_replicas(step, batch_rows, scalars, layer_stats, layer_terms, var_st
         merged[:2] = (share[:, None] * scalars[:, :2]).sum(axis=0)
     merged[2:5] = scalars[:, 2:5].sum(axis=0)
     merged[5] = scalars[:, 5].max()
+    # Per output of a multi-output model: its loss (weighted like the loss), then two counts (summed).
+    width = len(OUTPUT_COLUMNS)
+    with np.errstate(invalid="ignore", over="ignore"):
+        merged[len(SCALAR_COLUMNS)::width] = (share[:, None] * scalars[:, len(SCALAR_COLUMNS)::width]).sum(axis=0)
+    for offset in range(1, width):
+        merged[len(SCALAR_COLUMNS) + offset::width] = scalars[:, len(SCALAR_COLUMNS) + offset::width].sum(axis=0)
     layers = np.concatenate([layer_stats[:, :, :1].max(axis=0), layer_stats[:, :, 1:].sum(axis=0)], axis=1)
     record = StepRecord.from_arrays(step, batch_rows, merged, layers, layer_terms[0], var_stats[0])
     record.replica_nonfinite = [int(v) for v in scalars[:, 2:5].sum(axis=1) + counts[:, 1]]

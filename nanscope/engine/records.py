@@ -10,6 +10,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
+# The step's scalar output vector (engine/step.py), in order.
+SCALAR_COLUMNS = (
+    "loss", "data_loss", "x_nonfinite", "y_nonfinite", "output_nonfinite", "loss_nonfinite",
+    "grad_global_norm", "grad_nonfinite", "weights_nonfinite", "applied_grad_global_norm", "loss_scale",
+    "update_skipped",
+)
+# A multi-output model appends these per output, in output order, after SCALAR_COLUMNS.
+OUTPUT_COLUMNS = ("loss", "target_nonfinite", "prediction_nonfinite")
+OUTPUT_START = len(SCALAR_COLUMNS)
 
 
 @dataclass
@@ -41,6 +50,15 @@ class VariableStats:
 
 
 @dataclass
+class OutputStats:
+    """One output of a multi-output model on one step: its own (unweighted) mean loss and non-finite counts."""
+
+    loss: float
+    target_nonfinite: int
+    prediction_nonfinite: int
+
+
+@dataclass
 class StepRecord:
     """What one instrumented train step measured.
 
@@ -65,6 +83,8 @@ class StepRecord:
             intended (an attention mask's -inf): reported, but they do not make a step non-finite.
         replica_nonfinite: list of int. Under tf.distribute, per replica: non-finite entries in
             its share of the batch, its model outputs and its own gradients. Empty on one device.
+        outputs: list of OutputStats. Per output of a multi-output model, in output order; empty
+            for a single-output model, whose `data_loss` is its output's loss.
     """
 
     step: int
@@ -86,6 +106,7 @@ class StepRecord:
     loss_scale: Optional[float] = None
     update_skipped: bool = False
     replica_nonfinite: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)
 
     @classmethod
     def from_arrays(cls, step, batch_rows, scalars, layer_stats, layer_terms, var_stats):
@@ -121,6 +142,8 @@ class StepRecord:
             model_loss_term=float(layer_terms[-1]) if len(layer_terms) > len(layers) else 0.0,
             loss_scale=s[10] if len(s) > 10 and s[10] else None,
             update_skipped=bool(s[11]) if len(s) > 11 else False,
+            outputs=[OutputStats(s[i], int(s[i + 1]), int(s[i + 2]))
+                     for i in range(OUTPUT_START, len(s) - 2, len(OUTPUT_COLUMNS))],
         )
 
     @property
@@ -141,6 +164,17 @@ class StepRecord:
             return "backward"
         if self.weights_nonfinite:
             return "update"
+        return None
+
+    def nonfinite_output(self, phase):
+        """Index of the first output of a multi-output model that shows `phase`'s non-finite value, or None.
+
+        data: its targets; forward: its prediction; loss: its own loss.
+        """
+        for index, output in enumerate(self.outputs):
+            if (phase == "data" and output.target_nonfinite) or (phase == "forward" and output.prediction_nonfinite) or (
+                    phase == "loss" and not math.isfinite(output.loss)):
+                return index
         return None
 
     def unexpected_nonfinite_layers(self):
@@ -173,10 +207,10 @@ def first_nonfinite_replica(record):
 
 def record_from_dict(line):
     """A StepRecord from its JSON form (a trace line); "nan"/"inf" strings become floats again."""
-    values = {k: _decoded(v) for k, v in line.items() if k not in ("kind", "layers", "variables", "phase")}
-    layers = [LayerStats(**{k: _decoded(v) for k, v in row.items()}) for row in line.get("layers", [])]
-    variables = [VariableStats(**{k: _decoded(v) for k, v in row.items()}) for row in line.get("variables", [])]
-    return StepRecord(layers=layers, variables=variables, **values)
+    values = {k: _decoded(v) for k, v in line.items() if k not in ("kind", "layers", "variables", "phase", "outputs")}
+    rows = {name: [cls(**{k: _decoded(v) for k, v in row.items()}) for row in line.get(name, [])]
+            for name, cls in (("layers", LayerStats), ("variables", VariableStats), ("outputs", OutputStats))}
+    return StepRecord(**rows, **values)
 
 
 def _decoded(value):

@@ -16,15 +16,9 @@ from dataclasses import dataclass
 
 from nanscope.engine.flat import GRAD_NONFINITE, WEIGHT_NONFINITE, Snapshot, any_nonfinite_count, variable_rows
 from nanscope.engine.probes import LayerRecorder
-from nanscope.engine.records import StepRecord
+from nanscope.engine.records import OUTPUT_COLUMNS, SCALAR_COLUMNS, StepRecord
 from nanscope.errors import DataError, ModelError, first_line
 from nanscope.runtime import tensorflow
-
-SCALAR_COLUMNS = (
-    "loss", "data_loss", "x_nonfinite", "y_nonfinite", "output_nonfinite", "loss_nonfinite",
-    "grad_global_norm", "grad_nonfinite", "weights_nonfinite", "applied_grad_global_norm", "loss_scale",
-    "update_skipped",
-)
 
 
 @dataclass
@@ -60,7 +54,8 @@ class InstrumentedStep:
         loss: objectives.Loss.
         optimizer: keras.Optimizer. Built here on the model's trainable variables.
         sample_x: np.ndarray. A batch of inputs, used for shapes and to build the model.
-        sample_y: np.ndarray. The matching targets.
+        sample_y: np.ndarray. The matching targets (a tuple of arrays, one per output, for a
+            multi-output Loss).
         jit_compile: bool, default False. Compile the step with XLA.
         grad_transform: callable(list of grads) -> list of grads, optional. Applied
             between the backward pass and the optimizer (manual clipping strategies).
@@ -93,9 +88,14 @@ class InstrumentedStep:
         self._snapshot = Snapshot(self._model_state())
         self._recorder = LayerRecorder(self.layers)
         x_spec = tf.TensorSpec([None, *sample_x.shape[1:]], tf.as_dtype(sample_x.dtype))
-        y_spec = tf.TensorSpec([None, *sample_y.shape[1:]], tf.as_dtype(sample_y.dtype))
+        y_spec = tf.nest.map_structure(lambda a: tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype)), sample_y)
         self._compiled = tf.function(self._step, input_signature=[x_spec, y_spec], jit_compile=jit_compile, autograph=False)
         self._concrete = None  # traced on first use: a chunked run never calls the single step
+
+    @property
+    def scalar_width(self):
+        """Length of the step's scalar output: SCALAR_COLUMNS, then OUTPUT_COLUMNS per output of a multi-output model."""
+        return len(SCALAR_COLUMNS) + len(OUTPUT_COLUMNS) * len(self.loss.outputs)
 
     @property
     def layer_call_order(self):
@@ -123,8 +123,8 @@ class InstrumentedStep:
         self._snapshot.take()
         with tf.GradientTape() as tape:
             y_pred = self.model.call(x, training=True)
-            y_pred_f = tf.cast(y_pred, tf.float32) if y_pred.dtype != tf.float32 else y_pred
-            data_loss = tf.reduce_mean(tf.cast(self.loss.fn(y, y_pred_f), tf.float32))  # loss functions may return per-sample values
+            output_losses = self.loss.terms(y, y_pred)
+            data_loss = self.loss.total(output_losses)
             terms = self._layer_loss_terms()
             total = data_loss + (tf.add_n([tf.reduce_sum(t) for t in terms]) if terms else 0.0)
             scale = tf.cast(tf.convert_to_tensor(self.optimizer.dynamic_scale), tf.float32) if self.loss_scaled else None
@@ -138,19 +138,22 @@ class InstrumentedStep:
         applied = self.grad_transform(grads) if self.grad_transform is not None else grads
         handed = [g * tf.cast(scale, g.dtype) for g in applied] if self.loss_scaled else applied
         self.optimizer.apply_gradients(zip(handed, self.trainable))
-        return self._outputs(x, y, y_pred, total, data_loss, grads, applied, scale)
+        return self._outputs(x, y, y_pred, total, data_loss, grads, applied, scale, output_losses)
 
     def _layer_loss_terms(self):
         self._loss_terms = layer_loss_terms(self.layers, self.model.keras_model)
         return self._loss_terms
 
-    def _outputs(self, x, y, y_pred, total, data_loss, grads, applied, scale):
+    def _outputs(self, x, y, y_pred, total, data_loss, grads, applied, scale, output_losses):
         tf, _ = tensorflow()
         var_stats, grad_norm, applied_norm = variable_rows(
             grads, self._snapshot.copies[: len(self.trainable)], self.trainable, None if applied is grads else applied)
+        target_counts = [any_nonfinite_count(t) for t in tf.nest.flatten(y)]
+        prediction_counts = [any_nonfinite_count(t) for t in tf.nest.flatten(y_pred)]
+        per_output = [column for row in zip(output_losses, target_counts, prediction_counts) for column in row]
         scalars = tf.stack([
-            tf.cast(total, tf.float32), data_loss, any_nonfinite_count(x), any_nonfinite_count(y),
-            tf.add_n([any_nonfinite_count(t) for t in tf.nest.flatten(y_pred)]),
+            tf.cast(total, tf.float32), data_loss, any_nonfinite_count(x), tf.add_n(target_counts),
+            tf.add_n(prediction_counts),
             tf.cast(tf.logical_not(tf.math.is_finite(total)), tf.float32),
             grad_norm,
             tf.reduce_sum(var_stats[:, GRAD_NONFINITE]),
@@ -158,6 +161,7 @@ class InstrumentedStep:
             applied_norm,
             tf.cast(tf.convert_to_tensor(self.optimizer.dynamic_scale), tf.float32) if self.loss_scaled else 0.0,
             self._skipped(applied, scale),
+            *(per_output if self.loss.multi_output else []),
         ])
         layer_terms = tf.stack(self._loss_terms) if self._loss_terms else tf.zeros([0])
         return scalars, self._recorder.stats_matrix(), layer_terms, var_stats

@@ -42,12 +42,12 @@ def replay_step(model, loss, optimizer, x, y, grad_transform=None):
         model: LoadedModel.
         loss: objectives.Loss.
         optimizer: keras.Optimizer, built on the model's trainable variables.
-        x, y: np.ndarray. The batch.
+        x, y: np.ndarray. The batch (y: a tuple of arrays for a multi-output model).
         grad_transform: callable(list of grads) -> list of grads, optional.
     """
     tf, _ = tensorflow()
     started = time.perf_counter()
-    x, y = tf.convert_to_tensor(x), tf.convert_to_tensor(y)
+    x, y = tf.convert_to_tensor(x), tf.nest.map_structure(tf.convert_to_tensor, y)
     trainable = list(model.keras_model.trainable_variables if model.keras_model is not None else model.trainable_variables)
     watch = OpWatch(probed_layers(model.keras_model))
     with watch.attached():
@@ -64,8 +64,7 @@ def _run_phases(watch, model, loss, optimizer, trainable, x, y, grad_transform):
         watch.phase = "forward"
         y_pred = model.call(x, training=True)
         watch.phase = "loss"
-        y_pred = tf.cast(y_pred, tf.float32) if y_pred.dtype != tf.float32 else y_pred
-        total = tf.cast(loss.fn(y, y_pred), tf.float32)
+        total = loss.total(loss.terms(y, y_pred))
         extra = list(model.keras_model.losses) if model.keras_model is not None else []
         if extra:
             total = total + tf.add_n([tf.cast(tf.reduce_sum(t), tf.float32) for t in extra])

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nanscope.data import targets
 from nanscope.errors import NanscopeError
 from nanscope.jsonio import write_text_atomic
 
@@ -23,13 +24,14 @@ def save_repro(directory, session, step, x, y, state_before):
         directory: str or Path.
         session: Session the step ran in.
         step: int.
-        x, y: np.ndarray. The step's batch.
+        x, y: np.ndarray. The step's batch (y: a tuple of arrays for a multi-output model).
         state_before: list of np.ndarray. Model then optimizer variables before the step.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     arrays = {f"state_{i}": value for i, value in enumerate(state_before)}
-    np.savez(directory / "state.npz", x=x, y=y, rows=session.order.indices(step), **arrays)
+    targets = {f"y_{i}": part for i, part in enumerate(y)} if isinstance(y, tuple) else {"y": y}
+    np.savez(directory / "state.npz", x=x, rows=session.order.indices(step), **targets, **arrays)
     source = str(Path(session.spec.source).resolve()) if session.spec.source else None
     document = {"schema": SCHEMA, "step": step, "spec_source": source,
                 "spec": session.spec.model_dump(mode="json"), "variables": len(state_before)}
@@ -81,11 +83,13 @@ def replay_repro(directory):
                             f"the spec's model and optimizer have {len(variables)}; did the model change?")
     for i, variable in enumerate(variables):
         variable.assign(arrays[f"state_{i}"])
-    x, y, step = arrays["x"], arrays["y"], int(document["step"])
+    x, step = arrays["x"], int(document["step"])
+    y = arrays["y"] if "y" in arrays else tuple(arrays[f"y_{i}"] for i in range(len(session.loss.outputs)))
     report = TraceReport(run={"spec": spec.source, "replay": str(directory), "optimizer_config": {}},
                          layers=[], layer_order=[], variables=[], records=[])
-    if not (_finite(x) and _finite(y)):
-        report.first_nonfinite = FirstNonfinite(step, "data", detail=describe_bad_batch(x, y, arrays["rows"], session.train))
+    if not (_finite(x) and all(_finite(part) for part in targets.parts(y))):
+        report.first_nonfinite = FirstNonfinite(step, "data", detail=describe_bad_batch(
+            x, y, arrays["rows"], session.train, [o.name for o in session.loss.outputs]))
     else:
         found = replay_step(session.model, session.loss, optimizer, x, y)
         report.run["replay_seconds"] = found.seconds

@@ -1,4 +1,4 @@
-"""Rich output for check-data: a table per input and target array, the label check, the recommendations.
+"""Rich output for check-data: a table per input and target array, the label checks, the recommendations.
 
 Also `scan_progress`, the progress bar on stderr that only appears when a scan runs
 for more than a second. Renderers format what the scan measured; they never compute.
@@ -9,6 +9,7 @@ from contextlib import contextmanager
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -17,14 +18,15 @@ MAX_ROWS_SHOWN = 40
 
 
 def render_data_report(scan, console):
-    """Print a DataScan: header, one table per array, labels, recommendations, status line."""
+    """Print a DataScan: header, one table per array, the label check of each output, recommendations, status line."""
     sampled = f" (sample of {scan.scanned_rows})" if scan.sampled else ""
     console.print(f"check-data {scan.source}: {scan.description}{sampled}", style="bold", markup=False)
     for role, columns in (("input", scan.inputs), ("target", scan.targets)):
         for array in dict.fromkeys(c.array for c in columns):
-            console.print(_column_table(f"{role} {array}", [c for c in columns if c.array == array]))
-    if scan.labels is not None:
-        _print_labels(scan.labels, console)
+            in_array = [c for c in columns if c.array == array]
+            console.print(_column_table(_array_title(role, array, in_array[0].output), in_array))
+    for labels in scan.label_checks or ([scan.labels] if scan.labels is not None else []):
+        _print_labels(labels, console)
     for rec in scan.recommendations:
         style = SEVERITY_STYLE.get(rec.severity, "")
         console.print(f"[{style}]{rec.severity}[/{style}] [bold]{rec.id}[/bold]: {rec.title}")
@@ -33,6 +35,12 @@ def render_data_report(scan, console):
         console.print(f"    fix: {rec.fix}", style="dim", markup=False, highlight=False)
     colour = "green" if scan.status == "clean" else "red"
     console.print(f"status: [{colour}]{scan.status}[/{colour}]")
+
+
+def _array_title(role, array, output):
+    if output is None or str(output) == array:
+        return f"{role} {array}"
+    return f"{role} {array} (output {output})"
 
 
 def _column_table(title, columns):
@@ -75,7 +83,9 @@ def _worth_showing(columns):
 
 def _print_labels(labels, console):
     classes = labels.classes if labels.classes is not None else "unknown"
-    console.print(f"[bold]labels[/bold] for {labels.loss} ({labels.kind}, classes: {classes})")
+    output = "" if labels.output is None else f" of output {labels.output}"
+    console.print(f"[bold]labels[/bold]{escape(f'{output} for {labels.loss} ({labels.kind}, classes: {classes})')}",
+                  highlight=False)
     counts = ", ".join(f"{k}: {n}" for k, n in list(labels.class_counts.items())[:20])
     if counts:
         console.print(f"    class counts: {counts}", highlight=False)

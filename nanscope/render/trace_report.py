@@ -22,6 +22,9 @@ def render_trace_report(report, console):
     if report.records:
         console.print(_curves(report))
         console.print(_steps_table(report))
+    outputs = report.output_summaries()
+    if outputs:
+        console.print(_outputs_table(outputs))
     if report.layers:
         console.print(_layers_table(report))
     console.print(_variables_table(report))
@@ -95,6 +98,18 @@ def _steps_table(report):
     return table
 
 
+def _outputs_table(outputs):
+    table = Table(title="outputs (each output's own mean loss)", title_justify="left", show_edge=False)
+    for column in ("output", "loss", "weight", "first", "last", "NaN steps"):
+        table.add_column(column, justify="left" if column in ("output", "loss") else "right", overflow="fold",
+                         min_width=18 if column == "loss" else None)
+    for row in outputs:
+        style = "red" if row["nonfinite_steps"] else None
+        table.add_row(row["name"], row["loss"], fmt(row["weight"]), fmt(row["first_loss"]), fmt(row["last_loss"]),
+                      str(row["nonfinite_steps"]), style=style)
+    return table
+
+
 def _layers_table(report):
     rows = sorted(report.layer_summaries(), key=lambda r: (-r["nonfinite_steps"], -(r["max_abs"] or 0)))
     table = Table(title="layers (largest outputs first; mean |x|, zeros: last step)", title_justify="left", show_edge=False)
@@ -133,7 +148,7 @@ def _first_nonfinite(report):
     grid.add_column()
     layer = f"{first.layer} ({first.layer_class})" if first.layer_class else first.layer
     for key, value in (("step", first.step), ("phase", first.phase), ("replica", _replica_text(report)),
-                       ("layer", layer), ("variable", first.variable), ("op", first.op), ("source", first.source)):
+                       ("output", first.output), ("layer", layer), ("variable", first.variable), ("op", first.op), ("source", first.source)):
         if value is not None:
             grid.add_row(key, str(value))
     if first.inputs:

@@ -155,17 +155,31 @@ RULE_FIX_LR = "train:\n  optimizer: {learning_rate: 0.001}"
 def _target_scale(report, session, healthy):
     if session.train is None:  # a run seen only through model.fit: no arrays to look at
         return []
-    y = session.train.y
-    if session.loss.name.lower() not in MSE_LIKE_LOSSES or not np.issubdtype(y.dtype, np.floating):
-        return []
-    with np.errstate(all="ignore"):  # targets so large their variance overflows are exactly the finding
-        std, mean = float(np.nanstd(y.astype(np.float64))), float(np.nanmean(np.abs(y.astype(np.float64))))
-    if max(std, mean) <= SCALE_LIMIT:
-        return []
-    evidence = [f"regression targets have std {std:.3g} and mean |y| {mean:.3g} under {session.loss.name} "
-                f"(unit scale: ~1; limit {SCALE_LIMIT:g}); the loss and its gradients scale with y squared"]
-    severity = _severity(report, "info")
-    return [(0.7, recommend("normalize-targets", severity, evidence, data={"y_std": std, "y_mean_abs": mean}))]
+    found = []
+    for name, loss_name, y in _regression_targets(session):
+        with np.errstate(all="ignore"):  # targets so large their variance overflows are exactly the finding
+            std, mean = float(np.nanstd(y.astype(np.float64))), float(np.nanmean(np.abs(y.astype(np.float64))))
+        if max(std, mean) <= SCALE_LIMIT:
+            continue
+        whose = f"regression targets of output {name!r}" if name else "regression targets"
+        evidence = [f"{whose} have std {std:.3g} and mean |y| {mean:.3g} under {loss_name} "
+                    f"(unit scale: ~1; limit {SCALE_LIMIT:g}); the loss and its gradients scale with y squared"]
+        data = {"y_std": std, "y_mean_abs": mean, **({"output": name} if name else {})}
+        # Targets a hundred times past the limit dwarf any learning-rate effect: no rate that
+        # suits the other weights can absorb gradients scaled by y squared.
+        score = 0.8 if max(std, mean) > 100 * SCALE_LIMIT else 0.7
+        found.append((score, recommend("normalize-targets", _severity(report, "info"), evidence, data=data)))
+    return found
+
+
+def _regression_targets(session):
+    """(output name or None, loss name, targets) for each output trained with an MSE-like loss on float targets."""
+    if session.loss.multi_output:
+        pairs = [(o.name, o.loss.name, y) for o, y in zip(session.loss.outputs, session.train.y)]
+    else:
+        pairs = [(None, session.loss.name, session.train.y)]
+    return [(name, loss, y) for name, loss, y in pairs
+            if loss.lower() in MSE_LIKE_LOSSES and np.issubdtype(y.dtype, np.floating)]
 
 
 def _input_scale(report, session, healthy):

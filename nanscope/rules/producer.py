@@ -50,6 +50,8 @@ def _where(first):
     parts = [f"step {first.step}, {first.phase} pass"]
     if first.layer:
         parts.append(f"layer {first.layer}" + (f" ({first.layer_class})" if first.layer_class else ""))
+    if getattr(first, "output", None):
+        parts.append(f"output {first.output!r}")
     if first.source:
         parts.append(first.source)
     return ", ".join(parts)

@@ -1,0 +1,98 @@
+"""Targets of one output or of several: one array, or a tuple of arrays in model output order.
+
+A single-output model's targets are one numpy array. A multi-output model's are one
+array per output: sources load them as a mapping from output name (or a list in
+output order), and `arrange` puts them in the order of the model's flattened
+outputs once the model is known. Everything after that sees either an array or a
+tuple of arrays with the same number of rows, and goes through these functions to
+take rows, count bytes or name columns.
+"""
+
+import numpy as np
+
+from nanscope.errors import DataError
+
+
+def parts(y):
+    """The target arrays: [y] for one array, the members of a tuple, list or mapping otherwise."""
+    if isinstance(y, dict):
+        return list(y.values())
+    if isinstance(y, (tuple, list)):
+        return list(y)
+    return [y]
+
+
+def is_multi(y):
+    """True for the targets of a multi-output model (a tuple, list or mapping of arrays)."""
+    return isinstance(y, (tuple, list, dict))
+
+
+def take(y, rows):
+    """The rows `rows` (an index array or a slice) of every target array, in the same structure."""
+    if isinstance(y, dict):
+        return {k: v[rows] for k, v in y.items()}
+    if isinstance(y, (tuple, list)):
+        return tuple(v[rows] for v in y)
+    return y[rows]
+
+
+def row_count(y):
+    """Rows of the targets (of the first array: `checked` makes them all equal)."""
+    return len(parts(y)[0])
+
+
+def nbytes(y):
+    """Bytes held by all the target arrays."""
+    return sum(part.nbytes for part in parts(y))
+
+
+def convert(y, fn):
+    """`fn` applied to every target array, keeping the structure."""
+    if isinstance(y, dict):
+        return {k: fn(v) for k, v in y.items()}
+    if isinstance(y, (tuple, list)):
+        return tuple(fn(v) for v in y)
+    return fn(y)
+
+
+def arrange(y, names, where):
+    """Targets in the order of the model's outputs `names`: one array for one output, else a tuple.
+
+    Args:
+        y: np.ndarray, tuple/list of arrays, or dict from output name to array.
+        names: list of str. The model's flattened output names.
+        where: str. The spec file and field, for messages.
+
+    Raises:
+        DataError: when the targets do not match the model's outputs.
+    """
+    count = max(len(names), 1)
+    if isinstance(y, dict):
+        unknown, missing = [k for k in y if k not in names], [n for n in names if n not in y]
+        if unknown or missing:
+            raise DataError(f"{where}: the targets are named {list(y)} but the model's outputs are {names}"
+                            + (f"; no targets for {missing}" if missing else ""))
+        y = [y[n] for n in names]
+    if isinstance(y, (tuple, list)):
+        if len(y) != count:
+            raise DataError(f"{where}: {len(y)} target arrays for the model's {count} output(s) {names}")
+        return y[0] if count == 1 else tuple(y)
+    if count > 1:
+        raise DataError(
+            f"{where}: the model has {count} outputs {names} but the data gives one target array; give one per "
+            "output: `y` (npz, npy) or `target` (csv, TFRecord) as a mapping from output name, or a factory "
+            "returning (x, {output name: targets})")
+    return y
+
+
+def column_names(y, names, base="y"):
+    """Per target array, names for its columns: `y[0]`, ... or `<output>[0]`, ... for a multi-output model."""
+    arrays = parts(y)
+    prefixes = [base] if len(arrays) == 1 else list(names) if len(names) == len(arrays) else [
+        f"{base}{i}" for i in range(len(arrays))]
+    return [[f"{p}[{i}]" for i in range(a.shape[1])] if a.ndim == 2 else [p] for p, a in zip(prefixes, arrays)]
+
+
+def as_float32(array):
+    """float64 targets become float32 (the model's dtype); other dtypes are kept."""
+    return array.astype(np.float32) if array.dtype == np.float64 else array
