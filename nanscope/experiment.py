@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from nanscope import interrupt
+from nanscope.data import targets
 from nanscope.jsonio import jsonable
 
 
@@ -102,7 +103,8 @@ def run_experiment(session, change, steps=None, stop_at_nonfinite=True, on_step=
         for record in done:
             if fingerprint:
                 x, y = session.batch(record.step)
-                crc = zlib.crc32(y.tobytes(), zlib.crc32(x.tobytes(), crc))
+                for array in (x, *targets.parts(y)):
+                    crc = zlib.crc32(array.tobytes(), crc)
             records.append(record)
             if on_step is not None:
                 on_step(record)

@@ -39,6 +39,8 @@ def _pyplot():
 def plot_trace(report, path):
     """Write loss, gradient norm and the worst layers' max |x| over steps to an image file.
 
+    A multi-output model's per-output losses are drawn beside the total loss.
+
     The first non-finite step is a red line; the onset of gradient growth found by the
     `clip-gradients` rule, when it fired, is an orange dashed line.
 
@@ -50,6 +52,9 @@ def plot_trace(report, path):
     steps = [r.step for r in report.records]
     figure, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
     _curve(axes[0], steps, [r.loss for r in report.records], "loss")
+    for index, name in enumerate(report.output_names if report.output_summaries() else []):
+        _curve(axes[0], steps, [r.outputs[index].loss if index < len(r.outputs) else math.nan for r in report.records],
+               f"output {name}", marks=False)
     _curve(axes[1], steps, [r.grad_global_norm for r in report.records], "grad global norm")
     for index, name in worst_layers(report):
         _curve(axes[2], steps, [_layer_max(r, index) for r in report.records], name, marks=False)

@@ -3,7 +3,8 @@
 `TensorBoardLog` writes one event per quantity per step with `tf.summary`:
 the run's scalars (`loss`, `grad_global_norm`, non-finite counts per phase), and per
 layer `layers/<name>/max_abs`, `mean_abs` and `nonfinite`, per variable
-`variables/<name>/grad_norm` and `update_ratio`. The step function returns
+`variables/<name>/grad_norm` and `update_ratio`, and per output of a multi-output model
+`outputs/<name>/loss`, `target_nonfinite` and `prediction_nonfinite`. The step function returns
 reductions only, so there are no per-element histograms: per-layer scalars instead.
 
 Events are written with TensorFlow's own `tf.summary.write` and the scalar plugin's
@@ -26,6 +27,7 @@ STEP_SCALARS = {
 }
 LAYER_SCALARS = ("max_abs", "mean_abs", "nonfinite")
 VARIABLE_SCALARS = ("grad_norm", "update_ratio")
+OUTPUT_SCALARS = ("loss", "target_nonfinite", "prediction_nonfinite")
 
 
 class TensorBoardLog:
@@ -35,6 +37,7 @@ class TensorBoardLog:
         logdir: str or Path. Created if missing; event files are added to it.
         layers: list of (name, class) pairs, in the records' layer order.
         variables: list of str. Variable names, in the records' variable order.
+        outputs: list of str, default (). A multi-output model's output names, in the records' output order.
 
     Example:
         with TensorBoardLog("runs/tb", report.layers, report.variables) as board:
@@ -42,10 +45,11 @@ class TensorBoardLog:
                 board.write(record)
     """
 
-    def __init__(self, logdir, layers, variables):
+    def __init__(self, logdir, layers, variables, outputs=()):
         tf, _ = tensorflow()
         self.layer_names = [name for name, _ in layers]
         self.variable_names = list(variables)
+        self.output_names = list(outputs)
         self._writer = tf.summary.create_file_writer(str(logdir))
         self._metadata = tf.compat.v1.SummaryMetadata(
             plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars")
@@ -63,6 +67,9 @@ class TensorBoardLog:
             for name, stats in zip(self.variable_names, record.variables):
                 for quantity in VARIABLE_SCALARS:
                     self._scalar(f"variables/{name}/{quantity}", getattr(stats, quantity))
+            for name, stats in zip(self.output_names, record.outputs):
+                for quantity in OUTPUT_SCALARS:
+                    self._scalar(f"outputs/{name}/{quantity}", getattr(stats, quantity))
 
     def _scalar(self, tag, value):
         tf, _ = tensorflow()

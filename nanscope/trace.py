@@ -106,7 +106,7 @@ def _open_board(logdir, report):
         return None
     from nanscope.tensorboard import TensorBoardLog
 
-    return TensorBoardLog(logdir, report.layers, report.variables)
+    return TensorBoardLog(logdir, report.layers, report.variables, report.output_names)
 
 
 def _expected_notes(patterns, engine, expected):

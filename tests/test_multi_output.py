@@ -257,3 +257,17 @@ def test_the_bundled_multi_output_example_names_the_output_and_its_targets(tmp_p
     assert "output 'price'" in document["recommendations"][0]["evidence"][0]
     kind = next(o for o in document["outputs"] if o["name"] == "kind")
     assert kind["first_loss"] == pytest.approx(np.log(4), rel=0.3)  # 4 classes, near-uniform logits at the start
+
+
+def test_compare_clipping_runs_every_strategy_on_the_same_multi_output_batches(tmp_path):
+    config = Path(__file__).parent.parent / "configs" / "multi-output.yaml"
+    result = CliRunner().invoke(app, ["compare-clipping", str(config), "--steps", "8", "--json",
+                                      str(tmp_path / "c.json")])
+    assert result.exit_code == 0, result.stderr
+    document = json.loads((tmp_path / "c.json").read_text())
+    unclipped = next(s for s in document["strategies"] if s["name"] == "none")
+    assert unclipped["first_nonfinite_step"] == 3
+    assert len({s["start_fingerprint"] for s in document["strategies"]}) == 1
+    full = [s for s in document["strategies"] if s["steps_run"] == 8]
+    assert len(full) >= 2 and len({s["batches_fingerprint"] for s in full}) == 1
+    assert document["recommended"] is not None

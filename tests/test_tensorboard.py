@@ -44,6 +44,17 @@ def test_trace_steps_writes_per_step_scalars(tmp_path):
     assert not np.isfinite(scalars["loss"][last.step])  # the non-finite step is written as it is
 
 
+def test_a_multi_output_run_writes_each_output_loss(tmp_path):
+    report = run_trace(load_spec(CONFIGS / "multi-output.yaml"),
+                       TraceOptions(trace_path=tmp_path / "trace.jsonl", tensorboard=tmp_path / "tb", forensics=False))
+    scalars = read_scalars(tmp_path / "tb")
+    for index, name in enumerate(("price", "kind")):
+        assert sorted(scalars[f"outputs/{name}/loss"]) == [r.step for r in report.records]
+        for record in report.records:
+            assert np.isclose(scalars[f"outputs/{name}/loss"][record.step], record.outputs[index].loss, rtol=1e-6,
+                              equal_nan=True)
+
+
 def test_callback_writes_the_same_tags(tmp_path):
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="hidden"), keras.layers.Dense(1, name="out")])

@@ -63,7 +63,7 @@ def verify_optimizer_clip(session, strategy):
     variables = list(session.model.trainable_variables)
     x, y = session.batch(0)
     with tf.GradientTape() as tape:
-        loss = session.loss.fn(y, tf.cast(session.model.call(x, training=True), tf.float32))
+        loss = session.loss.total(session.loss.terms(y, session.model.call(x, training=True)))
     grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(tape.gradient(loss, variables), variables)]
     measure = _measure(grads, strategy.measure)
     if not math.isfinite(measure) or measure == 0.0:
