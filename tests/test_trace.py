@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from nanscope.engine.step import InstrumentedStep
-from nanscope.objectives import Loss
+from nanscope.losses import Loss
 from nanscope.models import _keras
 from nanscope.runtime import tensorflow
 from nanscope.spec import load_spec, parse_spec
