@@ -105,6 +105,18 @@ def test_csv_with_target_and_empty_cells(tmp_path):
     assert_planted(doc["inputs"], list("abcde"))
 
 
+def test_csv_with_quoted_header_and_cells(tmp_path):
+    # Spreadsheet exports quote names with commas and sometimes numbers too.
+    lines = ['"price, usd",size,"label"'] + [f'"{i * 1.5}",{i},"{i % 2}"' for i in range(40)]
+    lines[7] = '"nan",6,"0"'
+    (tmp_path / "train.csv").write_text("\n".join(lines) + "\n")
+    code, doc, _ = run_cli(tmp_path / "train.csv", "--target", "label", "--json", "-")
+    assert code == 1 and doc["rows"] == 40
+    assert [c["name"] for c in doc["inputs"]] == ["price, usd", "size"]
+    price = doc["inputs"][0]
+    assert price["nan"] == 1 and price["max"] == 39 * 1.5
+
+
 def test_tfrecord_via_spec(tmp_path):
     from nanscope.runtime import tensorflow
 

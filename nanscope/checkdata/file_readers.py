@@ -5,6 +5,7 @@ piece (compressed or not); a csv file is parsed a block of lines at a time. A
 multi-output model's targets are one array per output, each read the same way.
 """
 
+import csv
 import itertools
 import zipfile
 from pathlib import Path
@@ -150,7 +151,7 @@ def _columns(part):
 def _csv_header(path, origin):
     with open(path, newline="", encoding="utf-8") as handle:
         first = handle.readline()
-    header = [h.strip() for h in first.strip().split(",")] if first.strip() else []
+    header = [h.strip() for h in next(csv.reader([first]))] if first.strip() else []
     if not header:
         raise DataError(f"{origin}: data.path: {path.name} is empty (no header line)")
     return header
@@ -161,7 +162,7 @@ def _parse_lines(lines, header, path, first_line):
     if not lines:
         return np.zeros((0, len(header)), np.float64)
     try:
-        table = np.loadtxt(lines, delimiter=",", dtype=np.float64, ndmin=2)
+        table = np.loadtxt(lines, delimiter=",", quotechar='"', dtype=np.float64, ndmin=2)
     except ValueError:
         table = np.array([_parse_row(line, header, path, first_line + i) for i, line in enumerate(lines)])
     if table.shape[1] != len(header):
@@ -170,7 +171,7 @@ def _parse_lines(lines, header, path, first_line):
 
 
 def _parse_row(line, header, path, number):
-    cells = line.rstrip("\r\n").split(",")
+    cells = next(csv.reader([line.rstrip("\r\n")]))
     if len(cells) != len(header):
         raise DataError(f"{path}: line {number}: {len(cells)} cells, expected {len(header)}")
     row = []
