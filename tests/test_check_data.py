@@ -292,3 +292,14 @@ def test_sequence_input_per_feature_over_time_steps(tmp_path):
     assert [c["name"] for c in inputs] == ["x[..., 0]", "x[..., 1]"]
     assert (inputs[1]["nan"], inputs[1]["neginf"], inputs[1]["first_nonfinite_rows"]) == (2, 1, [4, 15])
     assert inputs[0]["mean"] == pytest.approx(float(x[..., 0].astype(np.float64).mean()), rel=1e-6)
+
+
+def test_classes_come_from_the_model_output_width(tmp_path, write_spec):
+    labels = np.arange(60) % 4  # labels 0..3 for a model with 3 output units
+    np.savez(tmp_path / "train.npz", x=RNG.standard_normal((60, 2)).astype(np.float32), y=labels)
+    model = "import keras\n\ndef build():\n    return keras.Sequential([keras.Input((2,)), keras.layers.Dense(3)])\n"
+    spec = write_spec({"model": {"factory": "model.py:build"}, "data": {"path": "train.npz"},
+                       "train": {"loss": "sparse_categorical_crossentropy"}}, files={"model.py": model})
+    code, doc, _ = run_cli(spec, "--json", "-")
+    assert code == 1 and doc["labels"]["classes"] == 3 and doc["labels"]["bad_rows"] == 15
+    assert [r["id"] for r in doc["recommendations"]] == ["fix-labels"]

@@ -246,3 +246,27 @@ def test_bad_per_output_input_is_one_line_exit_2(tmp_path, write_spec, data, los
     code, doc, stderr = run_cli(spec, "--json", "-")
     assert code == 2 and doc is None and "Traceback" not in stderr
     assert stderr.strip().count("\n") == 0 and f"{spec}: {field}: " in stderr
+
+
+MODEL_WITHOUT_CLASS_ARGUMENT = """
+import keras
+
+
+def build():
+    inputs = keras.Input((3,))
+    hidden = keras.layers.Dense(4)(inputs)
+    return keras.Model(inputs, [keras.layers.Dense(1, name="price")(hidden), keras.layers.Dense(2, name="kind")(hidden)])
+"""
+
+
+def test_classes_come_from_the_model_output_width_when_the_spec_does_not_say(tmp_path, write_spec):
+    x, price, kind = planted()
+    kind[BAD_LABEL_ROW] = 2  # a valid label for 3 classes, outside the model's 2 `kind` units
+    np.savez(tmp_path / "train.npz", x=x, y_price=price, y_kind=kind)
+    spec = write_spec({"model": {"factory": "model.py:build"},
+                       "data": {"path": "train.npz", "y": {"price": "y_price", "kind": "y_kind"}},
+                       "train": {"loss": PER_OUTPUT_LOSS}}, files={"model.py": MODEL_WITHOUT_CLASS_ARGUMENT})
+    code, doc, _ = run_cli(spec, "--json", "-")
+    check = doc["label_checks"][0]
+    assert code == 1 and (check["output"], check["classes"]) == ("kind", 2)
+    assert check["bad_rows"] == int((kind >= 2).sum())

@@ -5,7 +5,7 @@ cross-entropy wants one integer label per row in [0, classes); a categorical one
 wants rows of class probabilities (one-hot) that sum to 1; a binary one wants
 targets in [0, 1]. `LabelTally` streams over target chunks, counting labels per
 class and the rows that break the expectation; the number of classes comes from a
-hint (spec or command line), from the one-hot width, or stays unknown. A
+hint (spec, command line or the model's output width), from the one-hot width, or stays unknown. A
 multi-output model has one tally per target array, against its own output's loss.
 """
 

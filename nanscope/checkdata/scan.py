@@ -17,6 +17,7 @@ import numpy as np
 
 from nanscope.checkdata.findings import column_scale, recommendations
 from nanscope.checkdata.labels import LABEL_KINDS, LabelTally, label_kind
+from nanscope.checkdata.model_width import output_widths
 from nanscope.checkdata.outputs import output_losses
 from nanscope.checkdata.readers import FILE_READERS, open_stream
 from nanscope.checkdata.result import ColumnReport, DataScan
@@ -27,6 +28,8 @@ from nanscope.spec import DataSpec, load_spec
 CHUNK_BYTES = 4 << 20
 STREAM_CHUNK_ROWS = 16384
 CLASS_HINTS = ("classes", "num_classes", "n_classes")
+# Loss kinds whose label check needs the number of classes.
+CLASS_KINDS = ("sparse", "onehot")
 
 
 def scan_data(source, target=None, loss=None, classes=None, sample=None, chunk_rows=None, on_progress=None):
@@ -102,6 +105,9 @@ def _open(path, target, loss, classes):
         outputs = [stream.outputs.get(name) for name in stream.targets]
         losses = [loss] * len(outputs) if loss else output_losses(spec.train.loss, outputs, str(path))
         hint = classes or _classes_hint(spec)
+        if hint is None and any(label_kind(name) in CLASS_KINDS for name in losses):
+            widths = output_widths(spec)
+            hint = widths if None not in widths else widths[None]
         return stream, {
             name: _LabelSettings(loss_name, label_kind(loss_name), _classes_for(hint, output))
             for name, output, loss_name in zip(stream.targets, outputs, losses)
