@@ -27,6 +27,10 @@ class Change:
         grad_transform: callable(list of grads) -> list of grads, optional. Applied before the optimizer.
         model: LoadedModel, optional. A changed model (e.g. relu -> relu6); its weights must match the session's.
         loss_scaling: bool, optional. Wrap the optimizer in a LossScaleOptimizer (None: as the spec says).
+        data: callable(LoadedData) -> LoadedData, optional. Changed training and validation data
+            (standardised inputs or targets); the batch order stays the same.
+        rescales_loss: bool, default False. The change puts the loss in other units (standardised
+            targets), so it is judged against its own first loss, not the unfixed run's.
     """
 
     name: str
@@ -35,6 +39,8 @@ class Change:
     grad_transform: Any = None
     model: Any = None
     loss_scaling: Optional[bool] = None
+    data: Any = None
+    rescales_loss: bool = False
 
 
 @dataclass
@@ -89,6 +95,11 @@ def run_experiment(session, change, steps=None, stop_at_nonfinite=True, on_step=
         fingerprint: bool, default False. Record fingerprints of the start weights and of the batches fed,
             so callers can check that runs started alike and saw the same data.
     """
+    with session.using_data(change.data):
+        return _run(session, change, steps, stop_at_nonfinite, on_step, fingerprint)
+
+
+def _run(session, change, steps, stop_at_nonfinite, on_step, fingerprint):
     model = change.model or session.model
     session.reset_weights(model)
     start = _state_fingerprint(model) if fingerprint else None

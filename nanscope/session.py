@@ -113,6 +113,20 @@ class Session:
             return None
         return ChunkRunner(engine, self.train.x, self.train.y, expected)
 
+    @contextlib.contextmanager
+    def using_data(self, change=None):
+        """Train on `change(train)` and validate on `change(validation)` inside the block; None changes nothing."""
+        if change is None:
+            yield self
+            return
+        kept = self.train, self.validation
+        self.train = change(self.train)
+        self.validation = change(self.validation) if self.validation is not None else None
+        try:
+            yield self
+        finally:
+            self.train, self.validation = kept
+
     def reset_weights(self, model=None):
         """Put the model's variables back to their initial values (same seed, same start)."""
         model = model or self.model

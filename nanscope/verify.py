@@ -1,7 +1,8 @@
 """Verify recommendations by applying them: `trace-steps --verify`.
 
 For each recommendation nanscope can apply itself (a lower learning rate, gradient
-clipping at the computed threshold, relu -> relu6, a larger optimizer epsilon) it
+clipping at the computed threshold, relu -> relu6, a larger optimizer epsilon, loss
+scaling, standardised inputs or regression targets) it
 re-runs the same number of steps from the same initial weights and batch order
 with the fix applied, through `nanscope.experiment.run_experiment`, and compares
 with the unfixed run. A recommendation is `verified: true` when at least one of
@@ -11,6 +12,9 @@ apply it (a Log in the user's own loss: the evidence then names the line to chan
 """
 
 import math
+from dataclasses import replace
+
+import numpy as np
 
 from nanscope.experiment import Change, run_experiment
 from nanscope.runtime import tensorflow
@@ -29,7 +33,7 @@ def verify_recommendations(session, report):
         if not changes:
             continue
         results = [run_experiment(session, change, steps=session.spec.train.steps) for change in changes]
-        rec.verification = [_row(result, baseline) for result in results]
+        rec.verification = [_row(result, baseline, change.rescales_loss) for result, change in zip(results, changes)]
         rec.verified = any(row["helped"] for row in rec.verification)
     session.reset_weights()
     return report
@@ -49,10 +53,55 @@ def changes_for(rec, session, report):
         return [Change(f"epsilon={SAFE_EPSILON:g}", {"epsilon": SAFE_EPSILON}, {"epsilon": SAFE_EPSILON})]
     if rec.id == "loss-scaling" and _float16_without_loss_scaling(report):
         return [Change("loss scaling", {"optimizer": "LossScaleOptimizer"}, loss_scaling=True)]
+    if rec.id == "normalize-targets":
+        return [standardized_targets(session, rec.data.get("output"))]
+    if rec.id == "normalize-inputs":
+        return [standardized_inputs(session)]
     if rec.id == "bounded-activation":
         model = relu6_model(session.model)
         return [Change("relu->relu6", {"activation": "relu6"}, model=model)] if model is not None else []
     return []
+
+
+def standardized_targets(session, output=None):
+    """A Change that trains on standardised regression targets: of `output`, or of the only output.
+
+    Mean and standard deviation come from the training rows and are applied to the
+    validation rows too, as a user would do. The loss is then in standardised units.
+    """
+    index = next((i for i, o in enumerate(session.loss.outputs) if o.name == output), None)
+    y = session.train.y if index is None else session.train.y[index]
+    shift, scale = _moments(y)
+
+    def change(data):
+        if index is None:
+            return replace(data, y=((data.y - shift) / scale).astype(data.y.dtype))
+        parts = list(data.y)
+        parts[index] = ((parts[index] - shift) / scale).astype(parts[index].dtype)
+        return replace(data, y=tuple(parts))
+
+    target = f"y[{output}]" if index is not None else "y"
+    return Change(f"standardise {target}", {"standardize": target}, data=change, rescales_loss=True)
+
+
+def standardized_inputs(session):
+    """A Change that trains on standardised input features (per feature, as `keras.layers.Normalization`)."""
+    shift, scale = _moments(session.train.x)
+
+    def change(data):
+        return replace(data, x=((data.x - shift) / scale).astype(data.x.dtype))
+
+    return Change("standardise x", {"standardize": "x"}, data=change)
+
+
+def _moments(array):
+    """Per last-axis feature: (mean, std) over every other axis, NaN-aware, std 0 taken as 1."""
+    with np.errstate(all="ignore"):
+        values = array.astype(np.float64)
+        axes = tuple(range(values.ndim - 1)) or None
+        shift, scale = np.nanmean(values, axis=axes), np.nanstd(values, axis=axes)
+    scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0)
+    return np.nan_to_num(shift), scale
 
 
 def _float16_without_loss_scaling(report):
@@ -115,10 +164,13 @@ def _baseline(report):
     }
 
 
-def _row(result, baseline):
+def _row(result, baseline, rescaled=False):
     # A fix helps when it ends below the unfixed run: below its final loss, or, when that
     # was not finite, below the loss it started from (a fix that merely diverges slower does not help).
+    # A fix that changes the loss's units (standardised targets) must end below its own first loss.
     reference = baseline["final_loss"] if baseline["finite"] else baseline["start_loss"]
+    if rescaled:
+        reference = result.records[0].loss if result.records else None
     better = reference is None or not math.isfinite(reference) or (
         result.final_loss is not None and math.isfinite(result.final_loss) and result.final_loss < reference)
     return {

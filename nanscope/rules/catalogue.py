@@ -76,12 +76,14 @@ RULES = {
             "Normalize the input features",
             "Input features far from unit scale.",
             "norm = keras.layers.Normalization(); norm.adapt(x)  # first layer of the model",
+            applicable=True,
         ),
         Rule(
             "normalize-targets",
             "Scale the regression targets",
             "Regression targets with a large scale under an MSE-like loss.",
             "y_mean, y_std = y.mean(0), y.std(0); y = (y - y_mean) / y_std  # invert on predictions",
+            applicable=True,
         ),
         Rule(
             "lower-learning-rate",
