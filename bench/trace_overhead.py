@@ -13,7 +13,9 @@ the per-round ratios against plain. `--clock cpu` times by this process's CPU ti
 which a busy machine disturbs less than the wall clock.
 
 Part 2, end to end. `nanscope trace-steps SPEC --keep-going` against `model.fit` on the
-same model, data and optimizer for the same number of steps (batch 32).
+same model, data and optimizer for the same number of steps (batch 32). A spec that
+run_trace runs one compiled call per step (fewer than trace.CHUNK_MIN_STEPS steps) is
+also timed forced into chunks, the like-for-like column.
 
 Usage:
     .venv/bin/python bench/trace_overhead.py            # defaults: --rounds 7 --steps 20 --clock wall
@@ -21,6 +23,8 @@ Usage:
 """
 
 import argparse
+import contextlib
+import importlib
 import importlib.util
 import math
 import os
@@ -237,6 +241,33 @@ def nanscope_seconds(config, clock):
         return seconds, "CLI subprocess: Python + TensorFlow start-up included, nothing subtracted"
 
 
+@contextlib.contextmanager
+def forced_chunking():
+    """Make run_trace chunk every run, however short (trace.CHUNK_MIN_STEPS = 0), for the like-for-like column."""
+    from nanscope import trace
+
+    saved = trace.CHUNK_MIN_STEPS
+    trace.CHUNK_MIN_STEPS = 0
+    try:
+        yield
+    finally:
+        trace.CHUNK_MIN_STEPS = saved
+
+
+def chunking_switch_available():
+    """True when run_trace decides between chunked and one-call-per-step runs by `trace.CHUNK_MIN_STEPS`."""
+    return run_trace_available() and hasattr(importlib.import_module("nanscope.trace"), "CHUNK_MIN_STEPS")
+
+
+def run_path(steps):
+    """How run_trace runs a spec of `steps` steps: in chunks, or one compiled call per step."""
+    if not chunking_switch_available():
+        return "chunked"
+    from nanscope.trace import CHUNK_MIN_STEPS
+
+    return "chunked" if steps >= CHUNK_MIN_STEPS else "one call per step"
+
+
 def fit_seconds(config, clock):
     """(seconds with setup, seconds of compile + fit, steps, steps per epoch) of model.fit for the spec's steps.
 
@@ -275,7 +306,7 @@ def startup_seconds():
 
 @dataclass
 class EndToEnd:
-    """Median seconds of one spec's end-to-end runs."""
+    """One spec's end-to-end runs: median seconds, and medians of the per-run ratios to fit."""
 
     config: str
     steps: int
@@ -284,22 +315,49 @@ class EndToEnd:
     fit_setup_s: float
     fit_s: float
     how: str
+    ratio_setup: float
+    ratio_fit: float
+    path: str
+    chunked_s: float | None = None  # forced chunking, when run_trace would not chunk this spec
+    chunked_ratio_setup: float | None = None
 
 
 def bench_end_to_end(config, repeats, clock):
-    """Medians over `repeats` alternating nanscope and model.fit runs, or None if the config is missing."""
+    """Medians over `repeats` alternating nanscope and model.fit runs, or None if the config is missing.
+
+    When run_trace runs the spec one call per step, each repeat also times it forced
+    into chunks, so the table shows the like-for-like comparison too.
+    """
     path = REPO / config
     if not path.exists():
         return None
-    ours, with_setup, fit_only, how = [], [], [], ""
+    ours, chunked, with_setup, fit_only, how = [], [], [], [], ""
+    steps = load_steps(path)
+    compare_chunked = run_path(steps) != "chunked"
     for _ in range(repeats):
         seconds, how = nanscope_seconds(path, clock)
         ours.append(seconds)
+        if compare_chunked:
+            with forced_chunking():
+                chunked.append(nanscope_seconds(path, clock)[0])
         setup_s, fit_s, steps, per_epoch = fit_seconds(path, clock)
         with_setup.append(setup_s)
         fit_only.append(fit_s)
     layout = f"{steps // per_epoch} epochs x {per_epoch} steps"
-    return EndToEnd(config, steps, layout, median(ours), median(with_setup), median(fit_only), how)
+    result = EndToEnd(config, steps, layout, median(ours), median(with_setup), median(fit_only), how,
+                      median(a / b for a, b in zip(ours, with_setup)), median(a / b for a, b in zip(ours, fit_only)),
+                      run_path(steps))
+    if chunked:
+        result.chunked_s = median(chunked)
+        result.chunked_ratio_setup = median(a / b for a, b in zip(chunked, with_setup))
+    return result
+
+
+def load_steps(config):
+    """train.steps of a spec file."""
+    from nanscope.spec import load_spec
+
+    return load_spec(config).train.steps
 
 
 # --- report ----------------------------------------------------------------------------
@@ -324,18 +382,22 @@ def step_table(results):
 def e2e_table(rows, skipped, startup):
     """Markdown table of the end-to-end benchmark, with what each timing includes."""
     lines = [
-        "| spec | steps | nanscope s | fit s (setup+compile+fit) | fit s (compile+fit) "
-        "| nanscope / fit+setup | nanscope / fit | fit layout |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        ("| spec | steps | nanscope path | nanscope s | fit s (setup+compile+fit) | fit s (compile+fit) "
+         "| nanscope / fit+setup | nanscope / fit | nanscope chunked s | chunked / fit+setup | fit layout |"),
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
+        chunked = (f"{r.chunked_s:.2f} | {r.chunked_ratio_setup:.2f}x" if r.chunked_s is not None
+                   else "(same run) | (same)")
         lines.append(
-            f"| {r.config} | {r.steps} | {r.nanscope_s:.2f} | {r.fit_setup_s:.2f} | {r.fit_s:.2f} | "
-            f"{r.nanscope_s / r.fit_setup_s:.2f}x | {r.nanscope_s / r.fit_s:.2f}x | {r.fit_layout} |"
+            f"| {r.config} | {r.steps} | {r.path} | {r.nanscope_s:.2f} | {r.fit_setup_s:.2f} | {r.fit_s:.2f} | "
+            f"{r.ratio_setup:.2f}x | {r.ratio_fit:.2f}x | {chunked} | {r.fit_layout} |"
         )
     notes = [f"- nanscope: {rows[0].how}." if rows else ""]
+    notes.append("- nanscope chunked: the same run forced into chunks of steps (trace.CHUNK_MIN_STEPS = 0).")
     notes.append("- fit, setup: load_spec + open_session (data generation, seeded model build), as run_trace does.")
     notes.append("- fit, compile+fit: model.compile + model.fit in-process, first trace included; no validation.")
+    notes.append("- ratios: medians of the per-run ratios (runs alternate nanscope, chunked, fit).")
     if startup is not None:
         notes.append(f"- starting Python and importing nanscope + TensorFlow alone takes {startup:.2f} s (not subtracted).")
     notes += [f"- skipped {config}: not in configs/ yet." for config in skipped]

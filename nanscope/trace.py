@@ -26,6 +26,11 @@ from nanscope.session import open_session
 from nanscope.tracefile import TraceWriter
 
 DEFAULT_RUNS_DIR = Path("nanscope-runs")
+# Shorter runs take one compiled call per step instead of chunks of steps (engine/chunk.py):
+# tracing and optimising the chunked loop costs about 0.05 s more than the single step,
+# and a chunk saves about 0.13 ms a step, so it pays from roughly 500 steps on
+# (2-vCPU CPU, configs/exploding-regression.yaml at 200-800 steps; bench/README.md).
+CHUNK_MIN_STEPS = 500
 
 
 @dataclass
@@ -65,7 +70,8 @@ def run_trace(spec, options=None):
     session = open_session(spec, unsafe=options.unsafe)
     engine = session.instrumented_step()
     expected = expected_layer_indices(spec.train.expect_nonfinite, [info.name for info in engine.layer_info])
-    runner = session.chunk_runner(engine, expected)  # traced first, so the layer order below needs no second trace
+    # Either way the step is traced once: here in the chunk, or for the report's layer order.
+    runner = session.chunk_runner(engine, expected) if spec.train.steps >= CHUNK_MIN_STEPS else None
     report = TraceReport(
         run=describe_run(session, engine),
         layers=[(info.name, info.cls) for info in engine.layer_info],

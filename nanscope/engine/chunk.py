@@ -8,8 +8,9 @@ by its row indices inside the graph. Every step is still the same instrumented s
 with its snapshot and statistics; the loop stops right after the first step that shows
 a non-finite value, so the snapshot then holds the weights from before that step.
 
-Each step writes its statistics into buffer variables as it finishes, so when an op
-fails in the middle of a chunk the steps finished before it are still read back.
+Each step writes its statistics into a buffer variable, one row per step, as it
+finishes, so when an op fails in the middle of a chunk the steps finished before it
+are still read back.
 """
 
 import numpy as np
@@ -50,8 +51,10 @@ class ChunkRunner:
         self.engine = engine
         self._watched = tf.constant([0.0 if i in set(expected) else 1.0 for i in range(len(engine.layers))])
         self._x, self._y = tf.constant(x), tf.nest.map_structure(tf.constant, y)
-        self._buffers = [tf.Variable(tf.zeros([CHUNK_STEPS, *shape]), trainable=False, name="nanscope_chunk")
-                         for shape in self._output_shapes()]
+        self._widths = [int(np.prod(shape)) for shape in self._output_shapes()]
+        # One row per step: the step's outputs flattened and joined, so each step is one
+        # write and each chunk one read back.
+        self._buffer = tf.Variable(tf.zeros([CHUNK_STEPS, sum(self._widths)]), trainable=False, name="nanscope_chunk")
         self._done = tf.Variable(0, trainable=False, name="nanscope_chunk_done")
         compiled = tf.function(
             self._chunk, input_signature=[tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([], tf.bool)],
@@ -77,7 +80,10 @@ class ChunkRunner:
 
     def _records(self, first_step, rows):
         count = int(self._done.numpy())
-        scalars, layers, terms, variables = (buffer[:count].numpy() for buffer in self._buffers)
+        table = self._buffer[:count].numpy()
+        parts = np.split(table, np.cumsum(self._widths)[:-1], axis=1)
+        scalars, layers, terms, variables = (part.reshape(count, *shape)
+                                             for part, shape in zip(parts, self._output_shapes()))
         return [
             StepRecord.from_arrays(first_step + i, rows, scalars[i], layers[i], terms[i], variables[i])
             for i in range(count)
@@ -86,7 +92,8 @@ class ChunkRunner:
     def _chunk(self, indices, stop_on_nonfinite):
         # A step's record is stored at the start of the next iteration (or after the
         # loop), which runs only once every op of that step has succeeded: when an op
-        # fails, the stored records are exactly the steps that finished.
+        # fails, the stored records are exactly the steps that finished. The store needs
+        # no tf.cond: before the first step it writes zeros to row 0 and leaves done at 0.
         tf, _ = tensorflow()
         steps = tf.shape(indices)[0]
         self._done.assign(0)
@@ -96,21 +103,26 @@ class ChunkRunner:
             return tf.logical_and(i < steps, tf.logical_not(tf.logical_and(stop_on_nonfinite, bad)))
 
         def body(i, bad, *previous):
-            tf.cond(i > 0, lambda: self._store(i - 1, previous), tf.no_op)
-            x = tf.gather(self._x, indices[i])
-            y = tf.nest.map_structure(lambda t: tf.gather(t, indices[i]), self._y)
+            with tf.control_dependencies([self._store(i, previous)]):
+                rows = indices[i]
+            x = tf.gather(self._x, rows)
+            y = tf.nest.map_structure(lambda t: tf.gather(t, rows), self._y)
             outputs = self.engine._step(x, y)
             return (i + 1, _suspicious(*outputs, self._watched), *outputs)
 
-        count, _, *last = tf.while_loop(keep_going, body, (tf.constant(0), tf.constant(False), *empty))
-        tf.cond(count > 0, lambda: self._store(count - 1, last), tf.no_op)
-        return self._done.value()
+        # The steps depend on each other through the weights: no iterations to overlap.
+        count, _, *last = tf.while_loop(keep_going, body, (tf.constant(0), tf.constant(False), *empty),
+                                        parallel_iterations=1)
+        with tf.control_dependencies([self._store(count, last)]):
+            return self._done.value()
 
-    def _store(self, i, outputs):
+    def _store(self, done, outputs):
+        """Write the outputs of step done - 1 (of none when done is 0) and mark `done` steps finished."""
         tf, _ = tensorflow()
-        writes = [buffer[i].assign(output) for buffer, output in zip(self._buffers, outputs)]
-        with tf.control_dependencies(writes):
-            return self._done.assign(i + 1).op
+        row = tf.concat([tf.reshape(output, [-1]) for output in outputs], axis=0)
+        slot = tf.reshape(tf.maximum(done - 1, 0), [1, 1])
+        with tf.control_dependencies([self._buffer.scatter_nd_update(slot, row[None])]):
+            return self._done.assign(done).op
 
     def _output_shapes(self):
         from nanscope.engine.flat import VARIABLE_COLUMNS

@@ -3,9 +3,11 @@
 The healthy path costs one fused pass per statistic and variable: `tf.nn.l2_loss`
 (sum of squares in one kernel, no temporary) for gradient, weight and update norms.
 The exact non-finite counts, and norms that would overflow a float32 sum of squares,
-are computed only when a sum shows there is something to count.
+are computed only when a sum shows there is something to count, for all variables at
+once (`exact.segment_stats`); a small model gets them on every step instead.
 """
 
+from nanscope.engine.exact import all_axes, constant, count_nonfinite, nonfinite_count, segment_stats, small
 from nanscope.runtime import tensorflow
 
 
@@ -63,57 +65,66 @@ def variable_rows(grads, before, after, applied=None):
     tf, _ = tensorflow()
     if not grads:
         return tf.zeros([0, len(VARIABLE_COLUMNS)]), tf.constant(0.0), tf.constant(0.0)
-    pairs = [(_f32(g), _f32(b), _f32(v)) for g, b, v in zip(grads, before, after)]
-    squares = tf.stack([tf.stack([tf.nn.l2_loss(g), tf.nn.l2_loss(v), tf.nn.l2_loss(v - b)]) for g, b, v in pairs]) * 2.0
-
-    def plain():
-        zeros = tf.zeros([len(pairs)])
-        return tf.stack([zeros, zeros], axis=1), tf.sqrt(squares)
-
-    def recount():
-        counts = tf.stack([tf.stack([_nonfinite(g), _nonfinite(v)]) for g, _, v in pairs])
-        norms = tf.stack([tf.stack([_scaled_norm(t) for t in (g, v, v - b)]) for g, b, v in pairs])
-        return counts, norms
-
-    counts, norms = tf.cond(tf.reduce_all(tf.math.is_finite(squares)), plain, recount)
-    rows = tf.stack([norms[:, 0], counts[:, 0], norms[:, 1], norms[:, 2], counts[:, 1]], axis=1)
-    grad_norm = combined_norm(norms[:, 0])
-    applied_norm = grad_norm if applied is None else combined_norm(
-        tf.stack([tf.sqrt(2.0 * tf.nn.l2_loss(_f32(a))) for a in applied]))
+    # Per variable: the gradient, the weights after the update and the update itself.
+    tensors = [t for g, b, v in zip(grads, before, after) for t in (_f32(g), _f32(v), _f32(v) - _f32(b))]
+    if small(tensors):
+        norms, nonfinite = _exact_norms(tensors)
+    else:
+        norms, nonfinite = _norms(tensors)
+    # [norm, count] of gradient, weights and update per variable, reordered to VARIABLE_COLUMNS.
+    pairs = tf.reshape(tf.stack([norms, nonfinite], axis=1), constant((len(grads), 6), "int32"))
+    rows = tf.gather(pairs, constant((0, 1, 2, 4, 3), "int32"), axis=constant(1, "int32"))
+    grad_norm = combined_norm(tf.unstack(rows, axis=1)[0])
+    applied_norm = grad_norm if applied is None else combined_norm(tf.sqrt(sum_of_squares([_f32(a) for a in applied])))
     return rows, grad_norm, applied_norm
+
+
+def _norms(tensors):
+    """(L2 norms, non-finite counts) of the tensors: one fused pass each, the exact path only when a sum is not finite."""
+    tf, _ = tensorflow()
+    squares = sum_of_squares(tensors)
+    finite = tf.reduce_all(tf.math.is_finite(squares), constant((0,), "int32"))
+    return tf.cond(finite, lambda: (tf.sqrt(squares), tf.zeros_like(squares)), lambda: _exact_norms(tensors))
+
+
+def _exact_norms(tensors):
+    """(L2 norms, non-finite counts) by `segment_stats`: a norm over non-finite entries is NaN, and one over
+    finite entries whose sum of squares overflows float32 is still exact."""
+    tf, _ = tensorflow()
+    _, _, nonfinite, _, norms = segment_stats(tensors)
+    return tf.where(nonfinite > constant(0.0), constant(float("nan")), norms), nonfinite
+
+
+def sum_of_squares(tensors):
+    """[len(tensors)] float32: each tensor's sum of squares, by `tf.nn.l2_loss` (one fused pass, no temporary)."""
+    tf, _ = tensorflow()
+    return constant(2.0) * tf.stack([tf.nn.l2_loss(t) for t in tensors])
 
 
 def combined_norm(norms):
     """sqrt(sum(n**2)) scaled by the largest norm, so it overflows only when the result does."""
     tf, _ = tensorflow()
-    peak = tf.reduce_max(norms)
-    return peak * tf.sqrt(tf.reduce_sum(tf.square(tf.math.divide_no_nan(norms, peak))))
+    axis = constant((0,), "int32")
+    peak = tf.reduce_max(norms, axis)
+    return peak * tf.sqrt(tf.reduce_sum(tf.square(tf.math.divide_no_nan(norms, peak)), axis))
 
 
 def any_nonfinite_count(tensor):
-    """Number of non-finite entries; one sum on the healthy path.
+    """Number of non-finite entries of a tensor (0 for integer tensors), as float32.
 
-    A sum is finite only if every entry is; a sum of finite entries that overflows
-    takes the exact branch, which then counts 0.
+    A small tensor (`exact.small`) is counted directly. A larger one costs one sum on
+    the healthy path: a sum is finite only if every entry is, and the exact count runs
+    in a `tf.cond` only when it is not (a sum of finite entries that overflows takes
+    that branch too, which then counts 0).
     """
     tf, _ = tensorflow()
     tensor = tf.convert_to_tensor(tensor)
     if not tensor.dtype.is_floating:
         return tf.constant(0.0)
-    probe = tf.reduce_sum(tf.cast(tensor, tf.float32))
-    return tf.cond(tf.math.is_finite(probe), lambda: tf.constant(0.0), lambda: _nonfinite(tensor))
-
-
-def _nonfinite(tensor):
-    tf, _ = tensorflow()
-    return tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(tensor)), tf.float32))
-
-
-def _scaled_norm(tensor):
-    """L2 norm scaled by max |x|: finite whenever every entry is, even past float32's sum-of-squares range."""
-    tf, _ = tensorflow()
-    peak = tf.reduce_max(tf.abs(tensor))
-    return peak * tf.sqrt(tf.reduce_sum(tf.square(tf.math.divide_no_nan(tensor, peak))))
+    if small([tensor]):
+        return count_nonfinite(tensor)
+    probe = tf.reduce_sum(tf.cast(tensor, tf.float32), all_axes(tensor))
+    return nonfinite_count(tensor, tf.logical_not(tf.math.is_finite(probe)))
 
 
 def _f32(tensor):

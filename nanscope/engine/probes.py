@@ -16,6 +16,7 @@ row is replica 0's: the bookkeeping is Python at trace time and adds no op.
 import contextlib
 import threading
 
+from nanscope.engine.exact import all_axes, constant, finite_stats, small
 from nanscope.runtime import tensorflow
 
 # Columns of a layer-stats row, in order.
@@ -31,47 +32,58 @@ def tensor_stats(tensors):
     The last column counts non-zero magnitudes below float16's smallest normal, and
     is computed only for float16 tensors (0 otherwise).
 
-    The healthy path costs an abs, a sign and three reductions: zeros are counted as
-    size - sum(sign(|x|)), which is half the cost of `count_nonzero` (a compare, a
-    cast to int64 and a sum). The exact non-finite count and the finite-only statistics
-    are computed only when the sum is not finite.
+    The healthy path costs, per tensor, an abs, a sign and three reductions: zeros are
+    counted as size - sum(sign(|x|)), which is half the cost of `count_nonzero` (a
+    compare, a cast to int64 and a sum), and the outputs of a layer with several are
+    reduced one by one, not concatenated, so no output is copied. The exact non-finite
+    count and the statistics of the finite entries are computed in a `tf.cond` only
+    when the sum is not finite. That branch sits right after the layer, so the step
+    keeps no output alive longer than the backward pass needs it. Small outputs
+    (`exact.small`) get the exact statistics directly, with no `tf.cond`.
     """
     tf, _ = tensorflow()
     floats = [t for t in tensors if t.dtype.is_floating]
-    half = [t for t in floats if t.dtype == tf.float16]
-    flat = [tf.reshape(tf.cast(t, tf.float32), [-1]) for t in floats]
-    if not flat:
+    if not floats:
         return tf.zeros([len(LAYER_COLUMNS)], tf.float32)
-    x = flat[0] if len(flat) == 1 else tf.concat(flat, axis=0)
-    size = tf.cast(tf.size(x), tf.float32)
-    a = tf.abs(x)
-    total = tf.reduce_sum(a)
+    half = [t for t in floats if t.dtype == tf.float16]
+    tiny = tf.add_n([_underflow_count(t) for t in half]) if half else constant(0.0)
+    if small(floats):
+        return _exact_row(floats, tiny)
+    parts = [_healthy_part(tf.cast(t, tf.float32)) for t in floats]
+    peak, total, nonzero, size = parts[0] if len(parts) == 1 else _combined(parts)
 
     def healthy():
-        return tf.stack([_safe_max(a), total, 0.0, size - tf.reduce_sum(tf.sign(a))])
+        # max of an empty tensor is -inf; a |x| maximum is never below 0.
+        return tf.stack([tf.maximum(peak, constant(0.0)), total, constant(0.0), size - nonzero, size, tiny])
 
-    def unhealthy():
-        finite = tf.math.is_finite(x)
-        a_finite = tf.where(finite, a, tf.zeros_like(a))
-        nonfinite = size - tf.reduce_sum(tf.cast(finite, tf.float32))
-        zeros = tf.reduce_sum(tf.cast(tf.equal(x, 0.0), tf.float32))
-        return tf.stack([_safe_max(a_finite), tf.reduce_sum(a_finite), nonfinite, zeros])
+    return tf.cond(tf.math.is_finite(total), healthy, lambda: _exact_row(floats, tiny))
 
-    head = tf.cond(tf.math.is_finite(total), healthy, unhealthy)
-    tiny = tf.add_n([_underflow_count(t) for t in half]) if half else tf.constant(0.0)
-    return tf.concat([head, tf.stack([size, tiny])], axis=0)
+
+def _exact_row(floats, tiny):
+    """The row of `tensor_stats` from `finite_stats`: statistics of the finite entries, exact counts."""
+    tf, _ = tensorflow()
+    size = tf.cast(tf.add_n([tf.size(t) for t in floats]), tf.float32)
+    return tf.stack([*finite_stats(floats), size, tiny])
+
+
+def _healthy_part(x):
+    """(max |x|, sum |x|, non-zero count, size) of one float32 tensor."""
+    tf, _ = tensorflow()
+    a, axes = tf.abs(x), all_axes(x)
+    return (tf.reduce_max(a, axes), tf.reduce_sum(a, axes), tf.reduce_sum(tf.sign(a), axes),
+            tf.cast(tf.size(x), tf.float32))
+
+
+def _combined(parts):
+    tf, _ = tensorflow()
+    peaks, totals, nonzeros, sizes = zip(*parts)
+    return tf.reduce_max(tf.stack(peaks), constant((0,), "int32")), tf.add_n(totals), tf.add_n(nonzeros), tf.add_n(sizes)
 
 
 def _underflow_count(tensor):
     tf, _ = tensorflow()
     a = tf.abs(tf.cast(tensor, tf.float32))
     return tf.reduce_sum(tf.cast(tf.logical_and(a > 0.0, a < FLOAT16_TINY), tf.float32))
-
-
-def _safe_max(a):
-    tf, _ = tensorflow()
-    # max of an empty tensor is -inf; a |x| maximum is never below 0.
-    return tf.maximum(tf.reduce_max(a), 0.0)
 
 
 def nonfinite_count(tensor):
@@ -159,7 +171,8 @@ class LayerRecorder:
     def stats_matrix(self):
         """[len(layers), len(LAYER_COLUMNS)] float32: one row of `tensor_stats` per layer (0 if never called).
 
-        The rows are the calling thread's replica's (see `begin_replica`).
+        A layer called more than once gets the max of its calls' max |x| and the sum of
+        their other columns. The rows are the calling thread's replica's (see `begin_replica`).
         """
         tf, _ = tensorflow()
         rows = []
@@ -168,7 +181,9 @@ class LayerRecorder:
             calls = self._rows.get((replica, index))
             if not calls:
                 rows.append(tf.zeros([len(LAYER_COLUMNS)], tf.float32))
-                continue
-            stacked = tf.stack(calls)
-            rows.append(tf.concat([tf.reduce_max(stacked[:, :1], axis=0), tf.reduce_sum(stacked[:, 1:], axis=0)], 0))
+            elif len(calls) == 1:
+                rows.append(calls[0])
+            else:
+                stacked = tf.stack(calls)
+                rows.append(tf.concat([tf.reduce_max(stacked[:, :1], axis=0), tf.reduce_sum(stacked[:, 1:], axis=0)], 0))
         return tf.stack(rows) if rows else tf.zeros([0, len(LAYER_COLUMNS)], tf.float32)

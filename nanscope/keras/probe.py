@@ -122,7 +122,9 @@ class StepProbe:
 
         Under tf.distribute a row holds every replica's row (a leading replica axis).
         """
-        rows = self.buffer.numpy()
+        # `value()` is one read; `numpy()` on the variable adds an identity op, which costs as
+        # much again on every step. Under tf.distribute, `numpy()` reads replica 0's copy.
+        rows = self.buffer.value().numpy() if self.replicas == 1 else self.buffer.numpy()
         fresh = sorted(((int(row.flat[0]), row) for row in rows if row.flat[0] >= self._next_step),
                        key=lambda pair: pair[0])
         if fresh:

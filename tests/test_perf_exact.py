@@ -1,0 +1,136 @@
+"""The compact statistics paths against numpy: small and large tensors, healthy and not, with and without XLA."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nanscope import trace as trace_module
+from nanscope.engine.exact import SMALL_ROW_SIZE, SMALL_SIZE, small
+from nanscope.engine.flat import any_nonfinite_count, variable_rows
+from nanscope.engine.probes import tensor_stats
+from nanscope.runtime import tensorflow
+from nanscope.spec import parse_spec
+from nanscope.trace import TraceOptions, run_trace
+
+tf, keras = tensorflow()
+SPECS = Path(__file__).parent / "specs"
+
+
+def graph(fn, *args, jit_compile=False):
+    """fn(*args) traced the way the step traces it, as numpy."""
+    result = tf.function(fn, autograph=False, jit_compile=jit_compile)(*args)
+    return tf.nest.map_structure(lambda t: t.numpy(), result)
+
+
+def norm(array):
+    finite = array[np.isfinite(array)].astype(np.float64)
+    return np.nan if finite.size < array.size else float(np.sqrt(np.sum(finite ** 2)))
+
+
+def spoiled(array, kind, rng):
+    array = array.copy()
+    if kind == "nan":
+        array.flat[rng.integers(array.size)] = np.nan
+    elif kind == "inf":
+        array.flat[rng.integers(array.size)] = -np.inf
+    elif kind == "huge":  # finite entries whose sum of squares overflows float32
+        array[...] = 3e20
+    return array
+
+
+@pytest.mark.parametrize("shape", [(20, 25), (300, 40)], ids=["small", "large"])
+@pytest.mark.parametrize("kind", ["healthy", "nan", "inf", "huge"])
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
+def test_variable_rows_equal_numpy(shape, kind, jit_compile):
+    rng = np.random.default_rng(0)
+    shapes = [shape, (shape[1],), (shape[1], 1), (1,)]
+    before = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    grads[0] = spoiled(grads[0], kind, rng)
+    after = [b - 0.1 * g for b, g in zip(before, grads)]
+    assert small([tf.constant(t) for t in grads + after + before]) == (shape == (20, 25))
+
+    rows, grad_norm, _ = graph(lambda g, b, a: variable_rows(g, b, a), grads, before, after, jit_compile=jit_compile)
+
+    for row, g, b, a in zip(rows, grads, before, after):
+        expected = [norm(g), np.sum(~np.isfinite(g)), norm(a), norm(a - b), np.sum(~np.isfinite(a))]
+        np.testing.assert_allclose(row, expected, rtol=1e-5)
+    total = np.sqrt(sum(norm(g) ** 2 for g in grads))
+    np.testing.assert_allclose(grad_norm, total if np.isfinite(total) else np.nan, rtol=1e-5)
+
+
+def test_an_empty_variable_has_norm_zero_in_a_non_finite_step():
+    grads = [np.array([np.nan, 1.0], np.float32), np.zeros([0], np.float32)]
+    weights = [np.ones(2, np.float32), np.zeros([0], np.float32)]
+    rows, _, _ = graph(lambda g, w: variable_rows(g, w, w), grads, weights)
+    assert rows[1].tolist() == [0.0] * 5 and rows[0][1] == 1
+
+
+@pytest.mark.parametrize("width", [SMALL_ROW_SIZE, 200], ids=["small", "large"])
+@pytest.mark.parametrize("kind", ["healthy", "nan", "inf", "zeros"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_tensor_stats_equal_numpy(width, kind, dtype):
+    rng = np.random.default_rng(1)
+    output = rng.standard_normal((16, width)).astype(np.float32)
+    output[:, ::3] = 0.0 if kind == "zeros" else output[:, ::3]
+    output = spoiled(output, kind, rng).astype(dtype)
+    spec = tf.TensorSpec([None, width], dtype)
+
+    row = tf.function(lambda x: tensor_stats([x]), input_signature=[spec], autograph=False)(output).numpy()
+
+    values = output.astype(np.float64)
+    finite = np.abs(values[np.isfinite(values)])
+    tiny = np.sum((finite > 0) & (finite < 6.103515625e-05)) if dtype == "float16" else 0
+    expected = [finite.max(), finite.sum(), np.sum(~np.isfinite(values)), np.sum(values == 0), values.size, tiny]
+    np.testing.assert_allclose(row, expected, rtol=1e-6)
+
+
+def test_tensor_stats_of_several_outputs_add_up():
+    first, second = np.array([[1.0, -4.0]], np.float32), np.array([[0.0, np.inf, 2.0]], np.float32)
+    row = graph(lambda a, b: tensor_stats([a, b, tf.constant([7])]), first, second)
+    np.testing.assert_allclose(row, [4.0, 7.0, 1.0, 1.0, 5.0, 0.0])
+
+
+@pytest.mark.parametrize("width", [8, 2000], ids=["small", "large"])
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
+def test_any_nonfinite_count(width, jit_compile):
+    batch = np.ones((4, width), np.float32)
+    batch[1, 3], batch[2, 5] = np.nan, np.inf
+    assert graph(any_nonfinite_count, batch, jit_compile=jit_compile) == 2
+    assert graph(any_nonfinite_count, np.ones((4, width), np.float32), jit_compile=jit_compile) == 0
+    # A sum of finite entries that overflows is not a non-finite entry.
+    assert graph(any_nonfinite_count, np.full((4, width), 3e38, np.float32), jit_compile=jit_compile) == 0
+
+
+def test_small_sizes():
+    assert small([tf.zeros([SMALL_SIZE])]) and not small([tf.zeros([SMALL_SIZE + 1])])
+    batch = tf.TensorSpec([None, SMALL_ROW_SIZE])
+
+    @tf.function(input_signature=[batch, tf.TensorSpec([None, SMALL_ROW_SIZE + 1])], autograph=False)
+    def decide(narrow, wide):
+        assert small([narrow]) and not small([wide]) and not small([narrow, wide])
+        return narrow
+
+    decide.get_concrete_function()
+
+
+def test_chunked_and_single_step_runs_record_the_same(tmp_path, monkeypatch):
+    document = {
+        "model": {"factory": f"{SPECS / 'phase_models.py'}:dense"},
+        "data": {"factory": f"{SPECS / 'data_factories.py'}:arrays", "batch_size": 16, "shuffle": False},
+        "train": {"loss": "mse", "optimizer": {"name": "sgd", "learning_rate": 0.01}, "steps": 6, "seed": 0},
+    }
+
+    def records(min_steps):
+        monkeypatch.setattr(trace_module, "CHUNK_MIN_STEPS", min_steps)
+        spec = parse_spec(document, source=str(tmp_path / "spec.yaml"))
+        return run_trace(spec, TraceOptions(trace_path=tmp_path / f"{min_steps}.jsonl")).records
+
+    chunked, single = records(1), records(10_000)
+    assert len(chunked) == len(single) == 6
+    for one, other in zip(chunked, single):
+        assert one.loss == pytest.approx(other.loss, rel=1e-6)
+        assert [v.grad_norm for v in one.variables] == pytest.approx([v.grad_norm for v in other.variables], rel=1e-5)
+        assert [layer.mean_abs for layer in one.layers] == pytest.approx([layer.mean_abs for layer in other.layers],
+                                                                           rel=1e-6)
