@@ -271,3 +271,46 @@ def test_compare_clipping_runs_every_strategy_on_the_same_multi_output_batches(t
     full = [s for s in document["strategies"] if s["steps_run"] == 8]
     assert len(full) >= 2 and len({s["batches_fingerprint"] for s in full}) == 1
     assert document["recommended"] is not None
+
+
+def _models_module():
+    spec = importlib.util.spec_from_file_location("multi_output_models", MODELS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_callback_records_each_output_loss_inside_fit(tmp_path):
+    from nanscope.keras import NanScope
+
+    module = _models_module()
+    keras.utils.set_random_seed(0)
+    model = module.compiled_heads()
+    x, y = module.arrays()
+    price, kind = model(x[:16], training=False)
+    want = [float(keras.losses.MeanSquaredError()(y["price"][:16], price)),
+            float(keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y["kind"][:16], kind))]
+    callback = NanScope(report=tmp_path / "fit.json", verbose=False)
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[callback])
+
+    first = callback.report.records[0]
+    assert [o.loss for o in first.outputs] == pytest.approx(want, rel=1e-4)
+    assert first.data_loss == pytest.approx(0.5 * want[0] + 2.0 * want[1], rel=1e-4)
+    document = json.loads((tmp_path / "fit.json").read_text())
+    assert [(o["name"], o["loss"], o["weight"]) for o in document["run"]["outputs"]] == [
+        ("price", "mse", 0.5), ("kind", "sparse_categorical_crossentropy", 2.0)]
+
+
+def test_the_callback_attributes_a_nonfinite_loss_to_its_output(tmp_path):
+    from nanscope.keras import NanScope
+
+    module = _models_module()
+    keras.utils.set_random_seed(0)
+    model = module.dead_kind_head()
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss={"price": "mse", "kind": module.naive_crossentropy})
+    x, y = module.arrays()
+    callback = NanScope(verbose=False)
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[callback])
+    first = callback.report.first_nonfinite
+    assert (first.step, first.phase, first.output) == (0, "loss", "kind")
+    assert np.isfinite(callback.report.records[0].outputs[0].loss)

@@ -31,7 +31,8 @@ class FitLog:
     def _open_board(self):
         from nanscope.tensorboard import TensorBoardLog
 
-        return TensorBoardLog(self.callback.tensorboard, self.report.layers, self.report.variables)
+        return TensorBoardLog(self.callback.tensorboard, self.report.layers, self.report.variables,
+                              self.probe.output_names)
 
     def collect(self, rows):
         """Turn fresh buffer rows into records; attribute the first non-finite one."""
@@ -73,6 +74,7 @@ class FitLog:
 
         report = self.report
         report.layer_order = self.probe.call_order
+        report.run["outputs"] = fit_outputs(self.model, self.probe)
         report.first_nonfinite = self.first_nonfinite
         val_loss = self.last_epoch_logs.get("val_loss")
         if self.first_nonfinite is None and val_loss is not None:
@@ -126,6 +128,8 @@ class _Layout:
         self.layer_info = [LayerInfo(layer.name, type(layer).__name__) for layer in probe.layers]
         self.layer_call_order = probe.call_order
         self.variable_names = probe.variable_names
+        self.loss = _Named(None)
+        self.loss.outputs = [_Named(name) for name in probe.output_names]
 
 
 class FitEvidence:
@@ -177,9 +181,23 @@ def describe_fit(model, params, probe):
     }
 
 
+def fit_outputs(model, probe):
+    """The run header's `outputs` of a fit run: per output of a multi-output model its name, loss and weight."""
+    from nanscope.keras.outputs import output_loss_specs
+
+    specs = output_loss_specs(model)
+    if len(specs) != len(probe.output_names):
+        return [{"name": name, "loss": None, "weight": None} for name in probe.output_names]
+    return [{"name": name, "loss": loss, "weight": weight} for name, (_, loss, weight) in zip(probe.output_names, specs)]
+
+
 def _loss_name(loss):
     if loss is None:
         return "compute_loss"
     if isinstance(loss, str):
         return loss
+    if isinstance(loss, dict):
+        return ", ".join(f"{name}: {_loss_name(one)}" for name, one in loss.items())
+    if isinstance(loss, (list, tuple)):
+        return ", ".join(_loss_name(one) for one in loss)
     return getattr(loss, "name", None) or getattr(loss, "__name__", None) or type(loss).__name__

@@ -20,11 +20,13 @@ from nanscope.engine.flat import (
 from nanscope.engine.probes import LAYER_COLUMNS, LayerRecorder
 from nanscope.engine.records import StepRecord
 from nanscope.engine.step import (
+    OUTPUT_COLUMNS,
     SCALAR_COLUMNS,
     layer_loss_terms,
     probed_layers,
     relative_variable_names,
 )
+from nanscope.keras.outputs import output_terms
 from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()
@@ -45,7 +47,9 @@ class StepProbe:
         self.variable_names = relative_variable_names(self.trainable, model)
         self.per_execution = int(getattr(model, "steps_per_execution", 1) or 1)
         self.recorder = LayerRecorder(self.layers)
-        self.width = (len(HEAD) + len(SCALAR_COLUMNS) + len(self.layers) * len(LAYER_COLUMNS) + len(self.layers) + 1
+        self.output_names = multi_output_names(model)
+        self.scalar_width = len(SCALAR_COLUMNS) + len(OUTPUT_COLUMNS) * len(self.output_names)
+        self.width = (len(HEAD) + self.scalar_width + len(self.layers) * len(LAYER_COLUMNS) + len(self.layers) + 1
                       + len(self.trainable) * len(VARIABLE_COLUMNS))
         self.strategy = model.distribute_strategy
         self.replicas = self.strategy.num_replicas_in_sync
@@ -137,7 +141,7 @@ class StepProbe:
             return self._replica_record(step, row)
         n_layers, n_vars = len(self.layers), len(self.trainable)
         at = len(HEAD)
-        scalars, at = row[at:at + len(SCALAR_COLUMNS)], at + len(SCALAR_COLUMNS)
+        scalars, at = row[at:at + self.scalar_width], at + self.scalar_width
         layer_stats, at = row[at:at + n_layers * len(LAYER_COLUMNS)], at + n_layers * len(LAYER_COLUMNS)
         terms, at = row[at:at + n_layers + 1], at + n_layers + 1
         var_stats = row[at:]
@@ -147,7 +151,7 @@ class StepProbe:
     def _replica_record(self, step, rows):
         n_layers, n_vars = len(self.layers), len(self.trainable)
         at = len(HEAD)
-        scalars, at = rows[:, at:at + len(SCALAR_COLUMNS)], at + len(SCALAR_COLUMNS)
+        scalars, at = rows[:, at:at + self.scalar_width], at + self.scalar_width
         layer_stats, at = rows[:, at:at + n_layers * len(LAYER_COLUMNS)], at + n_layers * len(LAYER_COLUMNS)
         terms, at = rows[:, at:at + n_layers + 1], at + n_layers + 1
         var_stats, counts = rows[:, at:-1], rows[:, [1, -1]]
@@ -161,7 +165,7 @@ class StepProbe:
 
         @functools.wraps(original)
         def train_step(data):
-            capture = StepCapture(self.model, self.trainable)
+            capture = StepCapture(self.model, self.trainable, outputs=len(self.output_names))
             self.recorder.begin()
             with self.recorder.attached(), capture.attached():
                 logs = original(data)
@@ -178,7 +182,7 @@ class StepProbe:
         def train_step(data):
             context = tf.distribute.get_replica_context()
             self.recorder.begin_replica(int(tf.get_static_value(context.replica_id_in_sync_group)))
-            capture = StepCapture(self.model, self.trainable, context, self.replicas)
+            capture = StepCapture(self.model, self.trainable, context, self.replicas, outputs=len(self.output_names))
             self._hub._thread.capture = capture
             logs = original(data)
             row = capture.row(data, logs, self.recorder.stats_matrix(), self.layers)
@@ -217,8 +221,8 @@ class StepCapture:
     (a `cond` branch under gradient accumulation) cannot hand its tensors out.
     """
 
-    def __init__(self, model, trainable, replica_context=None, replicas=1):
-        self.model, self.trainable = model, trainable
+    def __init__(self, model, trainable, replica_context=None, replicas=1, outputs=0):
+        self.model, self.trainable, self.outputs = model, trainable, outputs
         self.replica_context, self.replicas = replica_context, replicas
         self.local_nonfinite = tf.constant(0.0)
         self._thread = None  # a threading.local naming each replica thread's capture, on the shared hooks
@@ -309,7 +313,7 @@ class StepCapture:
 
     def row(self, data, logs, layer_stats, layers):
         """[batch rows, scalars, layer stats, layer loss terms, variable stats] flattened into one float32 row."""
-        x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         flat_x = [t for t in tf.nest.flatten(x) if t is not None]
         rows = tf.cast(tf.shape(flat_x[0])[0], tf.float32) if flat_x else tf.constant(0.0)
         var_rows, grad_norm, applied_norm = self._variable_rows()
@@ -329,9 +333,20 @@ class StepCapture:
             "applied_grad_global_norm": applied_norm,
         }
         # Columns this probe does not measure (loss scaling) are 0, which records read as "not known".
-        scalars = tf.stack([values.get(column, tf.constant(0.0)) for column in SCALAR_COLUMNS])
+        scalars = tf.stack([values.get(column, tf.constant(0.0)) for column in SCALAR_COLUMNS]
+                           + self._output_columns(y, sample_weight))
         parts = [tf.stack([rows]), scalars, tf.reshape(layer_stats, [-1]), tf.stack(terms), tf.reshape(var_rows, [-1])]
         return tf.concat(parts, axis=0)
+
+    def _output_columns(self, y, sample_weight):
+        """OUTPUT_COLUMNS per output of a multi-output model: its own loss and its non-finite targets and prediction."""
+        if not self.outputs:
+            return []
+        terms = output_terms(self.model, y, self.y_pred, sample_weight)
+        if len(terms) != self.outputs:  # targets that cannot be paired with the outputs: nothing to split
+            return [tf.constant(0.0)] * (self.outputs * len(OUTPUT_COLUMNS))
+        return [column for loss, target, prediction in terms
+                for column in (loss, _count(tf.nest.flatten(target)), _count(tf.nest.flatten(prediction)))]
 
     def _variable_rows(self):
         """variable_rows over what the optimizer saw; a variable without a gradient counts as unchanged."""
@@ -344,3 +359,20 @@ class StepCapture:
 def _count(tensors):
     counts = [any_nonfinite_count(t) for t in tensors if t is not None]
     return tf.add_n(counts) if counts else tf.constant(0.0)
+
+
+def multi_output_names(model):
+    """Names of a compiled multi-output model's outputs, in Keras' flattened order; [] for one output.
+
+    Known before the first step only for models with symbolic outputs (functional,
+    Sequential with an Input); a subclassed model's outputs are not split.
+    """
+    try:
+        count = len(model.outputs or [])
+    except (AttributeError, ValueError):
+        return []
+    if count < 2 or getattr(model, "_compile_loss", None) is None:
+        return []
+    names = list(getattr(model, "output_names", None) or [])
+    return names if len(names) == count else [f"output_{i}" for i in range(count)]
+

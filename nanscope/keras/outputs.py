@@ -1,0 +1,77 @@
+"""Per-output losses of a compiled multi-output model, inside `model.fit`'s train step.
+
+Keras sums the outputs' losses in `CompileLoss` and keeps the parts only in running
+means over the epoch. The callback wants each step's own value per output, so after
+Keras has computed the step's loss (and built its `CompileLoss`), this module pairs
+targets with predictions the way `CompileLoss.call` does and evaluates each output's
+loss once more: a few small ops per output, no second forward pass.
+"""
+
+from nanscope.losses import divides_by_replicas
+from nanscope.runtime import tensorflow
+
+
+def output_loss_specs(model):
+    """[(output name, loss name, weight)] of a compiled multi-output model; [] for one output or before the first step."""
+    compile_loss = getattr(model, "_compile_loss", None)
+    flat = getattr(compile_loss, "_flat_losses", None) or []
+    if len(flat) < 2:
+        return []
+    return [(str(entry.name), _loss_name(entry.loss), 1.0 if entry.loss_weights is None else float(entry.loss_weights))
+            for entry in flat]
+
+
+def output_terms(model, y, y_pred, sample_weight=None):
+    """Per output of a compiled multi-output model: (its unweighted mean loss, its targets, its prediction).
+
+    Call inside the traced train step, after `model.compute_loss`. Returns [] for a
+    single-output model, or when the targets cannot be paired with the outputs.
+    """
+    tf, _ = tensorflow()
+    compile_loss = getattr(model, "_compile_loss", None)
+    flat = getattr(compile_loss, "_flat_losses", None) or []
+    if len(flat) < 2 or y is None or y_pred is None:
+        return []
+    try:
+        y_true, y_pred = _paired(compile_loss, y, y_pred)
+        terms = []
+        for entry in flat:
+            target, prediction = _at(entry.path, y_true), _at(entry.path, y_pred)
+            weight = sample_weight if sample_weight is None or not tf.nest.is_nested(sample_weight) else _at(
+                entry.path, sample_weight)
+            value = tf.cast(entry.loss(target, prediction, weight), tf.float32)
+            terms.append((_unscaled(value, entry.loss), target, prediction))
+        return terms
+    except (KeyError, IndexError, TypeError, ValueError):
+        return []
+
+
+def _paired(compile_loss, y, y_pred):
+    """(y_true, y_pred) packed in the structures Keras built its losses on, as `CompileLoss.call` does."""
+    tf, _ = tensorflow()
+    if isinstance(y_pred, (list, tuple)) and isinstance(y, dict) and set(y) == set(compile_loss.output_names or []):
+        y = [y[name] for name in compile_loss.output_names]
+    y_true = tf.nest.pack_sequence_as(compile_loss._y_true_build_structure, tf.nest.flatten(y))
+    y_pred = tf.nest.pack_sequence_as(compile_loss._y_pred_build_structure, tf.nest.flatten(y_pred))
+    return y_true, y_pred
+
+
+def _at(path, structure):
+    for key in path:
+        structure = structure[key]
+    return structure
+
+
+def _unscaled(value, loss):
+    """A Keras loss's value without the 1 / replicas factor it takes under tf.distribute."""
+    tf, _ = tensorflow()
+    if divides_by_replicas(loss) and tf.distribute.has_strategy():
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        if replicas > 1:
+            return value * float(replicas)
+    return value
+
+
+def _loss_name(loss):
+    config = loss.get_config() if hasattr(loss, "get_config") else {}
+    return config.get("name") or getattr(loss, "__name__", type(loss).__name__)
