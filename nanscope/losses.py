@@ -69,9 +69,16 @@ def mean_loss(fn, y, y_pred):
     tf, _ = tensorflow()
     y_pred = tf.cast(y_pred, tf.float32) if y_pred.dtype != tf.float32 else y_pred
     value = tf.reduce_mean(tf.cast(fn(y, y_pred), tf.float32))  # loss functions may return per-sample values
-    if divides_by_replicas(fn) and tf.distribute.has_strategy():
+    return unscaled_for_replicas(value, fn)
+
+
+def unscaled_for_replicas(value, loss_fn):
+    """`value` of `loss_fn` without the 1 / replicas factor a Keras Loss applies under a tf.distribute strategy."""
+    tf, _ = tensorflow()
+    if divides_by_replicas(loss_fn) and tf.distribute.has_strategy():
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
-        value = value * float(replicas) if replicas > 1 else value
+        if replicas > 1:
+            return value * float(replicas)
     return value
 
 
@@ -217,8 +224,13 @@ def _class_name(keras, name):
 
 def _wrap(loss):
     config = loss.get_config() if hasattr(loss, "get_config") else {}
-    name = config.get("name") or getattr(loss, "__name__", type(loss).__name__)
-    return Loss(loss, name, bool(config.get("from_logits", False)), config)
+    return Loss(loss, loss_name(loss), bool(config.get("from_logits", False)), config)
+
+
+def loss_name(loss):
+    """The name of a Keras Loss object (its config's `name`) or of a loss function."""
+    config = loss.get_config() if hasattr(loss, "get_config") else {}
+    return config.get("name") or getattr(loss, "__name__", type(loss).__name__)
 
 
 def check_labels_fit(spec, loss, output, y):

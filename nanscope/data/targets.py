@@ -5,7 +5,7 @@ array per output: sources load them as a mapping from output name (or a list in
 output order), and `arrange` puts them in the order of the model's flattened
 outputs once the model is known. Everything after that sees either an array or a
 tuple of arrays with the same number of rows, and goes through these functions to
-take rows, count bytes or name columns.
+take rows or count bytes.
 """
 
 import numpy as np
@@ -34,11 +34,6 @@ def take(y, rows):
     if isinstance(y, (tuple, list)):
         return tuple(v[rows] for v in y)
     return y[rows]
-
-
-def row_count(y):
-    """Rows of the targets (of the first array: `checked` makes them all equal)."""
-    return len(parts(y)[0])
 
 
 def nbytes(y):
@@ -83,14 +78,6 @@ def arrange(y, names, where):
             "output: `y` (npz, npy) or `target` (csv, TFRecord) as a mapping from output name, or a factory "
             "returning (x, {output name: targets})")
     return y
-
-
-def column_names(y, names, base="y"):
-    """Per target array, names for its columns: `y[0]`, ... or `<output>[0]`, ... for a multi-output model."""
-    arrays = parts(y)
-    prefixes = [base] if len(arrays) == 1 else list(names) if len(names) == len(arrays) else [
-        f"{base}{i}" for i in range(len(arrays))]
-    return [[f"{p}[{i}]" for i in range(a.shape[1])] if a.ndim == 2 else [p] for p, a in zip(prefixes, arrays)]
 
 
 def as_float32(array):

@@ -7,7 +7,7 @@ targets with predictions the way `CompileLoss.call` does and evaluates each outp
 loss once more: a few small ops per output, no second forward pass.
 """
 
-from nanscope.losses import divides_by_replicas
+from nanscope.losses import loss_name, unscaled_for_replicas
 from nanscope.runtime import tensorflow
 
 
@@ -17,7 +17,7 @@ def output_loss_specs(model):
     flat = getattr(compile_loss, "_flat_losses", None) or []
     if len(flat) < 2:
         return []
-    return [(str(entry.name), _loss_name(entry.loss), 1.0 if entry.loss_weights is None else float(entry.loss_weights))
+    return [(str(entry.name), loss_name(entry.loss), 1.0 if entry.loss_weights is None else float(entry.loss_weights))
             for entry in flat]
 
 
@@ -40,7 +40,7 @@ def output_terms(model, y, y_pred, sample_weight=None):
             weight = sample_weight if sample_weight is None or not tf.nest.is_nested(sample_weight) else _at(
                 entry.path, sample_weight)
             value = tf.cast(entry.loss(target, prediction, weight), tf.float32)
-            terms.append((_unscaled(value, entry.loss), target, prediction))
+            terms.append((unscaled_for_replicas(value, entry.loss), target, prediction))
         return terms
     except (KeyError, IndexError, TypeError, ValueError):
         return []
@@ -60,18 +60,3 @@ def _at(path, structure):
     for key in path:
         structure = structure[key]
     return structure
-
-
-def _unscaled(value, loss):
-    """A Keras loss's value without the 1 / replicas factor it takes under tf.distribute."""
-    tf, _ = tensorflow()
-    if divides_by_replicas(loss) and tf.distribute.has_strategy():
-        replicas = tf.distribute.get_strategy().num_replicas_in_sync
-        if replicas > 1:
-            return value * float(replicas)
-    return value
-
-
-def _loss_name(loss):
-    config = loss.get_config() if hasattr(loss, "get_config") else {}
-    return config.get("name") or getattr(loss, "__name__", type(loss).__name__)
