@@ -1,13 +1,24 @@
 """Per-variable statistics and the pre-step snapshot of the weights.
 
 The healthy path costs one fused pass per statistic and variable: `tf.nn.l2_loss`
-(sum of squares in one kernel, no temporary) for gradient, weight and update norms.
+(sum of squares in one kernel, no temporary) for gradient, weight and update norms,
+the update being the increment the optimizer wrote (`applied_updates`), and on a CPU
+a tensor of up to a million entries is summed in pieces, each on one thread
+(`exact.pieces`).
 The exact non-finite counts, and norms that would overflow a float32 sum of squares,
 are computed only when a sum shows there is something to count, for all variables at
 once (`exact.segment_stats`); a small model gets them on every step instead.
 """
 
-from nanscope.engine.exact import all_axes, constant, count_nonfinite, nonfinite_count, segment_stats, small
+from nanscope.engine.exact import (
+    all_axes,
+    constant,
+    count_nonfinite,
+    nonfinite_count,
+    pieces,
+    segment_stats,
+    small,
+)
 from nanscope.runtime import tensorflow
 
 
@@ -51,7 +62,7 @@ VARIABLE_COLUMNS = ("grad_norm", "grad_nonfinite", "weight_norm", "update_norm",
 GRAD_NONFINITE, WEIGHT_NONFINITE = 1, 4
 
 
-def variable_rows(grads, before, after, applied=None):
+def variable_rows(grads, before, after, applied=None, updates=None):
     """Per-variable statistics: ([n, 5] rows, global grad norm, global applied-grad norm).
 
     Row columns: see VARIABLE_COLUMNS.
@@ -61,12 +72,18 @@ def variable_rows(grads, before, after, applied=None):
         before: list of the variables' values before the update (snapshot copies or tensors).
         after: list of the variables (or their values) after the update.
         applied: list of the gradients handed to the optimizer, when they differ from `grads`.
+        updates: list, optional: per variable the change the optimizer wrote (`applied_updates`),
+            or None where it is not known; the update is then `after - before`.
     """
     tf, _ = tensorflow()
     if not grads:
         return tf.zeros([0, len(VARIABLE_COLUMNS)]), tf.constant(0.0), tf.constant(0.0)
+    updates = updates or [None] * len(grads)
     # Per variable: the gradient, the weights after the update and the update itself.
-    tensors = [t for g, b, v in zip(grads, before, after) for t in (_f32(g), _f32(v), _f32(v) - _f32(b))]
+    tensors = [
+        t for g, b, v, d in zip(grads, before, after, updates)
+        for t in (_f32(g), _f32(v), _f32(v) - _f32(b) if d is None else _f32(d))
+    ]
     if small(tensors):
         norms, nonfinite = _exact_norms(tensors)
     else:
@@ -77,6 +94,61 @@ def variable_rows(grads, before, after, applied=None):
     grad_norm = combined_norm(tf.unstack(rows, axis=1)[0])
     applied_norm = grad_norm if applied is None else combined_norm(tf.sqrt(sum_of_squares([_f32(a) for a in applied])))
     return rows, grad_norm, applied_norm
+
+
+# Ops that use a variable's handle only to read it.
+_READS = frozenset({"ReadVariableOp", "ResourceGather", "VariableShape"})
+# Ops that change a variable by their second input: the sign of that change.
+_INCREMENTS = {"AssignAddVariableOp": 1.0, "AssignSubVariableOp": -1.0}
+
+
+def graph_position():
+    """How many ops the graph being built holds: pass to `applied_updates` to look at the ops made since."""
+    tf, _ = tensorflow()
+    return len(tf.compat.v1.get_default_graph().get_operations())
+
+
+def applied_updates(since, variables):
+    """Per variable, the change (up to its sign) the ops made since `since` (a `graph_position`) wrote into it, or None.
+
+    Keras optimizers update a weight with `assign_add` or `assign_sub` of a tensor they
+    compute anyway (Adam's m / (sqrt(v) + eps) times the learning rate, AdamW's decay
+    too), so the norm of that tensor is |dw| at the cost of one pass, where
+    `after - before` costs a subtraction over the whole weight first. A variable that
+    those ops also overwrite, scatter into, or hand to a control-flow op or a function
+    (a LossScaleOptimizer's conditional update, gradient accumulation, an EMA
+    overwrite, a constraint) gets None: its change is then measured as `after - before`.
+    So does a variable they do not write at all.
+
+    Call inside the function being traced, right after the optimizer's update.
+    """
+    tf, _ = tensorflow()
+    graph = tf.compat.v1.get_default_graph()
+    handles = [graph.capture(v.handle) if getattr(v, "handle", None) is not None else None for v in variables]
+    index = {id(h): i for i, h in enumerate(handles) if h is not None}
+    users = [[] for _ in variables]
+    for op in graph.get_operations()[since:]:
+        for i in {index[id(t)] for t in op.inputs if id(t) in index}:
+            users[i].append(op)
+    return [None if handle is None else _increment(ops, handle) for ops, handle in zip(users, handles)]
+
+
+def _increment(ops, handle):
+    """The sum of the increments `ops` (each using `handle`) write into its variable, up to its sign, or None."""
+    writes = []
+    for op in ops:
+        if op.type in _READS:
+            continue
+        sign = _INCREMENTS.get(op.type)
+        if sign is None or op.inputs[0] is not handle:
+            return None
+        writes.append((sign, _f32(op.inputs[1])))
+    if not writes:
+        return None
+    (first_sign, change), rest = writes[0], writes[1:]
+    for sign, value in rest:  # the change times first_sign: the first write is not negated
+        change = change + value if sign == first_sign else change - value
+    return change
 
 
 def _norms(tensors):
@@ -96,9 +168,16 @@ def _exact_norms(tensors):
 
 
 def sum_of_squares(tensors):
-    """[len(tensors)] float32: each tensor's sum of squares, by `tf.nn.l2_loss` (one fused pass, no temporary)."""
+    """[len(tensors)] float32: each tensor's sum of squares, by `tf.nn.l2_loss` (one fused pass, no temporary),
+    over `exact.pieces` of it."""
     tf, _ = tensorflow()
-    return constant(2.0) * tf.stack([tf.nn.l2_loss(t) for t in tensors])
+    return constant(2.0) * tf.stack([_half_squares(t) for t in tensors])
+
+
+def _half_squares(tensor):
+    tf, _ = tensorflow()
+    parts = [tf.nn.l2_loss(piece) for piece in pieces(tensor)]
+    return parts[0] if len(parts) == 1 else tf.add_n(parts)
 
 
 def combined_norm(norms):

@@ -21,6 +21,8 @@ from nanscope.runtime import tensorflow
 
 # Columns of a layer-stats row, in order.
 LAYER_COLUMNS = ("max_abs", "sum_abs", "nonfinite", "zeros", "size", "tiny")
+# Ops whose output is never negative: |x| is x, and the probe skips the abs.
+NONNEGATIVE_OPS = frozenset({"Relu", "Relu6", "Softmax", "Sigmoid", "Softplus", "Exp"})
 # Smallest normal float16 (numpy.finfo(float16).tiny): non-zero magnitudes below it
 # are subnormal and lose precision, and they flush to 0 a little further down.
 FLOAT16_TINY = 6.103515625e-05
@@ -32,24 +34,27 @@ def tensor_stats(tensors):
     The last column counts non-zero magnitudes below float16's smallest normal, and
     is computed only for float16 tensors (0 otherwise).
 
-    The healthy path costs, per tensor, an abs, a sign and three reductions: zeros are
+    The healthy path costs, per tensor, an abs (none for the output of an op that is
+    never negative, such as relu or softmax), a sign and three reductions: zeros are
     counted as size - sum(sign(|x|)), which is half the cost of `count_nonzero` (a
     compare, a cast to int64 and a sum), and the outputs of a layer with several are
     reduced one by one, not concatenated, so no output is copied. The exact non-finite
     count and the statistics of the finite entries are computed in a `tf.cond` only
     when the sum is not finite. That branch sits right after the layer, so the step
     keeps no output alive longer than the backward pass needs it. Small outputs
-    (`exact.small`) get the exact statistics directly, with no `tf.cond`.
+    (`exact.small`) get the exact statistics directly, with no `tf.cond`. A softmax
+    output is measured on its recomputation (`_measured`).
     """
     tf, _ = tensorflow()
-    floats = [t for t in tensors if t.dtype.is_floating]
+    measured = [_measured(t) for t in tensors if t.dtype.is_floating]
+    floats = [t for t, _ in measured]
     if not floats:
         return tf.zeros([len(LAYER_COLUMNS)], tf.float32)
     half = [t for t in floats if t.dtype == tf.float16]
     tiny = tf.add_n([_underflow_count(t) for t in half]) if half else constant(0.0)
     if small(floats):
         return _exact_row(floats, tiny)
-    parts = [_healthy_part(tf.cast(t, tf.float32)) for t in floats]
+    parts = [_healthy_part(t, nonnegative) for t, nonnegative in measured]
     peak, total, nonzero, size = parts[0] if len(parts) == 1 else _combined(parts)
 
     def healthy():
@@ -66,10 +71,34 @@ def _exact_row(floats, tiny):
     return tf.stack([*finite_stats(floats), size, tiny])
 
 
-def _healthy_part(x):
-    """(max |x|, sum |x|, non-zero count, size) of one float32 tensor."""
+def _measured(tensor):
+    """(the tensor whose statistics stand for a layer output, whether it is never negative).
+
+    That tensor is the output itself, or for a softmax its recomputation from the logits.
+
+    A Keras loss fed a softmax output reads the logits behind it (`from_logits` is
+    implied), so the train step never runs the Softmax op; probing the output would
+    make it run, and on CPU oneDNN's softmax primitive costs 70-90 us even for 128x10.
+    The same function in five elementwise and reduction ops (max, subtract, exp, sum,
+    divide, which is how TensorFlow's own kernel computes it) costs a few us. Its
+    values agree with oneDNN's to an ulp; an entry right at float32's underflow
+    threshold can come out 0 in one and not in the other. A Softmax op is always over
+    the last axis.
+    """
     tf, _ = tensorflow()
-    a, axes = tf.abs(x), all_axes(x)
+    if tensor.op.type != "Softmax":
+        return tensor, tensor.op.type in NONNEGATIVE_OPS
+    logits = tensor.op.inputs[0]
+    last = constant((-1,), "int32")
+    exp = tf.exp(logits - tf.reduce_max(logits, last, keepdims=True))
+    return exp / tf.reduce_sum(exp, last, keepdims=True), True
+
+
+def _healthy_part(tensor, nonnegative):
+    """(max |x|, sum |x|, non-zero count, size) of one float tensor, in float32; `nonnegative` skips the abs."""
+    tf, _ = tensorflow()
+    x = tf.cast(tensor, tf.float32)
+    a, axes = (x if nonnegative else tf.abs(x)), all_axes(x)
     return (tf.reduce_max(a, axes), tf.reduce_sum(a, axes), tf.reduce_sum(tf.sign(a), axes),
             tf.cast(tf.size(x), tf.float32))
 
@@ -113,6 +142,7 @@ class LayerRecorder:
     def __init__(self, layers):
         self.layers = list(layers)
         self._rows = {}
+        self._single = {}  # id(output) -> (output, its row), for layer calls with one float output
         self.call_order = []
         self.traced = False  # set once a step function has been traced with the probes attached
         self._graph = None
@@ -121,7 +151,7 @@ class LayerRecorder:
     @contextlib.contextmanager
     def attached(self):
         """Wrap every layer's `call`; always restore them, even when tracing fails."""
-        self._rows, self.call_order = {}, []
+        self._rows, self._single, self.call_order = {}, {}, []
         saved = []
         try:
             for index, layer in enumerate(self.layers):
@@ -139,7 +169,7 @@ class LayerRecorder:
     def begin(self):
         """Mark the graph being traced; call first thing inside the step function."""
         tf, _ = tensorflow()
-        self._rows, self.call_order = {}, []
+        self._rows, self._single, self.call_order = {}, {}, []
         self._graph = tf.compat.v1.get_default_graph()
         self._thread.replica, self._thread.graph = 0, self._graph
 
@@ -161,12 +191,23 @@ class LayerRecorder:
             # their outputs cannot leave it, and the enclosing layer's output is probed instead.
             if tf.compat.v1.get_default_graph() is getattr(self._thread, "graph", self._graph):
                 flat = [t for t in tf.nest.flatten(outputs) if tf.is_tensor(t)]
-                self._rows.setdefault((self._replica(), index), []).append(tensor_stats(flat))
+                row = tensor_stats(flat)
+                self._rows.setdefault((self._replica(), index), []).append(row)
+                floats = [t for t in flat if t.dtype.is_floating]
+                if len(floats) == 1:
+                    self._single[id(floats[0])] = (floats[0], row)
                 if index not in self.call_order:
                     self.call_order.append(index)
             return outputs
 
         return probed_call
+
+    def nonfinite_count(self, tensor):
+        """The non-finite count a probe already took of `tensor` (a layer call's only float output), or None."""
+        seen = self._single.get(id(tensor))
+        if seen is None or seen[0] is not tensor:
+            return None
+        return seen[1][LAYER_COLUMNS.index("nonfinite")]
 
     def stats_matrix(self):
         """[len(layers), len(LAYER_COLUMNS)] float32: one row of `tensor_stats` per layer (0 if never called).

@@ -6,15 +6,25 @@ norm, non-finite counts per phase), a row per layer and a row per variable. Noth
 per-element crosses into Python on a healthy step.
 
 Before each update the step copies the model's weights into snapshot variables
-(one extra copy, on the device). That copy gives |dw|/|w|, and after a non-finite
-step it restores the weights as they were before the step, so the step's forward
-and backward pass can be replayed exactly; the optimizer's slots are not copied.
+(one extra copy, on the device). After a non-finite step that copy restores the
+weights as they were before the step, so the step's forward and backward pass can be
+replayed exactly; the optimizer's slots are not copied. |dw| is the norm of the
+increments the optimizer wrote (`flat.applied_updates`), or where it wrote otherwise
+(a constraint, a conditional update), of the weights after the step less the copy.
 """
 
 import re
 from dataclasses import dataclass
 
-from nanscope.engine.flat import GRAD_NONFINITE, WEIGHT_NONFINITE, Snapshot, any_nonfinite_count, variable_rows
+from nanscope.engine.flat import (
+    GRAD_NONFINITE,
+    WEIGHT_NONFINITE,
+    Snapshot,
+    any_nonfinite_count,
+    applied_updates,
+    graph_position,
+    variable_rows,
+)
 from nanscope.engine.probes import LayerRecorder
 from nanscope.engine.records import OUTPUT_COLUMNS, SCALAR_COLUMNS, StepRecord
 from nanscope.errors import DataError, ModelError, first_line
@@ -137,19 +147,22 @@ class InstrumentedStep:
             grads = [g / tf.cast(scale, g.dtype) for g in grads]
         applied = self.grad_transform(grads) if self.grad_transform is not None else grads
         handed = [g * tf.cast(scale, g.dtype) for g in applied] if self.loss_scaled else applied
+        start = graph_position()
         self.optimizer.apply_gradients(zip(handed, self.trainable))
-        return self._outputs(x, y, y_pred, total, data_loss, grads, applied, scale, output_losses)
+        updates = applied_updates(start, self.trainable)
+        return self._outputs(x, y, y_pred, total, data_loss, grads, applied, scale, output_losses, updates)
 
     def _layer_loss_terms(self):
         self._loss_terms = layer_loss_terms(self.layers, self.model.keras_model)
         return self._loss_terms
 
-    def _outputs(self, x, y, y_pred, total, data_loss, grads, applied, scale, output_losses):
+    def _outputs(self, x, y, y_pred, total, data_loss, grads, applied, scale, output_losses, updates=None):
         tf, _ = tensorflow()
         var_stats, grad_norm, applied_norm = variable_rows(
-            grads, self._snapshot.copies[: len(self.trainable)], self.trainable, None if applied is grads else applied)
+            grads, self._snapshot.copies[: len(self.trainable)], self.trainable, None if applied is grads else applied,
+            updates)
         target_counts = [any_nonfinite_count(t) for t in tf.nest.flatten(y)]
-        prediction_counts = [any_nonfinite_count(t) for t in tf.nest.flatten(y_pred)]
+        prediction_counts = [self._prediction_nonfinite(t) for t in tf.nest.flatten(y_pred)]
         per_output = [column for row in zip(output_losses, target_counts, prediction_counts) for column in row]
         scalars = tf.stack([
             tf.cast(total, tf.float32), data_loss, any_nonfinite_count(x), tf.add_n(target_counts),
@@ -165,6 +178,11 @@ class InstrumentedStep:
         ])
         layer_terms = tf.stack(self._loss_terms) if self._loss_terms else tf.zeros([0])
         return scalars, self._recorder.stats_matrix(), layer_terms, var_stats
+
+    def _prediction_nonfinite(self, prediction):
+        """Non-finite entries of one model output: the count its layer's probe took, where there is one."""
+        counted = self._recorder.nonfinite_count(prediction)
+        return any_nonfinite_count(prediction) if counted is None else counted
 
     def _skipped(self, applied, scale):
         """1.0 when a LossScaleOptimizer skipped this update (its scaled gradients were not finite)."""

@@ -1,0 +1,154 @@
+"""The instrumented step's cheaper paths against numpy: the optimizer's own update, the softmax probe, reductions in pieces."""
+
+import numpy as np
+import pytest
+
+from nanscope.engine.exact import PIECE_SIZE, pieces
+from nanscope.engine.flat import applied_updates, graph_position, sum_of_squares
+from nanscope.engine.step import InstrumentedStep
+from nanscope.models import _keras
+from nanscope.objectives import Loss
+from nanscope.runtime import tensorflow
+
+tf, keras = tensorflow()
+
+# 300 x 250 = 75,000 weights: more than one PIECE_SIZE, so the norms are taken in pieces.
+INPUTS, HIDDEN, CLASSES, ROWS = 300, 250, 7, 32
+
+
+def classifier(constraint=None):
+    keras.utils.set_random_seed(3)
+    return keras.Sequential([
+        keras.Input((INPUTS,)),
+        keras.layers.Dense(HIDDEN, activation="relu", kernel_constraint=constraint),
+        keras.layers.Dense(CLASSES, activation="softmax"),
+    ])
+
+
+def batch(seed=0, spread=1.0):
+    rng = np.random.default_rng(seed)
+    x = (spread * rng.standard_normal((ROWS, INPUTS))).astype(np.float32)
+    return x, rng.integers(0, CLASSES, ROWS).astype(np.int32)
+
+
+def instrumented(model, optimizer):
+    x, y = batch()
+    loss = Loss(keras.losses.SparseCategoricalCrossentropy(), "scce")
+    return InstrumentedStep(_keras(model, "classifier"), loss, optimizer, x, y)
+
+
+OPTIMIZERS = {
+    "adam": lambda: keras.optimizers.Adam(0.01),
+    "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1),  # two writes per kernel
+    "sgd-nesterov": lambda: keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True),
+    "rmsprop": lambda: keras.optimizers.RMSprop(0.01),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_update_ratio_is_the_change_of_the_weights(name):
+    model = classifier()
+    step = instrumented(model, OPTIMIZERS[name]())
+    x, y = batch(1)
+    step.run(0, x, y)  # a second step, so momentum and Adam's moments are not zero
+    before = [v.numpy() for v in model.trainable_variables]
+    record = step.run(1, x, y)
+    after = [v.numpy() for v in model.trainable_variables]
+    for stats, b, a in zip(record.variables, before, after):
+        change = a.astype(np.float64) - b
+        assert stats.weight_norm == pytest.approx(np.linalg.norm(a.astype(np.float64)), rel=1e-5)
+        assert stats.update_ratio == pytest.approx(np.linalg.norm(change) / np.linalg.norm(a), rel=1e-3)
+
+
+def traced_updates(model, optimizer):
+    """For each trainable variable, whether `applied_updates` found its change among the optimizer's writes."""
+    variables = model.trainable_variables
+    optimizer.build(variables)
+    x, y = batch()
+    found = []
+
+    @tf.function(autograph=False)
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, model(x, training=True)))
+        grads = tape.gradient(loss, variables)
+        start = graph_position()
+        optimizer.apply_gradients(zip(grads, variables))
+        found.extend(update is not None for update in applied_updates(start, variables))
+        return loss
+
+    step(x, y)
+    return found
+
+
+def test_the_optimizer_s_writes_are_found_or_left_to_the_snapshot():
+    assert traced_updates(classifier(), keras.optimizers.Adam()) == [True] * 4
+    assert traced_updates(classifier(), keras.optimizers.AdamW(weight_decay=0.1)) == [True] * 4
+    # A constraint overwrites the kernel after the update: its change is after - before.
+    constrained = classifier(keras.constraints.MaxNorm(1.0))
+    assert traced_updates(constrained, keras.optimizers.SGD(0.1)) == [False, True, True, True]
+    # A LossScaleOptimizer updates inside a conditional: every variable falls back.
+    scaled = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+    assert traced_updates(classifier(), scaled) == [False] * 4
+
+
+def test_a_constrained_kernel_still_reports_its_true_change():
+    model = classifier(keras.constraints.MaxNorm(0.5))
+    step = instrumented(model, keras.optimizers.SGD(1.0))
+    x, y = batch(2)
+    before = [v.numpy() for v in model.trainable_variables]
+    record = step.run(0, x, y)
+    after = [v.numpy() for v in model.trainable_variables]
+    kernel = record.variables[0]
+    assert kernel.update_ratio == pytest.approx(np.linalg.norm(after[0] - before[0]) / np.linalg.norm(after[0]),
+                                                rel=1e-4)
+
+
+def test_a_softmax_layer_is_probed_without_running_the_softmax_the_loss_skips():
+    model = classifier()
+    step = instrumented(model, keras.optimizers.SGD(0.0))
+    graph = step._traced().graph
+    softmaxes = [op for op in graph.get_operations() if op.type == "Softmax"]
+    assert softmaxes and all(not out.consumers() for op in softmaxes for out in op.outputs)
+
+    # Logits far apart: many probabilities underflow to exact zeros, which the probe must count. The
+    # reference is the layer's own (oneDNN) softmax; the probe's recomputation may round an entry right
+    # at float32's underflow threshold the other way.
+    x, y = batch(4, spread=100.0)
+    probabilities = model(x).numpy()
+    record = step.run(0, x, y)
+    stats = record.layers[1]
+    assert (probabilities == 0).mean() > 0.1
+    assert stats.max_abs == pytest.approx(probabilities.max(), rel=1e-5)
+    assert stats.mean_abs == pytest.approx(probabilities.mean(), rel=1e-5)
+    assert stats.zero_fraction == pytest.approx((probabilities == 0).mean(), abs=3 / probabilities.size)
+    assert stats.nonfinite == 0 and record.output_nonfinite == 0
+
+
+def test_non_finite_predictions_are_counted_by_the_output_layer_s_probe():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4)])
+    x = np.ones((5, 3), np.float32)
+    x[1, 0], x[3, 2] = np.nan, np.inf
+    y = np.zeros((5, 4), np.float32)
+    step = InstrumentedStep(_keras(model, "m"), Loss(keras.losses.MeanSquaredError(), "mse"),
+                            keras.optimizers.SGD(0.0), x, y)
+    expected = int((~np.isfinite(model(x).numpy())).sum())
+    record = step.run(0, x, y)
+    assert expected == 8
+    assert record.output_nonfinite == expected == record.layers[0].nonfinite
+
+
+@pytest.mark.parametrize("size", [PIECE_SIZE - 1, PIECE_SIZE, 3 * PIECE_SIZE + 123, 5 * PIECE_SIZE])
+def test_sums_of_squares_in_pieces_equal_numpy(size):
+    rng = np.random.default_rng(size)
+    array = rng.standard_normal(size).astype(np.float32).reshape(-1, 1) * 3.0
+    expected_pieces = -(-size // PIECE_SIZE) if size > PIECE_SIZE else 1
+
+    @tf.function(autograph=False)
+    def squares(t):
+        assert len(pieces(t)) == expected_pieces
+        return sum_of_squares([t])
+
+    result = squares(tf.constant(array)).numpy()[0]
+    assert result == pytest.approx(np.sum(array.astype(np.float64) ** 2), rel=1e-5)
