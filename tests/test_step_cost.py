@@ -1,10 +1,9 @@
-"""The instrumented step's cheaper paths against numpy: the optimizer's own update, the softmax probe, reductions in pieces."""
+"""The instrumented step's cheaper paths against numpy: the optimizer's own update, the softmax probe."""
 
 import numpy as np
 import pytest
 
-from nanscope.engine.exact import PIECE_SIZE, pieces
-from nanscope.engine.flat import applied_updates, graph_position, sum_of_squares
+from nanscope.engine.flat import applied_updates, graph_position
 from nanscope.engine.step import InstrumentedStep
 from nanscope.models import _keras
 from nanscope.objectives import Loss
@@ -12,7 +11,6 @@ from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()
 
-# 300 x 250 = 75,000 weights: more than one PIECE_SIZE, so the norms are taken in pieces.
 INPUTS, HIDDEN, CLASSES, ROWS = 300, 250, 7, 32
 
 
@@ -137,18 +135,3 @@ def test_non_finite_predictions_are_counted_by_the_output_layer_s_probe():
     record = step.run(0, x, y)
     assert expected == 8
     assert record.output_nonfinite == expected == record.layers[0].nonfinite
-
-
-@pytest.mark.parametrize("size", [PIECE_SIZE - 1, PIECE_SIZE, 3 * PIECE_SIZE + 123, 5 * PIECE_SIZE])
-def test_sums_of_squares_in_pieces_equal_numpy(size):
-    rng = np.random.default_rng(size)
-    array = rng.standard_normal(size).astype(np.float32).reshape(-1, 1) * 3.0
-    expected_pieces = -(-size // PIECE_SIZE) if size > PIECE_SIZE else 1
-
-    @tf.function(autograph=False)
-    def squares(t):
-        assert len(pieces(t)) == expected_pieces
-        return sum_of_squares([t])
-
-    result = squares(tf.constant(array)).numpy()[0]
-    assert result == pytest.approx(np.sum(array.astype(np.float64) ** 2), rel=1e-5)

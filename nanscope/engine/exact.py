@@ -45,37 +45,6 @@ def _row_size(tensor):
     return float("inf") if size is None else size
 
 
-# TensorFlow's CPU kernels reduce a tensor of more than about 50K float32 entries on
-# several threads of its pool. On the 2-core machines we measure on, that hand-off costs
-# 5-10x the pass itself: the sum of squares of a 784x256 kernel takes 63 us of CPU
-# (24 us wall) whole and 8 us (9 us wall) on one thread (bench/README.md). So on a CPU a
-# tensor of up to MAX_PIECES * PIECE_SIZE entries is reduced in pieces of PIECE_SIZE,
-# each small enough for one thread; larger tensors, where the threads pay off, and
-# everything on a GPU are reduced whole.
-PIECE_SIZE = 65536
-MAX_PIECES = 16
-
-
-def pieces(tensor):
-    """The tensor as a list of flat pieces to reduce one by one (see PIECE_SIZE), or [tensor].
-
-    The pieces are views, not copies: a split of a flat tensor at offsets that are
-    multiples of 16 entries shares the tensor's buffer.
-    """
-    tf, _ = tensorflow()
-    size = tensor.shape.num_elements()
-    if size is None or not PIECE_SIZE < size <= PIECE_SIZE * MAX_PIECES or _gpu_visible():
-        return [tensor]
-    whole, rest = divmod(size, PIECE_SIZE)
-    sizes = (PIECE_SIZE,) * whole + ((rest,) if rest else ())
-    return tf.split(flat(tensor), constant(sizes, "int32"), num=len(sizes), axis=constant(0, "int32"))
-
-
-def _gpu_visible():
-    tf, _ = tensorflow()
-    return bool(tf.config.list_logical_devices("GPU"))
-
-
 def constant(value, dtype="float32"):
     """A constant of the graph being built, made once per graph and then reused (a `tf.constant` is an op)."""
     tf, _ = tensorflow()

@@ -2,23 +2,13 @@
 
 The healthy path costs one fused pass per statistic and variable: `tf.nn.l2_loss`
 (sum of squares in one kernel, no temporary) for gradient, weight and update norms,
-the update being the increment the optimizer wrote (`applied_updates`), and on a CPU
-a tensor of up to a million entries is summed in pieces, each on one thread
-(`exact.pieces`).
+the update being the increment the optimizer wrote (`applied_updates`).
 The exact non-finite counts, and norms that would overflow a float32 sum of squares,
 are computed only when a sum shows there is something to count, for all variables at
 once (`exact.segment_stats`); a small model gets them on every step instead.
 """
 
-from nanscope.engine.exact import (
-    all_axes,
-    constant,
-    count_nonfinite,
-    nonfinite_count,
-    pieces,
-    segment_stats,
-    small,
-)
+from nanscope.engine.exact import all_axes, constant, count_nonfinite, nonfinite_count, segment_stats, small
 from nanscope.runtime import tensorflow
 
 
@@ -168,16 +158,9 @@ def _exact_norms(tensors):
 
 
 def sum_of_squares(tensors):
-    """[len(tensors)] float32: each tensor's sum of squares, by `tf.nn.l2_loss` (one fused pass, no temporary),
-    over `exact.pieces` of it."""
+    """[len(tensors)] float32: each tensor's sum of squares, by `tf.nn.l2_loss` (one fused pass, no temporary)."""
     tf, _ = tensorflow()
-    return constant(2.0) * tf.stack([_half_squares(t) for t in tensors])
-
-
-def _half_squares(tensor):
-    tf, _ = tensorflow()
-    parts = [tf.nn.l2_loss(piece) for piece in pieces(tensor)]
-    return parts[0] if len(parts) == 1 else tf.add_n(parts)
+    return constant(2.0) * tf.stack([tf.nn.l2_loss(t) for t in tensors])
 
 
 def combined_norm(norms):
