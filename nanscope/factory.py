@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from nanscope.errors import NanscopeError
+from nanscope.runtime import quiet_user_imports
 
 
 def load_callable(reference, base_dir, field, error=NanscopeError):
@@ -56,7 +57,8 @@ def _import_file(module_ref, base_dir, field, error):
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(path.parent))
     try:
-        spec.loader.exec_module(module)
+        with quiet_user_imports():
+            spec.loader.exec_module(module)
     except Exception as exc:  # user code: any failure is the user's input problem
         raise error(f"{field}: importing {path} failed: {type(exc).__name__}: {exc}") from exc
     finally:
@@ -66,7 +68,8 @@ def _import_file(module_ref, base_dir, field, error):
 
 def _import_module(module_ref, field, error):
     try:
-        return importlib.import_module(module_ref)
+        with quiet_user_imports():
+            return importlib.import_module(module_ref)
     except ModuleNotFoundError as exc:
         raise error(f"{field}: no module named {module_ref!r} ({exc})") from exc
     except Exception as exc:

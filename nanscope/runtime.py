@@ -40,6 +40,27 @@ def tensorflow():
     return _modules
 
 
+@contextlib.contextmanager
+def quiet_user_imports():
+    """Run a block that may import TensorFlow the user's way (a factory module's `import keras`) quietly.
+
+    TensorFlow writes its start-up lines when it is first imported, whoever imports it;
+    a user's module that imports it before nanscope does would print them. Until
+    TensorFlow is loaded, the block runs with descriptor 2 pointed at /dev/null (so a
+    user's own stderr output while their module imports is lost too; their exceptions
+    still propagate); if it loaded TensorFlow, `tensorflow()` then finishes the quiet
+    set-up. `NANSCOPE_DEBUG=1` shows everything.
+    """
+    if _modules is not None or "tensorflow" in sys.modules or os.environ.get("NANSCOPE_DEBUG") == "1":
+        yield
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    with _silenced_stderr_fd():
+        yield
+    if "tensorflow" in sys.modules:
+        tensorflow()
+
+
 def _split_cpu(tf, replicas):
     """Configure `replicas` logical CPU devices (a string from the environment; unset or "1": leave one)."""
     if not replicas:

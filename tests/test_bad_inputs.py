@@ -400,6 +400,24 @@ def data_empty_dataset(tmp_path):
 
 
 @case
+def data_several_inputs(tmp_path):
+    return trace(tmp_path, base_spec(data={"factory": f"{FACTORIES}:several_inputs"})), [
+        "spec.yaml", "data.factory", "several inputs (tokens, numbers)", "not supported yet", "NanScope callback"]
+
+
+@case
+def data_several_inputs_dataset(tmp_path):
+    return trace(tmp_path, base_spec(data={"factory": f"{FACTORIES}:several_inputs", "args": {"dataset": True}})), [
+        "spec.yaml", "data.factory", "several inputs (tokens, numbers)"]
+
+
+@case
+def data_several_input_arrays(tmp_path):
+    return trace(tmp_path, base_spec(data={"factory": f"{FACTORIES}:two_input_arrays"})), [
+        "spec.yaml", "data.factory", "several inputs (2 arrays)"]
+
+
+@case
 def data_not_numeric(tmp_path):
     return trace(tmp_path, base_spec(data={"factory": f"{FACTORIES}:strings"})), [
         "spec.yaml", "data.factory", "x must be numeric"]

@@ -96,3 +96,23 @@ def test_bad_option_value_is_one_line_and_exit_2():
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "--steps" in lines[0] and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", ["check-data", "trace-steps"])
+def test_a_factory_that_imports_keras_itself_prints_no_tensorflow_start_up_lines(tmp_path, command):
+    (tmp_path / "data.py").write_text(
+        "import keras\nimport numpy as np\n\n"
+        "def load():\n"
+        "    rng = np.random.default_rng(0)\n"
+        "    return rng.standard_normal((32, 3)).astype('float32'), rng.standard_normal((32, 1)).astype('float32')\n"
+        "\n\ndef build():\n"
+        "    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])\n")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("model: {factory: data.py:build}\ndata: {factory: data.py:load, batch_size: 8}\n"
+                    "train: {loss: mse, optimizer: {name: sgd, learning_rate: 0.01}, steps: 3}\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "NANSCOPE_DEBUG")}
+    extra = ["--trace", str(tmp_path / "t.jsonl")] if command == "trace-steps" else []
+    result = subprocess.run([sys.executable, "-m", "nanscope", command, str(spec), *extra], capture_output=True,
+                            text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == ""

@@ -192,6 +192,7 @@ def _from_factory(spec):
     if _is_tf_dataset(result):
         x, y = _materialize(result, spec)
     elif isinstance(result, (tuple, list)) and len(result) == 2:
+        _one_input(result[0], spec)
         x = np.asarray(result[0])
         y = targets.convert(result[1], np.asarray) if _per_output(result[1], len(x)) else np.asarray(result[1])
     else:
@@ -200,6 +201,20 @@ def _from_factory(spec):
             f"of (x, y). Received: a {type(result).__name__}"
         )
     return LoadedData(x, y, f"{spec.data.factory}, {len(x)} rows")
+
+
+def _one_input(x, spec):
+    """Reject x given as several inputs: a mapping, tensor specs or arrays of different shapes, one per model input."""
+    parts = list(x.values()) if isinstance(x, dict) else list(x) if isinstance(x, (tuple, list)) else []
+    symbolic = [p for p in parts if hasattr(p, "shape") and hasattr(p, "dtype") and not isinstance(p, np.ndarray)]
+    shapes = {np.shape(p)[1:] for p in parts if np.ndim(p) >= 1}
+    if isinstance(x, dict) or (parts and len(symbolic) == len(parts)) or len(shapes) > 1:
+        names = ", ".join(map(str, x)) if isinstance(x, dict) else f"{len(parts)} arrays"
+        raise DataError(
+            f"{spec.source}: data.factory: {spec.data.factory} gives x as several inputs ({names}); nanscope feeds "
+            "the model one input array, so models with several inputs are not supported yet. Concatenate the "
+            "inputs into one array and split them in the model, or trace the model from inside fit with the "
+            "NanScope callback")
 
 
 def _per_output(y, rows):
@@ -222,6 +237,7 @@ def _materialize(dataset, spec):
     element = dataset.element_spec
     if not (isinstance(element, tuple) and len(element) == 2):
         raise DataError(f"{spec.source}: data.factory: the dataset must yield (x, y) pairs. Received elements of {element}")
+    _one_input(element[0], spec)
     if element[0].shape.rank and element[0].shape[0] is None:
         dataset = dataset.unbatch()
     xs, ys = [], []
