@@ -44,11 +44,19 @@ class ModelError(NanscopeError):
     """The model cannot be loaded, built or called."""
 
 
+# A printed array inside a message ("for input [[[1. 1.]\n  [1. 1.]]] with name ..."), which
+# spans lines: it is replaced whole, so the line that says what went wrong stays whole.
+_NUMBER = r"-?(?:\d[\d.eE+\-]*|nan|inf)"
+_ARRAY_REPR = re.compile(rf"\s*(?:\[\[[\s\d.eE+\-\[\]naif]*\]\]|\[\s*{_NUMBER}(?:\s+{_NUMBER})+\s*\])\s*")
+
+
 def first_line(exc):
     """The line of an exception's text that says what went wrong, for a one-line message.
 
-    Keras wraps errors raised inside a layer in a call header and ANSI bold; both are dropped.
+    Keras wraps errors raised inside a layer in a call header and ANSI bold; both are dropped,
+    and an array the message prints is shown as `<array>`.
     """
-    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(exc).splitlines()]
+    text = _ARRAY_REPR.sub(" <array> ", str(exc))
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in text.splitlines()]
     lines = [line for line in lines if line and not line.startswith("Exception encountered when calling")]
-    return lines[0][:300] if lines else type(exc).__name__
+    return re.sub(r" +", " ", lines[0])[:300] if lines else type(exc).__name__

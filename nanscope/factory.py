@@ -84,5 +84,13 @@ def call_factory(function, kwargs, field, error=NanscopeError):
         raise error(f"{field}: {function.__name__}({_format_kwargs(kwargs)}) raised {type(exc).__name__}: {exc}") from exc
 
 
+def received(result):
+    """What a data factory returned, for an error message: "a int", "a tuple of 3 items (...)"."""
+    if isinstance(result, (tuple, list)):
+        note = " (x, y, sample_weight): sample weights are not supported" if len(result) == 3 else ""
+        return f"a {type(result).__name__} of {len(result)} items{note}"
+    return f"a {type(result).__name__}"
+
+
 def _format_kwargs(kwargs):
     return ", ".join(f"{k}={v!r}" for k, v in kwargs.items())

@@ -12,6 +12,7 @@ apply it (a Log in the user's own loss: the evidence then names the line to chan
 """
 
 import math
+import warnings
 from dataclasses import replace
 
 import numpy as np
@@ -96,7 +97,8 @@ def standardized_inputs(session):
 
 def _moments(array):
     """Per last-axis feature: (mean, std) over every other axis, NaN-aware, std 0 taken as 1."""
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
         values = array.astype(np.float64)
         axes = tuple(range(values.ndim - 1)) or None
         shift, scale = np.nanmean(values, axis=axes), np.nanstd(values, axis=axes)

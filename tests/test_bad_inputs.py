@@ -418,6 +418,32 @@ def data_several_input_arrays(tmp_path):
 
 
 @case
+def data_ragged_rows(tmp_path):
+    return trace(tmp_path, base_spec(data={"factory": f"{FACTORIES}:ragged"})), [
+        "spec.yaml", "data.factory", "not an array with rows on the first axis", "inhomogeneous"]
+
+
+@case
+def data_ragged_rows_check_data(tmp_path):
+    return ["check-data", str(spec_file(tmp_path, base_spec(data={"factory": f"{FACTORIES}:ragged"})))], [
+        "spec.yaml", "data.factory", "not an array with rows on the first axis"]
+
+
+@case
+def data_with_sample_weights(tmp_path):
+    return trace(tmp_path, base_spec(data={"factory": f"{FACTORIES}:with_sample_weights"})), [
+        "spec.yaml", "data.factory", "a tuple of 3 items", "sample weights are not supported"]
+
+
+@case
+def data_rows_do_not_fit_the_model(tmp_path):
+    # Keras prints the whole input tensor in its message; the line shows it as <array>.
+    return trace(tmp_path, base_spec(data={"factory": f"{FACTORIES}:images"})), [
+        "spec.yaml", "input of shape (4, 4) (per row) does not fit the model", "expects (4,)", "<array>",
+        "incompatible shape"]
+
+
+@case
 def data_not_numeric(tmp_path):
     return trace(tmp_path, base_spec(data={"factory": f"{FACTORIES}:strings"})), [
         "spec.yaml", "data.factory", "x must be numeric"]
@@ -698,3 +724,16 @@ def test_an_unparsable_option_value_is_a_usage_error_exit_2(tmp_path):
     result = runner.invoke(app, trace(tmp_path, base_spec(), "--steps", "abc"))
     assert result.exit_code == 2
     assert "--steps" in result.output and "Traceback" not in result.output
+
+
+def test_first_line_shows_a_printed_array_as_a_placeholder():
+    from nanscope.errors import first_line
+
+    keras_message = ("Invalid input shape for input [[[1. 1.]\n  [1. 1.]]\n\n [[1. 1.]\n  [1. nan]]] with name 'x'. "
+                     "Expected shape (None, 4), but input has incompatible shape (2, 2, 2)")
+    assert first_line(ValueError(keras_message)) == (
+        "Invalid input shape for input <array> with name 'x'. Expected shape (None, 4), but input has incompatible "
+        "shape (2, 2, 2)")
+    # Indexes, ranges and shape lists are not arrays.
+    for text in ("indices[3] = 9 is not in [0, 10)", "shapes [32, 4] and [8] are incompatible"):
+        assert first_line(ValueError(text)) == text

@@ -116,3 +116,20 @@ def test_a_factory_that_imports_keras_itself_prints_no_tensorflow_start_up_lines
                             text=True, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip() == ""
+
+
+def test_a_run_on_all_nan_columns_prints_nothing_on_stderr(tmp_path):
+    (tmp_path / "data.py").write_text(
+        "import numpy as np\n\n"
+        "def load():\n"
+        "    x = np.ones((32, 3), 'float32')\n"
+        "    x[:, 1] = np.nan\n"
+        "    return x, np.ones((32, 1), 'float32')\n")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"model: {{factory: {SPECS / 'phase_models.py'}:dense, args: {{features: 3}}}}\n"
+                    "data: {factory: data.py:load, batch_size: 8}\n"
+                    "train: {loss: mse, optimizer: {name: sgd, learning_rate: 0.01}, steps: 3}\n")
+    result = subprocess.run([sys.executable, "-m", "nanscope", "trace-steps", str(spec), "--verify",
+                             "--trace", str(tmp_path / "t.jsonl")], capture_output=True, text=True)
+    assert result.returncode == 1
+    assert result.stderr.strip() == ""

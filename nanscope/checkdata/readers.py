@@ -17,8 +17,8 @@ from nanscope.checkdata import file_readers
 from nanscope.checkdata.outputs import array_names, structure_parts
 from nanscope.checkdata.stream import DataStream, check_rows, outputs_of
 from nanscope.data import synthetic
-from nanscope.errors import DataError
-from nanscope.factory import call_factory, load_callable
+from nanscope.errors import DataError, first_line
+from nanscope.factory import call_factory, load_callable, received
 
 
 def _open_tfrecord(data, path, base_dir, origin, require_targets):
@@ -102,16 +102,20 @@ def _factory_stream(data, base_dir, origin):
         return dataset_stream(result, f"{data.factory} (tf.data)", origin, field_name)
     if isinstance(result, (tuple, list)) and len(result) == 2:
         x, y = result
-        inputs = {k: np.asarray(v) for k, v in x.items()} if isinstance(x, dict) else {"x": np.asarray(x)}
-        rows = len(next(iter(inputs.values()))) if inputs and np.ndim(next(iter(inputs.values()))) else 0
-        keys = list(y) if isinstance(y, dict) else len(y) if _per_output(y, rows) else None
-        named = array_names(structure_parts(keys, field_name), inputs,
-                            lambda part: "y" if part.output is None else f"y{part.output}")
-        targets = {name: np.asarray(y if part.source is None else y[part.source]) for name, part in named.items()}
+        try:
+            inputs = {k: np.asarray(v) for k, v in x.items()} if isinstance(x, dict) else {"x": np.asarray(x)}
+            rows = len(next(iter(inputs.values()))) if inputs and np.ndim(next(iter(inputs.values()))) else 0
+            keys = list(y) if isinstance(y, dict) else len(y) if _per_output(y, rows) else None
+            named = array_names(structure_parts(keys, field_name), inputs,
+                                lambda part: "y" if part.output is None else f"y{part.output}")
+            targets = {name: np.asarray(y if part.source is None else y[part.source]) for name, part in named.items()}
+        except (ValueError, TypeError) as exc:  # ragged rows, or something that is not an array at all
+            raise DataError(f"{origin}: {field_name}: {data.factory} returned x or y that is not an array with rows "
+                            f"on the first axis: {first_line(exc)}") from exc
         return arrays_stream(inputs, targets, str(data.factory), origin, field_name, outputs_of(named))
     raise DataError(
         f"{origin}: {field_name}: {data.factory} must return (x, y) arrays or a tf.data.Dataset "
-        f"of (x, y). Received: a {type(result).__name__}"
+        f"of (x, y). Received: {received(result)}"
     )
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from nanscope.data import synthetic, targets
 from nanscope.errors import DataError, first_line
-from nanscope.factory import call_factory, load_callable
+from nanscope.factory import call_factory, load_callable, received
 
 
 @dataclass
@@ -193,12 +193,16 @@ def _from_factory(spec):
         x, y = _materialize(result, spec)
     elif isinstance(result, (tuple, list)) and len(result) == 2:
         _one_input(result[0], spec)
-        x = np.asarray(result[0])
-        y = targets.convert(result[1], np.asarray) if _per_output(result[1], len(x)) else np.asarray(result[1])
+        try:
+            x = np.asarray(result[0])
+            y = targets.convert(result[1], np.asarray) if _per_output(result[1], len(x)) else np.asarray(result[1])
+        except (ValueError, TypeError) as exc:  # ragged rows, or something that is not an array at all
+            raise DataError(f"{spec.source}: {field_name}: {spec.data.factory} returned x or y that is not an array "
+                            f"with rows on the first axis: {first_line(exc)}") from exc
     else:
         raise DataError(
             f"{spec.source}: {field_name}: {spec.data.factory} must return (x, y) arrays or a tf.data.Dataset "
-            f"of (x, y). Received: a {type(result).__name__}"
+            f"of (x, y). Received: {received(result)}"
         )
     return LoadedData(x, y, f"{spec.data.factory}, {len(x)} rows")
 

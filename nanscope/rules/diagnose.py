@@ -7,6 +7,7 @@ healthy run gets nothing above `info`.
 """
 
 import math
+import warnings
 
 import numpy as np
 
@@ -157,7 +158,8 @@ def _target_scale(report, session, healthy):
         return []
     found = []
     for name, loss_name, y in _regression_targets(session):
-        with np.errstate(all="ignore"):  # targets so large their variance overflows are exactly the finding
+        with np.errstate(all="ignore"), warnings.catch_warnings():  # overflowing variance is the finding
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
             std, mean = float(np.nanstd(y.astype(np.float64))), float(np.nanmean(np.abs(y.astype(np.float64))))
         if max(std, mean) <= SCALE_LIMIT:
             continue
@@ -189,7 +191,8 @@ def _input_scale(report, session, healthy):
     if not np.issubdtype(x.dtype, np.floating):
         return []
     flat = x.reshape(len(x), -1)
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
         std = np.nanstd(flat, axis=0)
         mean = np.nanmean(np.abs(flat), axis=0)
     far = np.flatnonzero((std > SCALE_LIMIT) | (mean > SCALE_LIMIT))

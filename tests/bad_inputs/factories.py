@@ -55,6 +55,21 @@ def two_input_arrays(rows=16):
     return [np.zeros((rows, 3), np.float32), np.zeros((rows, 2), np.float32)], np.zeros((rows, 1), np.float32)
 
 
+def ragged(rows=16):
+    """Rows of different lengths: not one array."""
+    return [[1.0, 2.0, 3.0, 4.0], [1.0, 2.0]] * (rows // 2), np.zeros((rows, 1), np.float32)
+
+
+def with_sample_weights(rows=16, features=4):
+    """(x, y, sample_weight), as model.fit takes them."""
+    return np.zeros((rows, features), np.float32), np.zeros((rows, 1), np.float32), np.ones(rows, np.float32)
+
+
+def images(rows=16):
+    """Rows of 4x4 images for a model that expects 4 features."""
+    return np.ones((rows, 4, 4), np.float32), np.zeros((rows, 1), np.float32)
+
+
 def strings(rows=8):
     """x that is text, not numbers."""
     return np.array([["a", "b", "c", "d"]] * rows), np.zeros((rows, 1), np.float32)
