@@ -75,7 +75,8 @@ class Session:
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         x, y = self.batch(0)
         return InstrumentedStep(
-            model, self.loss, optimizer, x, y, jit_compile=self.spec.train.jit_compile, grad_transform=grad_transform
+            model, self.loss, optimizer, x, y, jit_compile=self.spec.train.jit_compile, grad_transform=grad_transform,
+            source=self.spec.source,
         )
 
     def _distributed_step(self, model, optimizer_overrides, grad_transform):
@@ -84,7 +85,8 @@ class Session:
         with self.strategy.scope():
             optimizer = build_optimizer(self.spec, model, optimizer_overrides)
         x, y = self.batch(0)
-        return DistributedStep(self.strategy, model, self.loss, optimizer, x, y, grad_transform=grad_transform)
+        return DistributedStep(self.strategy, model, self.loss, optimizer, x, y, grad_transform=grad_transform,
+                               source=self.spec.source)
 
     def next_records(self, engine, runner, step, total, stop_on_nonfinite):
         """(records, None) of the next step, or of the next chunk of steps when `runner` is set.

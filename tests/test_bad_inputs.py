@@ -367,6 +367,43 @@ def optimizer_argument_unknown(tmp_path):
         "spec.yaml", "train.optimizer", "momentun"]
 
 
+@case
+def model_without_trainable_variables(tmp_path):
+    return trace(tmp_path, base_spec(model={"factory": f"{FACTORIES}:frozen"})), [
+        "spec.yaml", "model:", "no trainable variables", "trainable = False"]
+
+
+@case
+def model_call_returns_none(tmp_path):
+    return trace(tmp_path, base_spec(model={"factory": f"{FACTORIES}:returns_nothing"})), [
+        "spec.yaml", "model:", "the model's call returned None", "expected a tensor"]
+
+
+@case
+def model_call_raises_while_traced(tmp_path):
+    return trace(tmp_path, base_spec(model={"factory": f"{FACTORIES}:raises_in_training"})), [
+        "spec.yaml", "model:", "raised RuntimeError while the train step was traced", "not written yet"]
+
+
+@case
+def model_call_raises_while_traced_in_chunks(tmp_path):
+    spec = base_spec(model={"factory": f"{FACTORIES}:raises_in_training"}, train={"steps": 600})
+    return trace(tmp_path, spec), ["spec.yaml", "model:", "raised RuntimeError while the train step was traced"]
+
+
+@case
+def optimizer_argument_of_the_wrong_type(tmp_path):
+    spec = base_spec(train={"optimizer": {"name": "adam", "beta_1": "high"}})
+    return trace(tmp_path, spec), ["spec.yaml", "train.optimizer:", "raised TypeError while the train step was traced"]
+
+
+@case
+def compare_clipping_optimizer_argument_of_the_wrong_type(tmp_path):
+    spec = spec_file(tmp_path, base_spec(train={"optimizer": {"name": "adam", "beta_1": "high"}}))
+    return ["compare-clipping", str(spec), "--steps", "3"], [
+        "spec.yaml", "train.optimizer:", "raised TypeError while the train step was traced"]
+
+
 # --- the data ----------------------------------------------------------------------------------------
 
 

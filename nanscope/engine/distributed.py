@@ -56,13 +56,13 @@ class DistributedStep(InstrumentedStep):
     # Each step goes through `strategy.run` with host-split batches: one call per step.
     chunkable = False
 
-    def __init__(self, strategy, model, loss, optimizer, sample_x, sample_y, grad_transform=None):
+    def __init__(self, strategy, model, loss, optimizer, sample_x, sample_y, grad_transform=None, source=None):
         self.strategy = strategy
         self.replicas = strategy.num_replicas_in_sync
         # The optimizer's slots and the snapshot must be mirrored variables.
         with strategy.scope():
             super().__init__(model, loss, optimizer, sample_x, sample_y, jit_compile=False,
-                             grad_transform=grad_transform)
+                             grad_transform=grad_transform, source=source)
 
     def _step(self, x, y):
         tf, _ = tensorflow()
@@ -81,9 +81,11 @@ class DistributedStep(InstrumentedStep):
         x, y = x[start:end], tf.nest.map_structure(lambda t: t[start:end], y)
         share = tf.cast(end - start, tf.float32) / tf.cast(rows, tf.float32)
         with tf.GradientTape() as tape:
-            y_pred = self.model.call(x, training=True)
-            output_losses = self.loss.terms(y, y_pred)  # each the replica's own mean loss
-            data_loss = self.loss.total(output_losses)
+            with self.raised_by("model"):
+                y_pred = self.predictions(self.model.call(x, training=True))
+            with self.raised_by("train.loss"):
+                output_losses = self.loss.terms(y, y_pred)  # each the replica's own mean loss
+                data_loss = self.loss.total(output_losses)
             own_terms = layer_loss_terms(self.layers, self.model.keras_model)
             terms = tf.add_n([tf.reduce_sum(t) for t in own_terms]) if own_terms else 0.0
             total = data_loss + terms
@@ -94,7 +96,8 @@ class DistributedStep(InstrumentedStep):
         grads = context.all_reduce(tf.distribute.ReduceOp.SUM, local)
         applied = self.grad_transform(grads) if self.grad_transform is not None else grads
         handed = applied if replica == 0 else [tf.zeros_like(g) for g in applied]
-        self.optimizer.apply_gradients(zip(handed, self.trainable))
+        with self.raised_by("train.optimizer"):
+            self.optimizer.apply_gradients(zip(handed, self.trainable))
         # Replica threads take turns only inside the all-reduce and the optimizer: set here, read by _outputs.
         self._loss_terms = own_terms
         scalars, layer_stats, layer_terms, var_stats = self._outputs(

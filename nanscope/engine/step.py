@@ -13,6 +13,7 @@ increments the optimizer wrote (`flat.applied_updates`), or where it wrote other
 (a constraint, a conditional update), of the weights after the step less the copy.
 """
 
+import contextlib
 import re
 from dataclasses import dataclass
 
@@ -27,7 +28,7 @@ from nanscope.engine.flat import (
 )
 from nanscope.engine.probes import LayerRecorder
 from nanscope.engine.records import OUTPUT_COLUMNS, SCALAR_COLUMNS, StepRecord
-from nanscope.errors import DataError, ModelError, first_line
+from nanscope.errors import DataError, ModelError, NanscopeError, first_line
 from nanscope.runtime import tensorflow
 
 
@@ -69,6 +70,7 @@ class InstrumentedStep:
         jit_compile: bool, default False. Compile the step with XLA.
         grad_transform: callable(list of grads) -> list of grads, optional. Applied
             between the backward pass and the optimizer (manual clipping strategies).
+        source: str, optional. The spec file, named in errors.
 
     Example:
         step = InstrumentedStep(model, loss, optimizer, x[:32], y[:32])
@@ -78,8 +80,10 @@ class InstrumentedStep:
     # `_step` can run inside a `tf.while_loop` over device-resident data (engine/chunk.py).
     chunkable = True
 
-    def __init__(self, model, loss, optimizer, sample_x, sample_y, jit_compile=False, grad_transform=None):
+    def __init__(self, model, loss, optimizer, sample_x, sample_y, jit_compile=False, grad_transform=None,
+                 source=None):
         tf, _ = tensorflow()
+        self.source = source
         self.model = model
         self.loss = loss
         self.optimizer = optimizer
@@ -93,6 +97,9 @@ class InstrumentedStep:
         ]
         self.loss_scaled = is_loss_scale_optimizer(optimizer)
         self.trainable = list(model.keras_model.trainable_variables if model.keras_model is not None else model.trainable_variables)
+        if not self.trainable:
+            raise ModelError(f"{self._where('model')}the model has no trainable variables, so there is nothing to "
+                             "train or trace", hint="was it frozen with `trainable = False`?")
         self.variable_names = relative_variable_names(self.trainable, model.keras_model)
         self.optimizer.build(self.trainable)
         self._snapshot = Snapshot(self._model_state())
@@ -127,14 +134,33 @@ class InstrumentedStep:
         others = [v for v in self.model.keras_model.variables if all(v is not t for t in self.trainable)]
         return list(self.trainable) + others
 
+    def _where(self, field):
+        return (f"{self.source}: " if self.source else "") + f"{field}: "
+
+    def raised_by(self, field):
+        """A context that reports an exception raised while the step is traced as bad input in `field`."""
+        return raised_while_tracing(self._where(field))
+
+    def predictions(self, y_pred):
+        """The model's output, checked: tensors (one, or a list or dict of them), not None or plain values."""
+        tf, _ = tensorflow()
+        parts = tf.nest.flatten(y_pred)
+        if not parts or not all(tf.is_tensor(part) for part in parts):
+            kind = "None" if y_pred is None else f"a {type(y_pred).__name__}"
+            raise ModelError(f"{self._where('model')}the model's call returned {kind}; expected a tensor, or a list or "
+                             "dict of tensors (one per output)")
+        return y_pred
+
     def _step(self, x, y):
         tf, _ = tensorflow()
         self._recorder.begin()
         self._snapshot.take()
         with tf.GradientTape() as tape:
-            y_pred = self.model.call(x, training=True)
-            output_losses = self.loss.terms(y, y_pred)
-            data_loss = self.loss.total(output_losses)
+            with self.raised_by("model"):
+                y_pred = self.predictions(self.model.call(x, training=True))
+            with self.raised_by("train.loss"):
+                output_losses = self.loss.terms(y, y_pred)
+                data_loss = self.loss.total(output_losses)
             terms = self._layer_loss_terms()
             total = data_loss + (tf.add_n([tf.reduce_sum(t) for t in terms]) if terms else 0.0)
             scale = tf.cast(tf.convert_to_tensor(self.optimizer.dynamic_scale), tf.float32) if self.loss_scaled else None
@@ -148,7 +174,8 @@ class InstrumentedStep:
         applied = self.grad_transform(grads) if self.grad_transform is not None else grads
         handed = [g * tf.cast(scale, g.dtype) for g in applied] if self.loss_scaled else applied
         start = graph_position()
-        self.optimizer.apply_gradients(zip(handed, self.trainable))
+        with self.raised_by("train.optimizer"):
+            self.optimizer.apply_gradients(zip(handed, self.trainable))
         updates = applied_updates(start, self.trainable)
         return self._outputs(x, y, y_pred, total, data_loss, grads, applied, scale, output_losses, updates)
 
@@ -204,6 +231,19 @@ class InstrumentedStep:
     def weights_before_step(self):
         """numpy copies of the trainable variables as they were before the last step."""
         return self._snapshot.values(len(self.trainable))
+
+
+@contextlib.contextmanager
+def raised_while_tracing(where):
+    """Turn an exception that user code (the model's call, a loss, an optimizer) raises while TensorFlow traces
+    the step into a ModelError naming `where` (the spec file and field): bad input, not a crash."""
+    try:
+        yield
+    except NanscopeError:
+        raise
+    except Exception as exc:
+        raise ModelError(f"{where}raised {type(exc).__name__} while the train step was traced: {first_line(exc)}",
+                         hint="NANSCOPE_DEBUG=1 shows the traceback") from exc
 
 
 def is_loss_scale_optimizer(optimizer):

@@ -11,6 +11,38 @@ def dense(features=4, outputs=1):
                              keras.layers.Dense(outputs, name="out")])
 
 
+def frozen(features=4):
+    """The tiny model with every layer frozen: no trainable variables."""
+    model = dense(features)
+    model.trainable = False
+    return model
+
+
+class OddModel(keras.Model):
+    """A subclassed model whose call misbehaves in training: returns None, or raises."""
+
+    def __init__(self, behaviour):
+        super().__init__()
+        self.behaviour = behaviour
+        self.hidden = keras.layers.Dense(1)
+
+    def call(self, x, training=False):
+        out = self.hidden(x)
+        if training and self.behaviour == "none":
+            return None
+        if training and self.behaviour == "raise":
+            raise RuntimeError("the training branch is not written yet")
+        return out
+
+
+def returns_nothing(features=4):
+    return OddModel("none")
+
+
+def raises_in_training(features=4):
+    return OddModel("raise")
+
+
 def arrays(rows=32, features=4, y_rows=None, labels=None, bad_row=None):
     """Valid (x, y) arrays; `y_rows` makes y a different length, `labels` gives integer class labels."""
     rng = np.random.default_rng(0)
