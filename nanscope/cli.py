@@ -15,6 +15,7 @@ import typer
 
 from nanscope import interrupt
 from nanscope.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, NanscopeError
+from nanscope.outpaths import check_output_paths
 
 app = typer.Typer(
     help=(
@@ -53,6 +54,13 @@ def run_command(body):
             traceback.print_exc()
         typer.echo(f"nanscope: error: {one_line(exc)}", err=True)
         raise typer.Exit(exc.exit_code) from None
+    except OSError as exc:  # a path the user gave that cannot be written or read: --json, --trace, --plot, ...
+        if debug:
+            traceback.print_exc()
+        where = exc.filename2 or exc.filename
+        what = exc.strerror or str(exc)
+        typer.echo(f"nanscope: error: {one_line(f'{where}: {what}' if where else what)}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT) from None
     except KeyboardInterrupt:
         typer.echo("nanscope: interrupted", err=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
@@ -116,6 +124,8 @@ def trace_steps(
             from nanscope.plotting import require_matplotlib
 
             require_matplotlib()
+        check_output_paths(files=[("--json", json_out), ("--trace", trace), ("--plot", plot)],
+                           folders=[("--save-repro", save_repro), ("--tensorboard", tensorboard)])
         run_spec = apply_overrides(load_spec(spec), steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed)
         options = TraceOptions(trace_path=trace, keep_going=keep_going, save_repro=save_repro, verify=verify,
                                tensorboard=tensorboard, plot=plot, unsafe=unsafe)
@@ -178,6 +188,7 @@ def check_data(
         from nanscope.checkdata import scan_data
         from nanscope.render.data_report import render_data_report, scan_progress
 
+        check_output_paths(files=[("--json", json_out)])
         with scan_progress() as on_progress:
             scan = scan_data(source, target=target, loss=loss, classes=classes, sample=sample, on_progress=on_progress)
         render_data_report(scan, _console(json_out))
@@ -225,6 +236,7 @@ def compare_clipping(
         chosen = parse_strategies(strategies)
         if plot is not None:
             require_matplotlib()
+        check_output_paths(files=[("--json", json_out), ("--plot", plot)])
         run_spec = apply_overrides(load_spec(spec), steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed)
         with clipping_progress() as on_progress:
             report = run_comparison(run_spec, chosen, on_progress=on_progress)
@@ -254,6 +266,7 @@ def report(
         from nanscope.report import from_trace
         from nanscope.tracefile import read_trace
 
+        check_output_paths(files=[("--json", json_out)])
         rebuilt = from_trace(*read_trace(trace), trace_path=trace)
         render_trace_report(rebuilt, _console(json_out))
         if json_out:

@@ -404,6 +404,37 @@ def compare_clipping_optimizer_argument_of_the_wrong_type(tmp_path):
         "spec.yaml", "train.optimizer:", "raised TypeError while the train step was traced"]
 
 
+@case
+def json_target_is_a_directory(tmp_path):
+    return trace(tmp_path, base_spec(), "--json", str(tmp_path)), ["--json", str(tmp_path), "is a directory"]
+
+
+@case
+def trace_path_under_a_file(tmp_path):
+    (tmp_path / "plain-file").write_text("not a folder")
+    return ["trace-steps", str(spec_file(tmp_path, base_spec())), "--trace", str(tmp_path / "plain-file" / "t.jsonl")], [
+        "--trace", "plain-file is a file, not a folder"]
+
+
+@case
+def plot_path_under_a_file(tmp_path):
+    (tmp_path / "plain-file").write_text("not a folder")
+    return trace(tmp_path, base_spec(), "--plot", str(tmp_path / "plain-file" / "p.png")), [
+        "--plot", "plain-file is a file, not a folder"]
+
+
+@case
+def check_data_json_target_is_a_directory(tmp_path):
+    return ["check-data", str(spec_file(tmp_path, base_spec())), "--json", str(tmp_path)], ["--json", "is a directory"]
+
+
+@case
+def save_repro_folder_is_a_file(tmp_path):
+    (tmp_path / "plain-file").write_text("not a folder")
+    return trace(tmp_path, base_spec(), "--save-repro", str(tmp_path / "plain-file")), [
+        "--save-repro", "is a file; expected a folder"]
+
+
 # --- the data ----------------------------------------------------------------------------------------
 
 

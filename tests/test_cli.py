@@ -133,3 +133,17 @@ def test_a_run_on_all_nan_columns_prints_nothing_on_stderr(tmp_path):
                              "--trace", str(tmp_path / "t.jsonl")], capture_output=True, text=True)
     assert result.returncode == 1
     assert result.stderr.strip() == ""
+
+
+def test_an_output_that_fails_late_is_one_line_and_exit_2(tmp_path, monkeypatch):
+    import nanscope.jsonio
+
+    def full_disk(target, value):
+        raise OSError(28, "No space left on device", str(target))
+
+    monkeypatch.setattr(nanscope.jsonio, "write_json", full_disk)
+    monkeypatch.delenv("NANSCOPE_DEBUG", raising=False)
+    result = runner.invoke(app, ["trace-steps", str(CONFIGS / "exploding-regression.yaml"), "--steps", "2",
+                                 "--trace", str(tmp_path / "t.jsonl"), "--json", str(tmp_path / "r.json")])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"nanscope: error: {tmp_path / 'r.json'}: No space left on device"

@@ -1,0 +1,39 @@
+"""Output paths a command was given (--json, --trace, --plot, --save-repro, --tensorboard), checked up front.
+
+A run can train for minutes before it writes its report; a path that cannot be
+written should stop it before the first step, with one line naming the option, not
+after the work is done.
+"""
+
+import os
+from pathlib import Path
+
+from nanscope.errors import NanscopeError
+
+
+def check_output_paths(files=(), folders=()):
+    """Raise NanscopeError for the first path that cannot be written.
+
+    Args:
+        files: iterable of (option, path or None). Paths of files to write; "-" (stdout) is fine.
+        folders: iterable of (option, path or None). Folders to create or write into.
+    """
+    for option, path in files:
+        if path is not None and str(path) != "-":
+            _writable(option, Path(path), folder=False)
+    for option, path in folders:
+        if path is not None:
+            _writable(option, Path(path), folder=True)
+
+
+def _writable(option, path, folder):
+    if path.exists() and path.is_dir() != folder:
+        kind = "a directory; expected a file path" if not folder else "a file; expected a folder"
+        raise NanscopeError(f"{option}: {path} is {kind}")
+    ancestor = path if folder and path.exists() else path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise NanscopeError(f"{option}: cannot create {path}: {ancestor} is a file, not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise NanscopeError(f"{option}: cannot write {path}: no write permission in {ancestor}")
