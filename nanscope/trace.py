@@ -16,8 +16,8 @@ import numpy as np
 
 from nanscope import interrupt
 from nanscope.data import targets
+from nanscope.engine.failures import step_failure
 from nanscope.engine.records import expected_layer_indices, first_nonfinite_replica
-from nanscope.engine.step import step_failure
 from nanscope.jsonio import jsonable
 from nanscope.objectives import optimizer_settings
 from nanscope.report import FirstNonfinite, TraceReport

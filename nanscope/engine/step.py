@@ -13,10 +13,9 @@ increments the optimizer wrote (`flat.applied_updates`), or where it wrote other
 (a constraint, a conditional update), of the weights after the step less the copy.
 """
 
-import contextlib
-import re
 from dataclasses import dataclass
 
+from nanscope.engine.failures import build_model, raised_while_tracing
 from nanscope.engine.flat import (
     GRAD_NONFINITE,
     WEIGHT_NONFINITE,
@@ -28,7 +27,7 @@ from nanscope.engine.flat import (
 )
 from nanscope.engine.probes import LayerRecorder
 from nanscope.engine.records import OUTPUT_COLUMNS, SCALAR_COLUMNS, StepRecord
-from nanscope.errors import DataError, ModelError, NanscopeError, first_line
+from nanscope.errors import ModelError
 from nanscope.runtime import tensorflow
 
 
@@ -233,19 +232,6 @@ class InstrumentedStep:
         return self._snapshot.values(len(self.trainable))
 
 
-@contextlib.contextmanager
-def raised_while_tracing(where):
-    """Turn an exception that user code (the model's call, a loss, an optimizer) raises while TensorFlow traces
-    the step into a ModelError naming `where` (the spec file and field): bad input, not a crash."""
-    try:
-        yield
-    except NanscopeError:
-        raise
-    except Exception as exc:
-        raise ModelError(f"{where}raised {type(exc).__name__} while the train step was traced: {first_line(exc)}",
-                         hint="NANSCOPE_DEBUG=1 shows the traceback") from exc
-
-
 def is_loss_scale_optimizer(optimizer):
     """True for Keras' LossScaleOptimizer (dynamic loss scaling for float16)."""
     _, keras = tensorflow()
@@ -277,68 +263,3 @@ def relative_variable_names(variables, keras_model):
     if prefix and names and all(n.startswith(prefix) for n in names):
         return [n[len(prefix):] for n in names]
     return names
-
-
-def build_model(model, sample_x, source=None):
-    """Call the model once on one row so its variables exist, and return the output.
-
-    A shape that does not fit is bad input, reported against `data` of the spec file `source`.
-    """
-    keras_model = model.keras_model
-    try:
-        if keras_model is not None:
-            return keras_model(sample_x[:1], training=False)
-        return model.call(sample_x, training=False)  # a SavedModel's signature may fix the batch size
-    except Exception as exc:
-        expected = _expected_input(keras_model) if keras_model is not None else None
-        raise DataError(
-            (f"{source}: " if source else "")
-            + f"data: input of shape {tuple(sample_x.shape[1:])} (per row) does not fit the model"
-            + (f", which expects {expected}" if expected else "")
-            + f": {first_line(exc)}"
-        ) from exc
-
-
-def _expected_input(keras_model):
-    try:
-        shape = keras_model.input_shape
-        return tuple(shape[1:]) if isinstance(shape, tuple) else shape
-    except Exception:
-        return None
-
-
-def step_failure(exc, step, source=None, jit_compile=False):
-    """A ModelError that says why TensorFlow failed inside step `step`, or None when `exc` is not a TF op error.
-
-    Out of memory, an XLA compilation failure and any other failed op (a
-    `tf.debugging.assert_*` in a layer, for example) become one line naming the
-    step, what failed and what to try; they are not crashes.
-    """
-
-    tf, _ = tensorflow()
-    if not isinstance(exc, tf.errors.OpError):
-        return None
-    where = (f"{source}: " if source else "") + f"step {step}"
-    detail = f"{type(exc).__name__}: {_op_error_summary(exc)}"
-    if isinstance(exc, tf.errors.ResourceExhaustedError):
-        return ModelError(f"{where}: out of memory inside the train step ({detail})",
-                          hint="try a smaller --batch-size or a smaller model")
-    if jit_compile and ("XLA" in str(exc) or "compil" in str(exc).lower()):
-        return ModelError(f"{where}: XLA could not compile or run the train step ({detail})",
-                          hint="set train.jit_compile: false")
-    return ModelError(f"{where}: a TensorFlow op failed inside the train step ({detail})")
-
-
-_OP_ERROR_NOISE = ("Graph execution error", "Detected at node", "File ", "Traceback", "The op is created at", "Hint:",
-                   "tf2xla conversion failed", "[[{{node", "^")
-
-
-def _op_error_summary(exc):
-    """What a TensorFlow op error says went wrong, and at which node, without its creation traceback."""
-    text = getattr(exc, "message", None) or str(exc)
-    node = re.search(r"\{\{node ([^}]+)\}\}", text) or re.search(r"Detected at node '?([^\s']+)", text)
-    lines = [line.strip() for line in text.splitlines()]
-    lines = [line for line in lines if line and not line.startswith(_OP_ERROR_NOISE) and not line[:1].isspace()]
-    what = lines[0] if lines else type(exc).__name__
-    what = re.sub(r"\[_Xla[^\]]*\]|\{\{node [^}]*\}\}|\[Op:[^\]]*\]", "", what).strip()[:240]
-    return what + (f" at node {node.group(1)}" if node and node.group(1) not in what else "")
