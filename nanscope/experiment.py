@@ -114,7 +114,7 @@ def _run(session, change, steps, stop_at_nonfinite, on_step, fingerprint):
         for record in done:
             if fingerprint:
                 x, y = session.batch(record.step)
-                for array in (x, *targets.parts(y)):
+                for array in (*targets.parts(x), *targets.parts(y)):
                     crc = zlib.crc32(array.tobytes(), crc)
             records.append(record)
             if on_step is not None:

@@ -219,7 +219,7 @@ def evaluate_loss(step_engine, data, batch_size):
     total, rows = 0.0, 0
     for start in range(0, data.rows, batch_size):
         part = slice(start, start + batch_size)
-        x, y = data.x[part], targets.take(data.y, part)
+        x, y = targets.take(data.x, part), targets.take(data.y, part)
         total += float(fn(x, y)) * len(x)
         rows += len(x)
     return total / rows if rows else None

@@ -15,7 +15,7 @@ from typing import Optional
 import numpy as np
 
 from nanscope import interrupt
-from nanscope.data import targets
+from nanscope.data import inputs, targets
 from nanscope.engine.failures import step_failure
 from nanscope.engine.records import expected_layer_indices, first_nonfinite_replica
 from nanscope.jsonio import jsonable
@@ -247,7 +247,8 @@ def describe_bad_batch(x, y, rows, data, output_names=()):
         arrays = [(name, part, []) for name, part in zip(output_names or [f"y{i}" for i in range(len(y))], y)]
     else:
         arrays = [("y", y, data.target_names)]
-    for label, array, names in (("x", x, data.feature_names), *arrays):
+    features = [(label, part, data.feature_names if label == "x" else []) for label, part in inputs.named(x)]
+    for label, array, names in (*features, *arrays):
         if not np.issubdtype(array.dtype, np.floating):
             continue
         bad = ~np.isfinite(array.reshape(len(array), -1))
@@ -257,7 +258,7 @@ def describe_bad_batch(x, y, rows, data, output_names=()):
         columns = np.flatnonzero(bad.any(axis=0))
         shown = [names[c] if c < len(names) else f"{label}[{c}]" for c in columns[:8]]
         lines.append(
-            f"{label}: {int(bad.sum())} non-finite value(s) in {'feature' if label == 'x' else 'target'}(s) "
+            f"{label}: {int(bad.sum())} non-finite value(s) in {'feature' if label.startswith('x') else 'target'}(s) "
             f"{', '.join(shown)}{' ...' if len(columns) > 8 else ''}; dataset rows "
             f"{', '.join(str(int(r)) for r in bad_rows[:8])}{' ...' if len(bad_rows) > 8 else ''}"
         )
@@ -276,7 +277,7 @@ def describe_run(session, engine):
         "data": session.train.description,
         "train_rows": session.train.rows,
         "validation_rows": session.validation.rows if session.validation is not None else 0,
-        "input_shape": list(session.train.x.shape[1:]),
+        "input_shape": inputs.row_shapes(session.train.x),
         "batch_size": spec.data.batch_size,
         "shuffle": spec.data.shuffle,
         "loss": session.loss.name,

@@ -17,6 +17,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from nanscope.data import inputs
 from nanscope.experiment import Change, run_experiment
 from nanscope.runtime import tensorflow
 
@@ -86,13 +87,26 @@ def standardized_targets(session, output=None):
 
 
 def standardized_inputs(session):
-    """A Change that trains on standardised input features (per feature, as `keras.layers.Normalization`)."""
-    shift, scale = _moments(session.train.x)
+    """A Change that trains on standardised input features (per feature, as `keras.layers.Normalization`);
+    each input of a model with several is standardised on its own features. Non-float inputs (token ids) are
+    left as they are."""
+    moments = inputs.convert(session.train.x, lambda part: _moments(part) if _is_float(part) else None)
+
+    def standardized(part, moment):
+        return part if moment is None else ((part - moment[0]) / moment[1]).astype(part.dtype)
 
     def change(data):
-        return replace(data, x=((data.x - shift) / scale).astype(data.x.dtype))
+        if not inputs.is_multi(data.x):
+            return replace(data, x=standardized(data.x, moments))
+        keys = list(data.x) if isinstance(data.x, dict) else range(len(data.x))
+        x = {k: standardized(data.x[k], moments[k]) for k in keys}
+        return replace(data, x=x if isinstance(data.x, dict) else tuple(x.values()))
 
     return Change("standardise x", {"standardize": "x"}, data=change)
+
+
+def _is_float(array):
+    return np.issubdtype(array.dtype, np.floating)
 
 
 def _moments(array):

@@ -468,21 +468,9 @@ def data_empty_dataset(tmp_path):
 
 
 @case
-def data_several_inputs(tmp_path):
-    return trace(tmp_path, base_spec(data={"factory": f"{FACTORIES}:several_inputs"})), [
-        "spec.yaml", "data.factory", "several inputs (tokens, numbers)", "not supported yet", "NanScope callback"]
-
-
-@case
-def data_several_inputs_dataset(tmp_path):
-    return trace(tmp_path, base_spec(data={"factory": f"{FACTORIES}:several_inputs", "args": {"dataset": True}})), [
-        "spec.yaml", "data.factory", "several inputs (tokens, numbers)"]
-
-
-@case
-def data_several_input_arrays(tmp_path):
+def data_two_inputs_for_a_one_input_model(tmp_path):
     return trace(tmp_path, base_spec(data={"factory": f"{FACTORIES}:two_input_arrays"})), [
-        "spec.yaml", "data.factory", "several inputs (2 arrays)"]
+        "spec.yaml", "data: input of shape [(3,), (2,)] (per row) does not fit the model"]
 
 
 @case

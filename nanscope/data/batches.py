@@ -70,4 +70,4 @@ class BatchOrder:
 def batch(data, order, step):
     """(x, y) numpy arrays of the batch at `step`; y is a tuple of arrays for a multi-output model."""
     idx = order.indices(step)
-    return data.x[idx], take(data.y, idx)
+    return take(data.x, idx), take(data.y, idx)

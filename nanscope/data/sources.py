@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from nanscope.data import synthetic, targets
+from nanscope.data import inputs, synthetic, targets
 from nanscope.errors import DataError, first_line
 from nanscope.factory import call_factory, load_callable, received
 
@@ -21,7 +21,8 @@ class LoadedData:
     """Training arrays and where they came from.
 
     Args:
-        x: np.ndarray. Inputs, first axis rows.
+        x: np.ndarray. Inputs, first axis rows. For a model with several inputs, one array per
+            input: a mapping from input name, or a tuple in the model's input order (`data/inputs.py`).
         y: np.ndarray. Targets, first axis rows. For a multi-output model, one array per
             output: a mapping from output name (or a list) as loaded, a tuple in the
             model's output order once the session has arranged them (`data/targets.py`).
@@ -38,7 +39,7 @@ class LoadedData:
 
     @property
     def rows(self):
-        return len(self.x)
+        return inputs.rows(self.x)
 
 
 def load_data(spec):
@@ -177,12 +178,13 @@ def _read_tfrecord(spec, path):
         first_line = str(exc.message).strip().splitlines()[0]
         raise DataError(f"{spec.source}: data.features: {path.name} does not match the feature spec: {first_line}") from exc
     arrays = {name: np.concatenate(parts) if parts else np.zeros((0, *features[name].shape)) for name, parts in columns.items()}
-    inputs = [name for name in features if name not in labels]
-    if not inputs:
+    input_names = [name for name in features if name not in labels]
+    if not input_names:
         raise DataError(f"{spec.source}: data.features: only the target(s) {labels} are listed; expected input features too")
-    x = np.concatenate([arrays[n].reshape(len(arrays[n]), -1) for n in inputs], axis=1) if len(inputs) > 1 else arrays[inputs[0]]
+    x = (np.concatenate([arrays[n].reshape(len(arrays[n]), -1) for n in input_names], axis=1)
+         if len(input_names) > 1 else arrays[input_names[0]])
     y = {name: arrays[feature] for name, feature in target.items()} if isinstance(target, dict) else arrays[target]
-    return LoadedData(x.astype(np.float32), y, f"{path.name}, {len(x)} rows", feature_names=inputs, target_names=labels)
+    return LoadedData(x.astype(np.float32), y, f"{path.name}, {len(x)} rows", feature_names=input_names, target_names=labels)
 
 
 def _from_factory(spec):
@@ -192,10 +194,13 @@ def _from_factory(spec):
     if _is_tf_dataset(result):
         x, y = _materialize(result, spec)
     elif isinstance(result, (tuple, list)) and len(result) == 2:
-        _one_input(result[0], spec)
         try:
-            x = np.asarray(result[0])
-            y = targets.convert(result[1], np.asarray) if _per_output(result[1], len(x)) else np.asarray(result[1])
+            raw_x, raw_y = result
+            first_y = targets.parts(raw_y)[0] if isinstance(raw_y, (dict, tuple, list)) and len(raw_y) else raw_y
+            y_rows = len(first_y) if np.ndim(first_y) >= 1 else None
+            x = inputs.convert(raw_x, np.asarray) if inputs.several(raw_x, y_rows) else np.asarray(raw_x)
+            rows = inputs.rows(x) if np.ndim(inputs.parts(x)[0]) else 0
+            y = targets.convert(raw_y, np.asarray) if _per_output(raw_y, rows) else np.asarray(raw_y)
         except (ValueError, TypeError) as exc:  # ragged rows, or something that is not an array at all
             raise DataError(f"{spec.source}: {field_name}: {spec.data.factory} returned x or y that is not an array "
                             f"with rows on the first axis: {first_line(exc)}") from exc
@@ -204,21 +209,7 @@ def _from_factory(spec):
             f"{spec.source}: {field_name}: {spec.data.factory} must return (x, y) arrays or a tf.data.Dataset "
             f"of (x, y). Received: {received(result)}"
         )
-    return LoadedData(x, y, f"{spec.data.factory}, {len(x)} rows")
-
-
-def _one_input(x, spec):
-    """Reject x given as several inputs: a mapping, tensor specs or arrays of different shapes, one per model input."""
-    parts = list(x.values()) if isinstance(x, dict) else list(x) if isinstance(x, (tuple, list)) else []
-    symbolic = [p for p in parts if hasattr(p, "shape") and hasattr(p, "dtype") and not isinstance(p, np.ndarray)]
-    shapes = {np.shape(p)[1:] for p in parts if np.ndim(p) >= 1}
-    if isinstance(x, dict) or (parts and len(symbolic) == len(parts)) or len(shapes) > 1:
-        names = ", ".join(map(str, x)) if isinstance(x, dict) else f"{len(parts)} arrays"
-        raise DataError(
-            f"{spec.source}: data.factory: {spec.data.factory} gives x as several inputs ({names}); nanscope feeds "
-            "the model one input array, so models with several inputs are not supported yet. Concatenate the "
-            "inputs into one array and split them in the model, or trace the model from inside fit with the "
-            "NanScope callback")
+    return LoadedData(x, y, f"{spec.data.factory}, {inputs.rows(x) if np.ndim(inputs.parts(x)[0]) else 0} rows")
 
 
 def _per_output(y, rows):
@@ -241,8 +232,8 @@ def _materialize(dataset, spec):
     element = dataset.element_spec
     if not (isinstance(element, tuple) and len(element) == 2):
         raise DataError(f"{spec.source}: data.factory: the dataset must yield (x, y) pairs. Received elements of {element}")
-    _one_input(element[0], spec)
-    if element[0].shape.rank and element[0].shape[0] is None:
+    first = targets.parts(element[0])[0]
+    if first.shape.rank and first.shape[0] is None:
         dataset = dataset.unbatch()
     xs, ys = [], []
     for x, y in dataset.as_numpy_iterator():
@@ -250,39 +241,53 @@ def _materialize(dataset, spec):
         ys.append(y)
     if not xs:
         raise DataError(f"{spec.source}: data.factory: the dataset is empty")
-    if isinstance(ys[0], (dict, tuple, list)):  # one target per output of a multi-output model
-        keys = list(ys[0]) if isinstance(ys[0], dict) else range(len(ys[0]))
-        stacked = {k: np.stack([y[k] for y in ys]) for k in keys}
-        return np.stack(xs), stacked if isinstance(ys[0], dict) else tuple(stacked.values())
-    return np.stack(xs), np.stack(ys)
+    return _stacked(xs), _stacked(ys)
+
+
+def _stacked(elements):
+    """Per-row elements stacked into rows: one array, or one per key (or position) of a mapping or tuple."""
+    if isinstance(elements[0], (dict, tuple, list)):  # one per model input, or per output of a multi-output model
+        keys = list(elements[0]) if isinstance(elements[0], dict) else range(len(elements[0]))
+        stacked = {k: np.stack([e[k] for e in elements]) for k in keys}
+        return stacked if isinstance(elements[0], dict) else tuple(stacked.values())
+    return np.stack(elements)
 
 
 def _checked(loaded, spec):
     field_name = "data.path" if spec.data.path else "data.factory" if spec.data.factory else "data.synthetic"
     where = f"{spec.source}: {field_name}"
-    if loaded.x.ndim == 0 or any(np.ndim(part) == 0 for part in targets.parts(loaded.y)):
+    if any(np.ndim(part) == 0 for part in [*inputs.parts(loaded.x), *targets.parts(loaded.y)]):
         raise DataError(f"{where}: x and y must be arrays with rows on the first axis")
-    if len(loaded.x) == 0:
+    rows = inputs.rows(loaded.x)
+    if rows == 0:
         raise DataError(f"{where}: the dataset is empty (0 rows)")
-    for name, part in _named_parts(loaded.y):
-        if len(part) != len(loaded.x):
-            raise DataError(f"{where}: x has {len(loaded.x)} rows but {name} has {len(part)}")
+    first = inputs.named(loaded.x)[0][0]
+    for name, part in [*inputs.named(loaded.x)[1:], *_named_parts(loaded.y)]:
+        if len(part) != rows:
+            raise DataError(f"{where}: {first} has {rows} rows but {name} has {len(part)}")
     fraction = spec.data.validation.fraction
-    if int(round(len(loaded.x) * fraction)) >= len(loaded.x):
+    if int(round(rows * fraction)) >= rows:
         raise DataError(
-            f"{spec.source}: data.validation.fraction: {fraction} of {len(loaded.x)} rows leaves no training rows; "
+            f"{spec.source}: data.validation.fraction: {fraction} of {rows} rows leaves no training rows; "
             "expected a fraction that keeps at least one"
         )
-    if not (np.issubdtype(loaded.x.dtype, np.number) or loaded.x.dtype == bool):
-        raise DataError(f"{where}: x must be numeric. Received dtype {loaded.x.dtype}")
-    if loaded.x.dtype == np.float64 or loaded.x.dtype == bool or np.issubdtype(loaded.x.dtype, np.integer):
-        loaded.x = loaded.x.astype(np.float32)
+    for name, part in inputs.named(loaded.x):
+        if not (np.issubdtype(part.dtype, np.number) or part.dtype == bool):
+            raise DataError(f"{where}: {name} must be numeric. Received dtype {part.dtype}")
+    loaded.x = inputs.convert(loaded.x, _float_inputs)
     loaded.y = targets.convert(loaded.y, targets.as_float32)
-    if not loaded.feature_names and loaded.x.ndim == 2:
+    if not loaded.feature_names and not inputs.is_multi(loaded.x) and loaded.x.ndim == 2:
         loaded.feature_names = [f"x[{i}]" for i in range(loaded.x.shape[1])]
     if not loaded.target_names and not targets.is_multi(loaded.y):
         loaded.target_names = [f"y[{i}]" for i in range(loaded.y.shape[1])] if loaded.y.ndim == 2 else ["y"]
     return loaded
+
+
+def _float_inputs(x):
+    """float64, bool and integer inputs as float32, which is what the model computes in; other floats as given."""
+    if x.dtype == np.float64 or x.dtype == bool or np.issubdtype(x.dtype, np.integer):
+        return x.astype(np.float32)
+    return x
 
 
 def _named_parts(y):
@@ -303,7 +308,7 @@ def split_validation(loaded, fraction):
     cut = loaded.rows - n_val
 
     def part(sl):
-        return LoadedData(loaded.x[sl], targets.take(loaded.y, sl), loaded.description, loaded.feature_names,
-                          loaded.target_names)
+        return LoadedData(inputs.take(loaded.x, sl), targets.take(loaded.y, sl), loaded.description,
+                          loaded.feature_names, loaded.target_names)
 
     return part(slice(0, cut)), part(slice(cut, None))

@@ -15,7 +15,7 @@ are still read back.
 
 import numpy as np
 
-from nanscope.data import targets
+from nanscope.data import inputs, targets
 from nanscope.engine.records import StepRecord
 from nanscope.runtime import tensorflow
 
@@ -28,7 +28,7 @@ DEVICE_DATA_LIMIT_BYTES = 256 * 2**20
 
 def fits_on_device(x, y):
     """True when the training arrays are small enough to keep on the device for chunked runs."""
-    return x.nbytes + targets.nbytes(y) <= DEVICE_DATA_LIMIT_BYTES
+    return inputs.nbytes(x) + targets.nbytes(y) <= DEVICE_DATA_LIMIT_BYTES
 
 
 class ChunkRunner:
@@ -50,7 +50,7 @@ class ChunkRunner:
         tf, _ = tensorflow()
         self.engine = engine
         self._watched = tf.constant([0.0 if i in set(expected) else 1.0 for i in range(len(engine.layers))])
-        self._x, self._y = tf.constant(x), tf.nest.map_structure(tf.constant, y)
+        self._x, self._y = tf.nest.map_structure(tf.constant, x), tf.nest.map_structure(tf.constant, y)
         self._widths = [int(np.prod(shape)) for shape in self._output_shapes()]
         # One row per step: the step's outputs flattened and joined, so each step is one
         # write and each chunk one read back.
@@ -105,7 +105,7 @@ class ChunkRunner:
         def body(i, bad, *previous):
             with tf.control_dependencies([self._store(i, previous)]):
                 rows = indices[i]
-            x = tf.gather(self._x, rows)
+            x = tf.nest.map_structure(lambda t: tf.gather(t, rows), self._x)
             y = tf.nest.map_structure(lambda t: tf.gather(t, rows), self._y)
             outputs = self.engine._step(x, y)
             return (i + 1, _suspicious(*outputs, self._watched), *outputs)

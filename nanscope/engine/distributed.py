@@ -15,6 +15,7 @@ non-finite values its batch, its outputs and its own gradients held.
 
 import numpy as np
 
+from nanscope.data import inputs
 from nanscope.engine.flat import any_nonfinite_count
 from nanscope.engine.records import StepRecord
 from nanscope.engine.step import OUTPUT_COLUMNS, SCALAR_COLUMNS, InstrumentedStep, layer_loss_terms
@@ -76,9 +77,9 @@ class DistributedStep(InstrumentedStep):
         context = tf.distribute.get_replica_context()
         replica = int(tf.get_static_value(context.replica_id_in_sync_group))
         self._recorder.begin_replica(replica)
-        rows = tf.shape(x)[0]
+        rows = tf.shape(tf.nest.flatten(x)[0])[0]
         start, end = rows * replica // self.replicas, rows * (replica + 1) // self.replicas
-        x, y = x[start:end], tf.nest.map_structure(lambda t: t[start:end], y)
+        x, y = (tf.nest.map_structure(lambda t: t[start:end], part) for part in (x, y))
         share = tf.cast(end - start, tf.float32) / tf.cast(rows, tf.float32)
         with tf.GradientTape() as tape:
             with self.raised_by("model"):
@@ -109,7 +110,7 @@ class DistributedStep(InstrumentedStep):
     def run(self, step, x, y):
         """Run one train step on a batch split over the replicas and return its StepRecord."""
         scalars, layer_stats, layer_terms, var_stats, counts = (t.numpy() for t in self._traced()(x, y))
-        return combine_replicas(step, len(x), scalars, layer_stats, layer_terms, var_stats, counts)
+        return combine_replicas(step, inputs.rows(x), scalars, layer_stats, layer_terms, var_stats, counts)
 
 
 def combine_replicas(step, batch_rows, scalars, layer_stats, layer_terms, var_stats, counts):

@@ -10,6 +10,7 @@ user's input or environment, not nanscope crashes: each becomes a `ModelError` o
 import contextlib
 import re
 
+from nanscope.data import inputs
 from nanscope.errors import DataError, ModelError, NanscopeError, first_line
 from nanscope.runtime import tensorflow
 
@@ -35,16 +36,26 @@ def build_model(model, sample_x, source=None):
     keras_model = model.keras_model
     try:
         if keras_model is not None:
-            return keras_model(sample_x[:1], training=False)
+            return keras_model(inputs.take(sample_x, slice(0, 1)), training=False)
         return model.call(sample_x, training=False)  # a SavedModel's signature may fix the batch size
     except Exception as exc:
         expected = _expected_input(keras_model) if keras_model is not None else None
         raise DataError(
             (f"{source}: " if source else "")
-            + f"data: input of shape {tuple(sample_x.shape[1:])} (per row) does not fit the model"
+            + f"data: input of shape {_row_shapes(sample_x)} (per row) does not fit the model"
             + (f", which expects {expected}" if expected else "")
             + f": {first_line(exc)}"
         ) from exc
+
+
+def _row_shapes(x):
+    """The shape of one row, as the message shows it: (3,) for one input, {tokens: (3,), ...} or [(3,), ...]."""
+    shapes = inputs.row_shapes(x)
+    if not inputs.is_multi(x):
+        return tuple(shapes)
+    if isinstance(shapes, dict):
+        return "{" + ", ".join(f"{k}: {tuple(v)}" for k, v in shapes.items()) + "}"
+    return "[" + ", ".join(str(tuple(v)) for v in shapes) + "]"
 
 
 def _expected_input(keras_model):

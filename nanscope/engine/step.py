@@ -15,6 +15,7 @@ increments the optimizer wrote (`flat.applied_updates`), or where it wrote other
 
 from dataclasses import dataclass
 
+from nanscope.data import inputs
 from nanscope.engine.failures import build_model, raised_while_tracing
 from nanscope.engine.flat import (
     GRAD_NONFINITE,
@@ -63,7 +64,8 @@ class InstrumentedStep:
         model: LoadedModel.
         loss: objectives.Loss.
         optimizer: keras.Optimizer. Built here on the model's trainable variables.
-        sample_x: np.ndarray. A batch of inputs, used for shapes and to build the model.
+        sample_x: np.ndarray. A batch of inputs, used for shapes and to build the model (a mapping or a
+            tuple of arrays, one per input, for a model with several inputs).
         sample_y: np.ndarray. The matching targets (a tuple of arrays, one per output, for a
             multi-output Loss).
         jit_compile: bool, default False. Compile the step with XLA.
@@ -103,8 +105,8 @@ class InstrumentedStep:
         self.optimizer.build(self.trainable)
         self._snapshot = Snapshot(self._model_state())
         self._recorder = LayerRecorder(self.layers)
-        x_spec = tf.TensorSpec([None, *sample_x.shape[1:]], tf.as_dtype(sample_x.dtype))
-        y_spec = tf.nest.map_structure(lambda a: tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype)), sample_y)
+        x_spec, y_spec = (tf.nest.map_structure(lambda a: tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype)), s)
+                          for s in (sample_x, sample_y))
         self._compiled = tf.function(self._step, input_signature=[x_spec, y_spec], jit_compile=jit_compile, autograph=False)
         self._concrete = None  # traced on first use: a chunked run never calls the single step
 
@@ -191,8 +193,8 @@ class InstrumentedStep:
         prediction_counts = [self._prediction_nonfinite(t) for t in tf.nest.flatten(y_pred)]
         per_output = [column for row in zip(output_losses, target_counts, prediction_counts) for column in row]
         scalars = tf.stack([
-            tf.cast(total, tf.float32), data_loss, any_nonfinite_count(x), tf.add_n(target_counts),
-            tf.add_n(prediction_counts),
+            tf.cast(total, tf.float32), data_loss, _total([any_nonfinite_count(t) for t in tf.nest.flatten(x)]),
+            _total(target_counts), _total(prediction_counts),
             tf.cast(tf.logical_not(tf.math.is_finite(total)), tf.float32),
             grad_norm,
             tf.reduce_sum(var_stats[:, GRAD_NONFINITE]),
@@ -221,7 +223,7 @@ class InstrumentedStep:
     def run(self, step, x, y):
         """Run one train step on a batch and return its StepRecord."""
         scalars, layer_stats, layer_terms, var_stats = self._traced()(x, y)
-        return StepRecord.from_arrays(step, len(x), scalars.numpy(), layer_stats.numpy(), layer_terms.numpy(), var_stats.numpy())
+        return StepRecord.from_arrays(step, inputs.rows(x), scalars.numpy(), layer_stats.numpy(), layer_terms.numpy(), var_stats.numpy())
 
     def restore_before_step(self):
         """Put the model and optimizer state back as it was before the last step."""
@@ -230,6 +232,12 @@ class InstrumentedStep:
     def weights_before_step(self):
         """numpy copies of the trainable variables as they were before the last step."""
         return self._snapshot.values(len(self.trainable))
+
+
+def _total(counts):
+    """The sum of a list of scalar tensors; one is returned as it is (no op)."""
+    tf, _ = tensorflow()
+    return counts[0] if len(counts) == 1 else tf.add_n(counts)
 
 
 def is_loss_scale_optimizer(optimizer):

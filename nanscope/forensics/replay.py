@@ -42,12 +42,13 @@ def replay_step(model, loss, optimizer, x, y, grad_transform=None):
         model: LoadedModel.
         loss: objectives.Loss.
         optimizer: keras.Optimizer, built on the model's trainable variables.
-        x, y: np.ndarray. The batch (y: a tuple of arrays for a multi-output model).
+        x, y: np.ndarray. The batch (y: a tuple of arrays for a multi-output model; x: one array per input
+            for a model with several).
         grad_transform: callable(list of grads) -> list of grads, optional.
     """
     tf, _ = tensorflow()
     started = time.perf_counter()
-    x, y = tf.convert_to_tensor(x), tf.nest.map_structure(tf.convert_to_tensor, y)
+    x, y = (tf.nest.map_structure(tf.convert_to_tensor, part) for part in (x, y))
     trainable = list(model.keras_model.trainable_variables if model.keras_model is not None else model.trainable_variables)
     watch = OpWatch(probed_layers(model.keras_model))
     with watch.attached():

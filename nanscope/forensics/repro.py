@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nanscope.data import targets
+from nanscope.data import inputs, targets
 from nanscope.errors import NanscopeError
 from nanscope.jsonio import write_text_atomic
 
@@ -24,17 +24,20 @@ def save_repro(directory, session, step, x, y, state_before):
         directory: str or Path.
         session: Session the step ran in.
         step: int.
-        x, y: np.ndarray. The step's batch (y: a tuple of arrays for a multi-output model).
+        x, y: np.ndarray. The step's batch (y: a tuple of arrays for a multi-output model; x: a mapping or a
+            tuple of arrays for a model with several inputs).
         state_before: list of np.ndarray. Model then optimizer variables before the step.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     arrays = {f"state_{i}": value for i, value in enumerate(state_before)}
     targets = {f"y_{i}": part for i, part in enumerate(y)} if isinstance(y, tuple) else {"y": y}
-    np.savez(directory / "state.npz", x=x, rows=session.order.indices(step), **targets, **arrays)
+    batch = {f"x_{i}": part for i, part in enumerate(inputs.parts(x))} if inputs.is_multi(x) else {"x": x}
+    np.savez(directory / "state.npz", rows=session.order.indices(step), **batch, **targets, **arrays)
     source = str(Path(session.spec.source).resolve()) if session.spec.source else None
     document = {"schema": SCHEMA, "step": step, "spec_source": source,
-                "spec": session.spec.model_dump(mode="json"), "variables": len(state_before)}
+                "spec": session.spec.model_dump(mode="json"), "variables": len(state_before),
+                "inputs": list(x) if isinstance(x, dict) else len(x) if inputs.is_multi(x) else None}
     write_text_atomic(directory / "repro.json", json.dumps(document, indent=2) + "\n")
     return directory
 
@@ -83,11 +86,11 @@ def replay_repro(directory):
                             f"the spec's model and optimizer have {len(variables)}; did the model change?")
     for i, variable in enumerate(variables):
         variable.assign(arrays[f"state_{i}"])
-    x, step = arrays["x"], int(document["step"])
+    x, step = _saved_inputs(document, arrays), int(document["step"])
     y = arrays["y"] if "y" in arrays else tuple(arrays[f"y_{i}"] for i in range(len(session.loss.outputs)))
     report = TraceReport(run={"spec": spec.source, "replay": str(directory), "optimizer_config": {}},
                          layers=[], layer_order=[], variables=[], records=[])
-    if not (_finite(x) and all(_finite(part) for part in targets.parts(y))):
+    if not all(_finite(part) for part in [*inputs.parts(x), *targets.parts(y)]):
         report.first_nonfinite = FirstNonfinite(step, "data", detail=describe_bad_batch(
             x, y, arrays["rows"], session.train, [o.name for o in session.loss.outputs]))
     else:
@@ -99,6 +102,16 @@ def replay_repro(directory):
             report.first_nonfinite = describe_event(FirstNonfinite(step, found.event.phase), found.event)
     report.recommendations = diagnose(report, session)
     return report
+
+
+def _saved_inputs(document, arrays):
+    """The step's inputs as saved: one array, or a mapping (by input name) or a tuple, one array per input."""
+    names = document.get("inputs")
+    if names is None:
+        return arrays["x"]
+    if isinstance(names, list):
+        return {name: arrays[f"x_{i}"] for i, name in enumerate(names)}
+    return tuple(arrays[f"x_{i}"] for i in range(names))
 
 
 def _finite(array):

@@ -11,6 +11,7 @@ import warnings
 
 import numpy as np
 
+from nanscope.data import inputs
 from nanscope.rules.catalogue import recommend
 from nanscope.rules.early import early_findings
 from nanscope.rules.precision import precision_findings
@@ -187,18 +188,21 @@ def _regression_targets(session):
 def _input_scale(report, session, healthy):
     if session.train is None:
         return []
-    x = session.train.x
-    if not np.issubdtype(x.dtype, np.floating):
+    found, features = [], []
+    for label, x in inputs.named(session.train.x):
+        if not np.issubdtype(x.dtype, np.floating):
+            continue  # token ids and other integer inputs have no scale to fix
+        flat = x.reshape(len(x), -1)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
+            std = np.nanstd(flat, axis=0)
+            mean = np.nanmean(np.abs(flat), axis=0)
+        far = np.flatnonzero((std > SCALE_LIMIT) | (mean > SCALE_LIMIT))
+        names = session.train.feature_names if label == "x" else []
+        found += [(names[i] if i < len(names) else f"{label}[{i}]", std[i]) for i in far]
+        features += far.tolist() if label == "x" else [f"{label}[{i}]" for i in far]
+    if not found:
         return []
-    flat = x.reshape(len(x), -1)
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
-        std = np.nanstd(flat, axis=0)
-        mean = np.nanmean(np.abs(flat), axis=0)
-    far = np.flatnonzero((std > SCALE_LIMIT) | (mean > SCALE_LIMIT))
-    if not len(far):
-        return []
-    names = session.train.feature_names
-    shown = ", ".join(f"{names[i] if i < len(names) else i} (std {std[i]:.3g})" for i in far[:5])
-    evidence = [f"{len(far)} input feature(s) far from unit scale: {shown}"]
-    return [(0.6, recommend("normalize-inputs", _severity(report, "info"), evidence, data={"features": far[:20].tolist()}))]
+    shown = ", ".join(f"{name} (std {std:.3g})" for name, std in found[:5])
+    evidence = [f"{len(found)} input feature(s) far from unit scale: {shown}"]
+    return [(0.6, recommend("normalize-inputs", _severity(report, "info"), evidence, data={"features": features[:20]}))]

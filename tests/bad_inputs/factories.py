@@ -69,19 +69,6 @@ def empty_dataset(features=4):
     return tf.data.Dataset.from_tensor_slices((x, y))
 
 
-def several_inputs(rows=16, dataset=False):
-    """x as a mapping of two inputs (a multi-input model's data), as arrays or as a tf.data.Dataset."""
-    rng = np.random.default_rng(0)
-    x = {"tokens": rng.standard_normal((rows, 3)).astype(np.float32),
-         "numbers": rng.standard_normal((rows, 2)).astype(np.float32)}
-    y = np.zeros((rows, 1), np.float32)
-    if dataset:
-        import tensorflow as tf
-
-        return tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
-    return x, y
-
-
 def two_input_arrays(rows=16):
     """x as a list of two arrays of different widths."""
     return [np.zeros((rows, 3), np.float32), np.zeros((rows, 2), np.float32)], np.zeros((rows, 1), np.float32)
