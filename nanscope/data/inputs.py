@@ -22,11 +22,7 @@ def rows(x):
 
 def named(x):
     """[(label, array)]: ("x", x) for one array; ("x['tokens']", ...) or ("x[0]", ...) per input otherwise."""
-    if isinstance(x, dict):
-        return [(f"x[{k!r}]", v) for k, v in x.items()]
-    if isinstance(x, (tuple, list)):
-        return [(f"x[{i}]", v) for i, v in enumerate(x)]
-    return [("x", x)]
+    return targets.named(x, "x")
 
 
 def row_shapes(x):

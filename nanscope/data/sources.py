@@ -262,7 +262,7 @@ def _checked(loaded, spec):
     if rows == 0:
         raise DataError(f"{where}: the dataset is empty (0 rows)")
     first = inputs.named(loaded.x)[0][0]
-    for name, part in [*inputs.named(loaded.x)[1:], *_named_parts(loaded.y)]:
+    for name, part in [*inputs.named(loaded.x)[1:], *targets.named(loaded.y)]:
         if len(part) != rows:
             raise DataError(f"{where}: {first} has {rows} rows but {name} has {len(part)}")
     fraction = spec.data.validation.fraction
@@ -288,14 +288,6 @@ def _float_inputs(x):
     if x.dtype == np.float64 or x.dtype == bool or np.issubdtype(x.dtype, np.integer):
         return x.astype(np.float32)
     return x
-
-
-def _named_parts(y):
-    if isinstance(y, dict):
-        return [(f"y[{k!r}]", v) for k, v in y.items()]
-    if isinstance(y, (tuple, list)):
-        return [(f"y[{i}]", v) for i, v in enumerate(y)]
-    return [("y", y)]
 
 
 def split_validation(loaded, fraction):

@@ -22,6 +22,15 @@ def parts(y):
     return [y]
 
 
+def named(value, label="y"):
+    """[(name, array)]: (label, value) for one array; ("y['price']", ...) or ("y[0]", ...) per member otherwise."""
+    if isinstance(value, dict):
+        return [(f"{label}[{k!r}]", v) for k, v in value.items()]
+    if isinstance(value, (tuple, list)):
+        return [(f"{label}[{i}]", v) for i, v in enumerate(value)]
+    return [(label, value)]
+
+
 def is_multi(y):
     """True for the targets of a multi-output model (a tuple, list or mapping of arrays)."""
     return isinstance(y, (tuple, list, dict))
