@@ -17,6 +17,7 @@ from nanscope.checkdata import file_readers
 from nanscope.checkdata.outputs import array_names, structure_parts
 from nanscope.checkdata.stream import DataStream, check_rows, outputs_of
 from nanscope.data import synthetic
+from nanscope.data.targets import one_per_member
 from nanscope.errors import DataError, first_line
 from nanscope.factory import call_factory, load_callable, received
 
@@ -105,7 +106,7 @@ def _factory_stream(data, base_dir, origin):
         try:
             inputs = {k: np.asarray(v) for k, v in x.items()} if isinstance(x, dict) else {"x": np.asarray(x)}
             rows = len(next(iter(inputs.values()))) if inputs and np.ndim(next(iter(inputs.values()))) else 0
-            keys = list(y) if isinstance(y, dict) else len(y) if _per_output(y, rows) else None
+            keys = list(y) if isinstance(y, dict) else len(y) if one_per_member(y, rows) else None
             named = array_names(structure_parts(keys, field_name), inputs,
                                 lambda part: "y" if part.output is None else f"y{part.output}")
             targets = {name: np.asarray(y if part.source is None else y[part.source]) for name, part in named.items()}
@@ -117,12 +118,3 @@ def _factory_stream(data, base_dir, origin):
         f"{origin}: {field_name}: {data.factory} must return (x, y) arrays or a tf.data.Dataset "
         f"of (x, y). Received: {received(result)}"
     )
-
-
-def _per_output(y, rows):
-    """True when a list or tuple `y` holds one full-length target array per output, as the training loader reads it.
-
-    A list of per-row values (`[0, 1, 1, ...]` or one small array per row) is one target array.
-    """
-    return (isinstance(y, (tuple, list)) and len(y) > 0 and len(y) != rows
-            and all(np.ndim(part) >= 1 and len(part) == rows for part in y))

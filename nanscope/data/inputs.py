@@ -35,13 +35,9 @@ def row_shapes(x):
 
 
 def several(x, y_rows=None):
-    """True when a factory's `x` holds one array per model input: a mapping, a list or tuple of tensors, or a
-    list or tuple of arrays each with the targets' `y_rows` rows (a list of per-row values is one array)."""
-    if isinstance(x, dict):
-        return True
-    if not isinstance(x, (tuple, list)) or not x:
-        return False
-    if all(hasattr(p, "shape") and hasattr(p, "dtype") and not hasattr(p, "__array_interface__") for p in x):
+    """True when a factory's `x` holds one array per model input: a list or tuple of tensors, or what
+    `targets.one_per_member` takes for one array per member, with the targets' `y_rows` rows."""
+    if isinstance(x, (tuple, list)) and x and all(
+            hasattr(p, "shape") and hasattr(p, "dtype") and not hasattr(p, "__array_interface__") for p in x):
         return True  # tensors or TensorSpecs, one per input
-    return (y_rows is not None and len(x) != y_rows
-            and all(getattr(p, "ndim", 0) >= 1 and len(p) == y_rows for p in x))
+    return targets.one_per_member(x, y_rows)

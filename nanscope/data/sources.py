@@ -193,6 +193,7 @@ def _from_factory(spec):
     result = call_factory(function, spec.data.args, f"{spec.source}: {field_name}", DataError)
     if _is_tf_dataset(result):
         x, y = _materialize(result, spec)
+        rows = inputs.rows(x)
     elif isinstance(result, (tuple, list)) and len(result) == 2:
         try:
             raw_x, raw_y = result
@@ -200,7 +201,7 @@ def _from_factory(spec):
             y_rows = len(first_y) if np.ndim(first_y) >= 1 else None
             x = inputs.convert(raw_x, np.asarray) if inputs.several(raw_x, y_rows) else np.asarray(raw_x)
             rows = inputs.rows(x) if np.ndim(inputs.parts(x)[0]) else 0
-            y = targets.convert(raw_y, np.asarray) if _per_output(raw_y, rows) else np.asarray(raw_y)
+            y = targets.convert(raw_y, np.asarray) if targets.one_per_member(raw_y, rows) else np.asarray(raw_y)
         except (ValueError, TypeError) as exc:  # ragged rows, or something that is not an array at all
             raise DataError(f"{spec.source}: {field_name}: {spec.data.factory} returned x or y that is not an array "
                             f"with rows on the first axis: {first_line(exc)}") from exc
@@ -209,18 +210,7 @@ def _from_factory(spec):
             f"{spec.source}: {field_name}: {spec.data.factory} must return (x, y) arrays or a tf.data.Dataset "
             f"of (x, y). Received: {received(result)}"
         )
-    return LoadedData(x, y, f"{spec.data.factory}, {inputs.rows(x) if np.ndim(inputs.parts(x)[0]) else 0} rows")
-
-
-def _per_output(y, rows):
-    """True when a factory's `y` holds one target array per output (a mapping, or a list of full-length arrays).
-
-    A list of per-row values (`[0, 1, 1, ...]` or one small array per row) is one target array.
-    """
-    if isinstance(y, dict):
-        return True
-    return (isinstance(y, (tuple, list)) and len(y) > 0
-            and all(np.ndim(part) >= 1 and len(part) == rows for part in y) and len(y) != rows)
+    return LoadedData(x, y, f"{spec.data.factory}, {rows} rows")
 
 
 def _is_tf_dataset(value):

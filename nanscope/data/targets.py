@@ -31,6 +31,18 @@ def named(value, label="y"):
     return [(label, value)]
 
 
+def one_per_member(value, rows):
+    """True when a factory's `value` holds one array per member (per model output, or per model input): a
+    mapping, or a list or tuple of arrays that each have `rows` rows.
+
+    A list of per-row values (`[0, 1, 1, ...]` or one small array per row) is one array.
+    """
+    if isinstance(value, dict):
+        return True
+    return (isinstance(value, (tuple, list)) and len(value) > 0 and rows is not None and len(value) != rows
+            and all(np.ndim(part) >= 1 and len(part) == rows for part in value))
+
+
 def is_multi(y):
     """True for the targets of a multi-output model (a tuple, list or mapping of arrays)."""
     return isinstance(y, (tuple, list, dict))
