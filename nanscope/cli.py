@@ -1,7 +1,8 @@
 """The `nanscope` command line: registers commands, nothing else.
 
-Each command parses its options, calls one library function and hands the result
-to a renderer. `run_command` is the one place where errors become exit codes.
+Each command parses its options and calls `run` of its module in `nanscope.commands`,
+which holds the orchestration. `run_command` is the one place where errors become
+exit codes.
 Nothing here imports TensorFlow at module level, so `--help` stays fast.
 """
 
@@ -15,7 +16,6 @@ import typer
 
 from nanscope import interrupt
 from nanscope.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, NanscopeError
-from nanscope.outpaths import check_output_paths
 
 app = typer.Typer(
     help=(
@@ -75,13 +75,6 @@ def one_line(exc):
     return " ".join(str(exc).split())
 
 
-def _console(json_target):
-    """The console for the human report: stderr when the JSON goes to stdout."""
-    from rich.console import Console
-
-    return Console(stderr=json_target == "-", soft_wrap=False)
-
-
 @app.command("trace-steps")
 def trace_steps(
     spec: SpecArg,
@@ -114,31 +107,11 @@ def trace_steps(
     ] = False,
 ):
     """Run instrumented train steps and report where the first NaN/Inf appears and why."""
+    from nanscope.commands import trace_steps as command
 
-    def body():
-        from nanscope.render.trace_report import render_trace_report
-        from nanscope.spec import apply_overrides, load_spec
-        from nanscope.trace import TraceOptions, run_trace
-
-        if plot is not None:
-            from nanscope.plotting import require_matplotlib
-
-            require_matplotlib()
-        check_output_paths(files=[("--json", json_out), ("--trace", trace), ("--plot", plot)],
-                           folders=[("--save-repro", save_repro), ("--tensorboard", tensorboard)])
-        run_spec = apply_overrides(load_spec(spec), steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed)
-        options = TraceOptions(trace_path=trace, keep_going=keep_going, save_repro=save_repro, verify=verify,
-                               tensorboard=tensorboard, plot=plot, unsafe=unsafe)
-        report = run_trace(run_spec, options)
-        with interrupt.deferred():  # a second Ctrl-C must not cut the report short
-            render_trace_report(report, _console(json_out))
-            if json_out:
-                from nanscope.jsonio import write_json
-
-                write_json(json_out, report.to_json())
-        return report.exit_code(strict=strict)
-
-    run_command(body)
+    run_command(lambda: command.run(spec, steps=steps, lr=lr, batch_size=batch_size, seed=seed, json_out=json_out,
+                                    trace=trace, keep_going=keep_going, strict=strict, save_repro=save_repro,
+                                    verify=verify, tensorboard=tensorboard, plot=plot, unsafe=unsafe))
 
 
 @app.command("replay")
@@ -147,20 +120,9 @@ def replay(
     json_out: JsonOpt = None,
 ):
     """Re-run one saved step eagerly and show the op, layer and line that produced the first NaN/Inf."""
+    from nanscope.commands import replay as command
 
-    def body():
-        from nanscope.forensics import replay_document, replay_repro
-        from nanscope.render.trace_report import render_replay
-
-        report = replay_repro(directory)
-        render_replay(report, _console(json_out))
-        if json_out:
-            from nanscope.jsonio import write_json
-
-            write_json(json_out, replay_document(report))
-        return report.exit_code()
-
-    run_command(body)
+    run_command(lambda: command.run(directory, json_out=json_out))
 
 
 @app.command("check-data")
@@ -183,22 +145,10 @@ def check_data(
     ] = None,
 ):
     """Scan the training data for NaN/Inf, bad scales and labels that do not fit the loss."""
+    from nanscope.commands import check_data as command
 
-    def body():
-        from nanscope.checkdata import scan_data
-        from nanscope.render.data_report import render_data_report, scan_progress
-
-        check_output_paths(files=[("--json", json_out)])
-        with scan_progress() as on_progress:
-            scan = scan_data(source, target=target, loss=loss, classes=classes, sample=sample, on_progress=on_progress)
-        render_data_report(scan, _console(json_out))
-        if json_out:
-            from nanscope.jsonio import write_json
-
-            write_json(json_out, scan.to_json())
-        return scan.exit_code()
-
-    run_command(body)
+    run_command(lambda: command.run(source, json_out=json_out, target=target, loss=loss, classes=classes,
+                                    sample=sample))
 
 
 @app.command("compare-clipping")
@@ -224,33 +174,10 @@ def compare_clipping(
     ] = None,
 ):
     """Train the same model from the same weights under each clipping strategy and pick one."""
+    from nanscope.commands import compare_clipping as command
 
-    def body():
-        from nanscope.clipping import compare_clipping as run_comparison
-        from nanscope.clipping import parse_strategies
-        from nanscope.render.clipping_report import (
-            clipping_progress, plot_losses, render_clipping_report, require_matplotlib,
-        )
-        from nanscope.spec import apply_overrides, load_spec
-
-        chosen = parse_strategies(strategies)
-        if plot is not None:
-            require_matplotlib()
-        check_output_paths(files=[("--json", json_out), ("--plot", plot)])
-        run_spec = apply_overrides(load_spec(spec), steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed)
-        with clipping_progress() as on_progress:
-            report = run_comparison(run_spec, chosen, on_progress=on_progress)
-        with interrupt.deferred():  # a second Ctrl-C must not cut the report short
-            render_clipping_report(report, _console(json_out))
-            if plot is not None:
-                plot_losses(report, plot)
-            if json_out:
-                from nanscope.jsonio import write_json
-
-                write_json(json_out, report.to_json())
-        return report.exit_code()
-
-    run_command(body)
+    run_command(lambda: command.run(spec, steps=steps, strategies=strategies, lr=lr, batch_size=batch_size,
+                                    seed=seed, json_out=json_out, plot=plot))
 
 
 @app.command("report")
@@ -260,22 +187,9 @@ def report(
     strict: StrictOpt = False,
 ):
     """Redraw a trace-steps report from its trace file, without rerunning training."""
+    from nanscope.commands import report as command
 
-    def body():
-        from nanscope.render.trace_report import render_trace_report
-        from nanscope.report import from_trace
-        from nanscope.tracefile import read_trace
-
-        check_output_paths(files=[("--json", json_out)])
-        rebuilt = from_trace(*read_trace(trace), trace_path=trace)
-        render_trace_report(rebuilt, _console(json_out))
-        if json_out:
-            from nanscope.jsonio import write_json
-
-            write_json(json_out, rebuilt.to_json())
-        return rebuilt.exit_code(strict=strict)
-
-    run_command(body)
+    run_command(lambda: command.run(trace, json_out=json_out, strict=strict))
 
 
 def main():

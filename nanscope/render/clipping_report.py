@@ -1,11 +1,10 @@
 """Rich output for compare-clipping: one row per strategy, loss curves, the verdict.
 
-Also `clipping_progress`, the progress bar on stderr while strategies train, and
-`plot_losses`, the optional matplotlib plot (`nanscope[plot]`). Renderers format
-what the comparison measured; they never compute.
+Also `clipping_progress`, the progress bar on stderr while strategies train.
+Renderers format what the comparison measured; they never compute and never write
+files (the `--plot` image is drawn by `nanscope.plotting`).
 """
 
-import math
 from contextlib import contextmanager
 
 from rich.console import Console, Group
@@ -15,7 +14,6 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from nanscope.errors import NanscopeError
 from nanscope.render.format import fmt, sparkline
 
 CURVE_WIDTH = 20
@@ -123,38 +121,3 @@ def clipping_progress():
 
     with progress:
         yield on_progress
-
-
-def require_matplotlib(option="--plot"):
-    """Fail fast, before training, when `--plot` is asked for without matplotlib.
-
-    Raises:
-        NanscopeError: one line naming the option and the extra to install.
-    """
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise NanscopeError(f"`{option}` needs matplotlib, which is not installed; pip install 'nanscope[plot]'") from None
-
-
-def plot_losses(report, path):
-    """Write the training loss curve of every strategy (log scale) to an image file."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(8, 4.5))
-    for run in report.runs:
-        losses = [v if math.isfinite(v) else math.nan for v in run.result.losses]
-        axis.plot(range(len(losses)), losses, label=run.strategy.name)
-        if run.result.first_nonfinite_step is not None:
-            axis.axvline(run.result.first_nonfinite_step, linestyle=":", linewidth=0.8)
-    axis.set_yscale("log")
-    axis.set_xlabel("step")
-    axis.set_ylabel("training loss")
-    axis.set_title(f"compare-clipping: {report.run.get('spec')}")
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)

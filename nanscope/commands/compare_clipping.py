@@ -1,0 +1,32 @@
+"""`nanscope compare-clipping`: train the same start under each clipping strategy and pick one."""
+
+from nanscope.commands.output import deliver
+from nanscope.outpaths import check_output_paths
+
+
+def run(spec, *, steps=None, strategies=None, lr=None, batch_size=None, seed=None, json_out=None, plot=None):
+    """Compare the clipping strategies named in `strategies` on the spec file `spec`; return the exit code."""
+    from nanscope.clipping import compare_clipping, parse_strategies
+    from nanscope.plotting import require_matplotlib
+    from nanscope.render.clipping_report import clipping_progress, render_clipping_report
+    from nanscope.spec import apply_overrides, load_spec
+
+    chosen = parse_strategies(strategies)
+    if plot is not None:
+        require_matplotlib()
+    check_output_paths(files=[("--json", json_out), ("--plot", plot)])
+    run_spec = apply_overrides(load_spec(spec), steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed)
+    with clipping_progress() as on_progress:
+        report = compare_clipping(run_spec, chosen, on_progress=on_progress)
+    writes = [lambda: plot_strategies(report, plot)] if plot is not None else []
+    return deliver(lambda console: render_clipping_report(report, console), report.to_json, json_out,
+                   report.exit_code(), writes=writes)
+
+
+def plot_strategies(report, path):
+    """Write every strategy's training loss curve to the image `path`, each first non-finite step dotted."""
+    from nanscope.plotting import plot_loss_curves
+
+    curves = {run.strategy.name: run.result.losses for run in report.runs}
+    onsets = {run.strategy.name: run.result.first_nonfinite_step for run in report.runs}
+    plot_loss_curves(curves, path, title=f"compare-clipping: {report.run.get('spec')}", onsets=onsets)

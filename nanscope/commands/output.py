@@ -1,0 +1,33 @@
+"""The tail every command ends with: render the report, write its JSON, return the exit code."""
+
+from nanscope import interrupt
+
+
+def console_for(json_out):
+    """The console for the human report: stderr when the JSON goes to stdout."""
+    from rich.console import Console
+
+    return Console(stderr=json_out == "-", soft_wrap=False)
+
+
+def deliver(render, document, json_out, exit_code, writes=()):
+    """Print the human report, write the other outputs and the JSON, and return the exit code.
+
+    A signal that arrives meanwhile is remembered but does not cut the report short.
+
+    Args:
+        render: callable(Console). Prints the human report.
+        document: callable() -> dict. The JSON document, built only when `json_out` is set.
+        json_out: str or None. The `--json` target ("-" for stdout).
+        exit_code: int. Returned unchanged.
+        writes: iterable of callable(). Further outputs (a plot), written after the report.
+    """
+    with interrupt.deferred():
+        render(console_for(json_out))
+        for write in writes:
+            write()
+        if json_out:
+            from nanscope.jsonio import write_json
+
+            write_json(json_out, document())
+    return exit_code

@@ -1,0 +1,13 @@
+"""`nanscope replay`: re-run one saved step eagerly and name the op, layer and line behind the first NaN/Inf."""
+
+from nanscope.commands.output import deliver
+
+
+def run(directory, *, json_out=None):
+    """Replay the repro folder `directory`; return the exit code."""
+    from nanscope.forensics import replay_document, replay_repro
+    from nanscope.render.trace_report import render_replay
+
+    report = replay_repro(directory)
+    return deliver(lambda console: render_replay(report, console), lambda: replay_document(report), json_out,
+                   report.exit_code())
