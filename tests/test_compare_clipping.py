@@ -2,6 +2,7 @@
 
 import json
 import os
+import sys
 from pathlib import Path
 
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
@@ -54,7 +55,11 @@ def test_clipping_fixes_the_exploding_run_and_the_verdict_is_a_clipping_strategy
     assert doc["recommendations"][0]["name"] == doc["recommended"]
     best = min((s for s in doc["strategies"] if s["first_nonfinite_step"] is None), key=lambda s: s["val_loss"])
     assert best["name"] == doc["recommended"]
-    assert doc["recommended"].split("=")[0] in doc["recommendations"][0]["yaml"] or "clip" in doc["recommendations"][0]["yaml"]
+    # The run-spec fix names the optimizer option that applies the recommended strategy, at its threshold.
+    params = by_name[doc["recommended"]]["params"]
+    option = {"manual_clip_by_norm": "clipnorm", "manual_clip_by_global_norm": "global_clipnorm",
+              "auto": "global_clipnorm"}.get(params["mode"], params["mode"])
+    assert doc["recommendations"][0]["yaml"] == f"train:\n  optimizer: {{{option}: {params['threshold']:g}}}"
 
 
 def test_every_strategy_starts_from_the_same_weights_and_sees_the_same_batches(exploding):
@@ -156,11 +161,17 @@ def test_bad_strategies_exit_2_with_one_line(strategies, message):
     assert len(stderr.strip().splitlines()) == 1
 
 
-def test_plot_without_matplotlib_exits_2():
-    try:
-        import matplotlib  # noqa: F401
-        pytest.skip("matplotlib is installed")
-    except ImportError:
-        pass
+def test_plot_without_matplotlib_exits_2(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` raise ImportError
     code, _, stderr = run_cli(EXPLODING, "--plot", "curves.png")
     assert code == 2 and "nanscope[plot]" in stderr
+
+
+def test_plot_writes_the_loss_curves_and_the_json_still(tmp_path):
+    pytest.importorskip("matplotlib")
+    image, out = tmp_path / "curves.png", tmp_path / "r.json"
+    code, _, stderr = run_cli(EXPLODING, "--steps", 20, "--strategies", "none,clipnorm=1", "--plot", image,
+                              "--json", out)
+    assert code == 0, stderr
+    assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and image.stat().st_size > 10_000
+    assert [s["name"] for s in json.loads(out.read_text())["strategies"]] == ["none", "clipnorm=1"]
