@@ -88,18 +88,21 @@ def standardized_targets(session, output=None):
 
 def standardized_inputs(session):
     """A Change that trains on standardised input features (per feature, as `keras.layers.Normalization`);
-    each input of a model with several is standardised on its own features. Non-float inputs (token ids) are
-    left as they are."""
-    moments = inputs.convert(session.train.x, lambda part: _moments(part) if _is_float(part) else None)
+    each input of a model with several is standardised on its own features. Inputs that hold ids (integer
+    inputs, inputs that feed an `Embedding`: `inputs.id_inputs`) are left as they are."""
+    ids = inputs.ids_of(session.train, session.model.keras_model)
+    moments = {label: _moments(part) for label, part in inputs.named(session.train.x)
+               if _is_float(part) and label not in ids}
 
-    def standardized(part, moment):
+    def standardized(label, part):
+        moment = moments.get(label)
         return part if moment is None else ((part - moment[0]) / moment[1]).astype(part.dtype)
 
     def change(data):
         if not inputs.is_multi(data.x):
-            return replace(data, x=standardized(data.x, moments))
+            return replace(data, x=standardized("x", data.x))
         keys = list(data.x) if isinstance(data.x, dict) else range(len(data.x))
-        x = {k: standardized(data.x[k], moments[k]) for k in keys}
+        x = {k: standardized(label, part) for k, (label, part) in zip(keys, inputs.named(data.x))}
         return replace(data, x=x if isinstance(data.x, dict) else tuple(x.values()))
 
     return Change("standardise x", {"standardize": "x"}, data=change)

@@ -26,6 +26,7 @@ class ColumnReport:
         allowed_nonfinite: bool. The spec allows NaN here (`data.allow_nonfinite`): not a problem.
         constant: bool. All finite values are equal.
         scale: str or None. "large" or "small" when far from unit scale.
+        ids: bool, default False. An input column that holds ids (an integer dtype): no scale is judged.
         output: str, int or None. For a target column of a multi-output model, the output it
             belongs to: its name, or its position when the targets are listed in output order.
     """
@@ -47,6 +48,7 @@ class ColumnReport:
     constant: bool = False
     scale: Optional[str] = None
     output: Optional[Union[str, int]] = None
+    ids: bool = False
 
     @property
     def nonfinite(self):

@@ -22,6 +22,7 @@ from nanscope.checkdata.outputs import output_losses
 from nanscope.checkdata.readers import FILE_READERS, open_stream
 from nanscope.checkdata.result import ColumnReport, DataScan
 from nanscope.checkdata.stats import ColumnStats
+from nanscope.data.inputs import id_inputs
 from nanscope.errors import DataError, SpecError
 from nanscope.spec import DataSpec, load_spec
 
@@ -75,7 +76,7 @@ def scan_data(source, target=None, loss=None, classes=None, sample=None, chunk_r
             on_progress(rows, stream.rows)
     if rows == 0:
         raise DataError(f"{stream.origin}: {stream.field}: the dataset is empty (0 rows)")
-    inputs, targets = arrays.reports(stream.inputs), arrays.reports(stream.targets)
+    inputs, targets = arrays.reports(stream.inputs, ids=arrays.id_arrays(stream.inputs)), arrays.reports(stream.targets)
     regression = {
         name for name, s in settings.items()
         if s.kind == "regression" or (s.kind is None and not arrays.integer_targets([name]))
@@ -202,13 +203,17 @@ class _ArrayScans:
     def integer_targets(self, names):
         return bool(names) and all(np.issubdtype(self.dtypes[n], np.integer) for n in names if n in self.dtypes)
 
-    def reports(self, names):
-        return [report for name in names if name in self.stats for report in self._column_reports(name)]
+    def id_arrays(self, names):
+        """The input arrays that hold ids (integer token or category ids): they have no scale to judge."""
+        return id_inputs([(n, self.dtypes[n]) for n in names if n in self.dtypes])
 
-    def _column_reports(self, name):
+    def reports(self, names, ids=()):
+        return [report for name in names if name in self.stats for report in self._column_reports(name, name in ids)]
+
+    def _column_reports(self, name, ids=False):
         s = self.stats[name]
         mean, std, low, high = s.finite_mean(), s.std(), s.finite_min(), s.finite_max()
-        scales = column_scale(mean, std, s.count)
+        scales = [None] * s.columns if ids else column_scale(mean, std, s.count)
         values = s.count + s.nan + s.posinf + s.neginf
         names = self._column_names(name, s.columns)
         allowed = self.stream.allow_nonfinite
@@ -220,7 +225,7 @@ class _ArrayScans:
                 int(s.neginf[i]), float(low[i]), float(high[i]), float(mean[i]), float(std[i]),
                 float(s.zeros[i] / max(values[i], 1)), list(s.first_nonfinite_rows[i]),
                 allowed_nonfinite=bool(({names[i]} | aliases) & allowed),
-                constant=bool(s.count[i] > 1 and low[i] == high[i]), scale=scales[i], output=output,
+                constant=bool(s.count[i] > 1 and low[i] == high[i]), scale=scales[i], output=output, ids=ids,
             )
             for i in range(s.columns)
         ]

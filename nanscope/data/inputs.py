@@ -41,3 +41,77 @@ def several(x, y_rows=None):
             hasattr(p, "shape") and hasattr(p, "dtype") and not hasattr(p, "__array_interface__") for p in x):
         return True  # tensors or TensorSpecs, one per input
     return targets.one_per_member(x, y_rows)
+
+
+# Layers whose input is an index into a table, not a measurement: their input has no scale to normalise.
+ID_LAYERS = ("Embedding", "IntegerLookup", "StringLookup", "CategoryEncoding", "Hashing", "Discretization")
+
+
+def id_inputs(named_dtypes, keras_model=None):
+    """The labels of the inputs that hold ids (token ids, category ids) rather than measurements.
+
+    An input holds ids when its dtype is an integer (or bool) type, or when the model feeds
+    it straight into an `Embedding` or a lookup layer (float token ids). Ids have no scale:
+    standardising them is wrong, so the scale rules and `--verify` leave them alone. This is
+    the one place that decides it, for trace-steps, check-data and the `NanScope` callback.
+
+    Args:
+        named_dtypes: list of (label, dtype). Labels as `named` gives them ("x", "x['tokens']",
+            "x[1]"); dtypes as numpy dtypes, `tf.DType`s or strings (the dtype as the user gave it).
+        keras_model: keras.Model, default None. The model, to find inputs that feed an `Embedding`.
+
+    Returns:
+        set of str.
+
+    Example:
+        id_inputs([("x['tokens']", "int32"), ("x['price']", "float32")])   # {"x['tokens']"}
+    """
+    found = {label for label, dtype in named_dtypes if _integer(dtype)}
+    labels = [label for label, _ in named_dtypes]
+    for index, name in _inputs_feeding_id_layers(keras_model):
+        by_name = f"x[{name!r}]"
+        if by_name in labels:
+            found.add(by_name)
+        elif index < len(labels) and not labels[index].startswith("x['"):
+            found.add(labels[index])
+    return found
+
+
+def _integer(dtype):
+    import numpy as np
+
+    dtype = getattr(dtype, "as_numpy_dtype", dtype)
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        return False
+    return bool(np.issubdtype(dtype, np.integer) or dtype == np.bool_)
+
+
+def _inputs_feeding_id_layers(keras_model):
+    """(position, name) of each model input that an id layer reads directly; position in `model.inputs`,
+    name its key in a mapping of inputs (or the Input's name)."""
+    try:
+        model_inputs = list(getattr(keras_model, "inputs", None) or [])
+    except (AttributeError, ValueError):  # a subclassed or unbuilt model has no input graph
+        return set()
+    if not model_inputs:
+        return set()
+    struct = getattr(keras_model, "_inputs_struct", None)
+    keys = {id(t): k for k, t in struct.items()} if isinstance(struct, dict) else {}
+    positions = {id(tensor): index for index, tensor in enumerate(model_inputs)}
+    fed = set()
+    for layer in keras_model._flatten_layers(include_self=False, recursive=True):
+        if type(layer).__name__ not in ID_LAYERS:
+            continue
+        for node in getattr(layer, "_inbound_nodes", []):
+            for tensor in getattr(node, "input_tensors", []):
+                if id(tensor) in positions:
+                    fed.add((positions[id(tensor)], keys.get(id(tensor), getattr(tensor, "name", None))))
+    return fed
+
+
+def ids_of(data, keras_model=None):
+    """`id_inputs` of a LoadedData: its inputs' dtypes as the source gave them, and the model."""
+    dtypes = getattr(data, "input_dtypes", None) or {}
+    return id_inputs([(label, dtypes.get(label, part.dtype)) for label, part in named(data.x)], keras_model)

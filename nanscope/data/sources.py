@@ -29,6 +29,8 @@ class LoadedData:
         description: str. One line for the report header ("synthetic regression, 1000 rows").
         feature_names: list of str. One name per input column (last axis), when known.
         target_names: list of str. One name per target column, when known.
+        input_dtypes: dict. Per input label ("x", "x['tokens']"), its dtype as the source gave it; integer
+            inputs are fed to the model as float32, and this is how the rules still know they hold ids.
     """
 
     x: np.ndarray
@@ -36,6 +38,7 @@ class LoadedData:
     description: str
     feature_names: list = field(default_factory=list)
     target_names: list = field(default_factory=list)
+    input_dtypes: dict = field(default_factory=dict)
 
     @property
     def rows(self):
@@ -264,6 +267,7 @@ def _checked(loaded, spec):
     for name, part in inputs.named(loaded.x):
         if not (np.issubdtype(part.dtype, np.number) or part.dtype == bool):
             raise DataError(f"{where}: {name} must be numeric. Received dtype {part.dtype}")
+    loaded.input_dtypes = {name: str(part.dtype) for name, part in inputs.named(loaded.x)}
     loaded.x = inputs.convert(loaded.x, _float_inputs)
     loaded.y = targets.convert(loaded.y, targets.as_float32)
     if not loaded.feature_names and not inputs.is_multi(loaded.x) and loaded.x.ndim == 2:
@@ -291,6 +295,6 @@ def split_validation(loaded, fraction):
 
     def part(sl):
         return LoadedData(inputs.take(loaded.x, sl), targets.take(loaded.y, sl), loaded.description,
-                          loaded.feature_names, loaded.target_names)
+                          loaded.feature_names, loaded.target_names, loaded.input_dtypes)
 
     return part(slice(0, cut)), part(slice(cut, None))

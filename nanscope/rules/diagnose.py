@@ -34,6 +34,11 @@ LOSS_PROGRESS_FRACTION = 0.9
 # Inputs or regression targets whose standard deviation or mean magnitude exceeds
 # this are far from unit scale (standardised data has std 1, mean 0).
 SCALE_LIMIT = 10.0
+# A scale a hundred times past the limit dwarfs any learning-rate effect: no rate that suits the
+# other weights absorbs gradients scaled by it. Only a spread (std) this large, in a run that went
+# non-finite outside the data phase, makes a scale rule an error on its own evidence; an offset
+# (a large mean with a small std) is absorbed by a bias and is at most a warning.
+EXTREME_SCALE = 100 * SCALE_LIMIT
 MSE_LIKE_LOSSES = {"mean_squared_error", "mse", "mean_absolute_error", "mae", "huber", "huber_loss", "log_cosh"}
 # Clipping threshold rule: the largest update an SGD-like step may make is about
 # this fraction of the weights' norm.
@@ -168,11 +173,23 @@ def _target_scale(report, session, healthy):
         evidence = [f"{whose} have std {std:.3g} and mean |y| {mean:.3g} under {loss_name} "
                     f"(unit scale: ~1; limit {SCALE_LIMIT:g}); the loss and its gradients scale with y squared"]
         data = {"y_std": std, "y_mean_abs": mean, **({"output": name} if name else {})}
-        # Targets a hundred times past the limit dwarf any learning-rate effect: no rate that
-        # suits the other weights can absorb gradients scaled by y squared.
-        score = 0.8 if max(std, mean) > 100 * SCALE_LIMIT else 0.7
-        found.append((score, recommend("normalize-targets", _severity(report, "info"), evidence, data=data)))
+        score = 0.8 if max(std, mean) > EXTREME_SCALE else 0.7
+        found.append((score, recommend("normalize-targets", scale_severity(report, std), evidence, data=data)))
     return found
+
+
+def scale_severity(report, spread):
+    """The severity of a scale rule (normalize-inputs, normalize-targets) whose data has std `spread`.
+
+    info in a run that stayed finite; at most a warning when the run went non-finite, since a
+    scale explains a divergence only through the gradients it makes; an error only when the run
+    went non-finite outside the data phase (a NaN row explains a `data`-phase one) and the spread
+    alone is extreme.
+    """
+    first = report.first_nonfinite
+    if first is None:
+        return "info"
+    return "error" if first.phase != "data" and spread > EXTREME_SCALE else "warning"
 
 
 def _regression_targets(session):
@@ -188,10 +205,11 @@ def _regression_targets(session):
 def _input_scale(report, session, healthy):
     if session.train is None:
         return []
+    ids = inputs.ids_of(session.train, session.model.keras_model)
     found, features = [], []
     for label, x in inputs.named(session.train.x):
-        if not np.issubdtype(x.dtype, np.floating):
-            continue  # token ids and other integer inputs have no scale to fix
+        if label in ids:
+            continue  # token and category ids have no scale to fix
         flat = x.reshape(len(x), -1)
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
@@ -205,4 +223,6 @@ def _input_scale(report, session, healthy):
         return []
     shown = ", ".join(f"{name} (std {std:.3g})" for name, std in found[:5])
     evidence = [f"{len(found)} input feature(s) far from unit scale: {shown}"]
-    return [(0.6, recommend("normalize-inputs", _severity(report, "info"), evidence, data={"features": features[:20]}))]
+    spread = max(float(std) for _, std in found)
+    return [(0.6, recommend("normalize-inputs", scale_severity(report, spread), evidence,
+                            data={"features": features[:20]}))]
