@@ -17,6 +17,7 @@ import numpy as np
 
 from nanscope.data import inputs, targets
 from nanscope.engine.records import StepRecord
+from nanscope.engine.schema import LAYER, SCALAR_COUNTS, SCALARS, join
 from nanscope.runtime import tensorflow
 
 # Steps per compiled call: enough to amortise the call, few enough that Ctrl-C, the
@@ -51,10 +52,10 @@ class ChunkRunner:
         self.engine = engine
         self._watched = tf.constant([0.0 if i in set(expected) else 1.0 for i in range(len(engine.layers))])
         self._x, self._y = tf.nest.map_structure(tf.constant, x), tf.nest.map_structure(tf.constant, y)
-        self._widths = [int(np.prod(shape)) for shape in self._output_shapes()]
-        # One row per step: the step's outputs flattened and joined, so each step is one
-        # write and each chunk one read back.
-        self._buffer = tf.Variable(tf.zeros([CHUNK_STEPS, sum(self._widths)]), trainable=False, name="nanscope_chunk")
+        self.layout = engine.layout
+        # One row per step: the step's outputs flattened and joined (engine/schema.py), so
+        # each step is one write and each chunk one read back.
+        self._buffer = tf.Variable(tf.zeros([CHUNK_STEPS, self.layout.width]), trainable=False, name="nanscope_chunk")
         self._done = tf.Variable(0, trainable=False, name="nanscope_chunk_done")
         compiled = tf.function(
             self._chunk, input_signature=[tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([], tf.bool)],
@@ -80,10 +81,7 @@ class ChunkRunner:
 
     def _records(self, first_step, rows):
         count = int(self._done.numpy())
-        table = self._buffer[:count].numpy()
-        parts = np.split(table, np.cumsum(self._widths)[:-1], axis=1)
-        scalars, layers, terms, variables = (part.reshape(count, *shape)
-                                             for part, shape in zip(parts, self._output_shapes()))
+        scalars, layers, terms, variables = self.layout.split(self._buffer[:count].numpy())
         return [
             StepRecord.from_arrays(first_step + i, rows, scalars[i], layers[i], terms[i], variables[i])
             for i in range(count)
@@ -97,7 +95,7 @@ class ChunkRunner:
         tf, _ = tensorflow()
         steps = tf.shape(indices)[0]
         self._done.assign(0)
-        empty = [tf.zeros(shape) for shape in self._output_shapes()]
+        empty = [tf.zeros(shape) for shape in self.layout.shapes]
 
         def keep_going(i, bad, *previous):
             return tf.logical_and(i < steps, tf.logical_not(tf.logical_and(stop_on_nonfinite, bad)))
@@ -119,19 +117,10 @@ class ChunkRunner:
     def _store(self, done, outputs):
         """Write the outputs of step done - 1 (of none when done is 0) and mark `done` steps finished."""
         tf, _ = tensorflow()
-        row = tf.concat([tf.reshape(output, [-1]) for output in outputs], axis=0)
+        row = join(outputs)
         slot = tf.reshape(tf.maximum(done - 1, 0), [1, 1])
         with tf.control_dependencies([self._buffer.scatter_nd_update(slot, row[None])]):
             return self._done.assign(done).op
-
-    def _output_shapes(self):
-        from nanscope.engine.flat import VARIABLE_COLUMNS
-        from nanscope.engine.probes import LAYER_COLUMNS
-
-        layers = len(self.engine.layers)
-        terms = layers + 1 if self.engine.model.keras_model is not None else 0
-        return ([self.engine.scalar_width], [layers, len(LAYER_COLUMNS)], [terms],
-                [len(self.engine.trainable), len(VARIABLE_COLUMNS)])
 
 
 class ChunkFailure(Exception):
@@ -149,6 +138,7 @@ def _suspicious(scalars, layer_stats, terms, variables, watched):
     update a LossScaleOptimizer skipped, also ends the chunk, and the host carries on.
     """
     tf, _ = tensorflow()
-    counts = tf.concat([scalars[2:6], scalars[7:9], layer_stats[:, 2] * watched], axis=0)
-    values = tf.stack([scalars[0], scalars[6]])
+    counts = tf.concat([tf.stack([scalars[SCALARS.at(name)] for name in SCALAR_COUNTS]),
+                        layer_stats[:, LAYER.at("nonfinite")] * watched], axis=0)
+    values = tf.stack([scalars[SCALARS.at("loss")], scalars[SCALARS.at("grad_global_norm")]])
     return tf.logical_or(tf.reduce_any(counts > 0), tf.logical_not(tf.reduce_all(tf.math.is_finite(values))))

@@ -18,7 +18,8 @@ import numpy as np
 from nanscope.data import inputs
 from nanscope.engine.flat import any_nonfinite_count
 from nanscope.engine.records import StepRecord
-from nanscope.engine.step import OUTPUT_COLUMNS, SCALAR_COLUMNS, InstrumentedStep, layer_loss_terms
+from nanscope.engine.schema import LAYER, LAYER_MAXED, OUTPUT, SCALARS, output_offsets
+from nanscope.engine.step import InstrumentedStep, layer_loss_terms
 from nanscope.runtime import tensorflow
 
 
@@ -113,6 +114,10 @@ class DistributedStep(InstrumentedStep):
         return combine_replicas(step, inputs.rows(x), scalars, layer_stats, layer_terms, var_stats, counts)
 
 
+# Non-finite counts of a replica's own share of the step: its batch and its model outputs.
+_REPLICA_COUNTS = ("x_nonfinite", "y_nonfinite", "output_nonfinite")
+
+
 def combine_replicas(step, batch_rows, scalars, layer_stats, layer_terms, var_stats, counts):
     """One StepRecord from the replicas' outputs (a leading replica axis on every array).
 
@@ -125,19 +130,19 @@ def combine_replicas(step, batch_rows, scalars, layer_stats, layer_terms, var_st
         counts: np.ndarray [R, 2]. Per replica: its rows, its own gradients' non-finite entries.
     """
     share = counts[:, 0] / max(float(counts[:, 0].sum()), 1.0)
+    outputs = (scalars.shape[1] - len(SCALARS)) // len(OUTPUT)
+    weighted = [SCALARS.at("loss"), SCALARS.at("data_loss"), *output_offsets("loss", outputs)]
+    summed = [SCALARS.at(name) for name in _REPLICA_COUNTS] + [
+        offset for name in OUTPUT if name != "loss" for offset in output_offsets(name, outputs)]
     merged = scalars[0].copy()
     with np.errstate(invalid="ignore", over="ignore"):
-        merged[:2] = (share[:, None] * scalars[:, :2]).sum(axis=0)
-    merged[2:5] = scalars[:, 2:5].sum(axis=0)
-    merged[5] = scalars[:, 5].max()
-    # Per output of a multi-output model: its loss (weighted like the loss), then two counts (summed).
-    width = len(OUTPUT_COLUMNS)
-    with np.errstate(invalid="ignore", over="ignore"):
-        merged[len(SCALAR_COLUMNS)::width] = (share[:, None] * scalars[:, len(SCALAR_COLUMNS)::width]).sum(axis=0)
-    for offset in range(1, width):
-        merged[len(SCALAR_COLUMNS) + offset::width] = scalars[:, len(SCALAR_COLUMNS) + offset::width].sum(axis=0)
-    layers = np.concatenate([layer_stats[:, :, :1].max(axis=0), layer_stats[:, :, 1:].sum(axis=0)], axis=1)
+        merged[weighted] = (share[:, None] * scalars[:, weighted]).sum(axis=0)
+    merged[summed] = scalars[:, summed].sum(axis=0)
+    merged[SCALARS.at("loss_nonfinite")] = scalars[:, SCALARS.at("loss_nonfinite")].max()
+    layers = np.stack([layer_stats[:, :, i].max(axis=0) if name in LAYER_MAXED else layer_stats[:, :, i].sum(axis=0)
+                       for i, name in enumerate(LAYER)], axis=-1)
     record = StepRecord.from_arrays(step, batch_rows, merged, layers, layer_terms[0], var_stats[0])
-    record.replica_nonfinite = [int(v) for v in scalars[:, 2:5].sum(axis=1) + counts[:, 1]]
+    own = scalars[:, [SCALARS.at(name) for name in _REPLICA_COUNTS]].sum(axis=1)
+    record.replica_nonfinite = [int(v) for v in own + counts[:, 1]]
     return record
 

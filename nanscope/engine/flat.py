@@ -9,6 +9,7 @@ once (`exact.segment_stats`); a small model gets them on every step instead.
 """
 
 from nanscope.engine.exact import all_axes, constant, count_nonfinite, nonfinite_count, segment_stats, small
+from nanscope.engine.schema import VARIABLE
 from nanscope.runtime import tensorflow
 
 
@@ -45,17 +46,17 @@ class Snapshot:
         return [copy.numpy() for copy in self.copies[:count]]
 
 
-# Columns of a variable-stats row, in order. |dw|/|w| is taken against the weights after
-# the update: one pass fewer than also measuring them before, and the same ratio to
-# three digits whenever the ratio is small enough to be healthy.
-VARIABLE_COLUMNS = ("grad_norm", "grad_nonfinite", "weight_norm", "update_norm", "weight_nonfinite")
-GRAD_NONFINITE, WEIGHT_NONFINITE = 1, 4
+# What `variable_rows` measures per variable, in the order it measures it: [norm, non-finite
+# count] of the gradient, the weights after the update and the update. |dw|/|w| is taken
+# against the weights after the update: one pass fewer than also measuring them before,
+# and the same ratio to three digits whenever the ratio is small enough to be healthy.
+_MEASURED = ("grad_norm", "grad_nonfinite", "weight_norm", "weight_nonfinite", "update_norm", "update_nonfinite")
 
 
 def variable_rows(grads, before, after, applied=None, updates=None):
     """Per-variable statistics: ([n, 5] rows, global grad norm, global applied-grad norm).
 
-    Row columns: see VARIABLE_COLUMNS.
+    Row columns: schema.VARIABLE.
 
     Args:
         grads: list of gradient tensors, one per variable.
@@ -67,7 +68,7 @@ def variable_rows(grads, before, after, applied=None, updates=None):
     """
     tf, _ = tensorflow()
     if not grads:
-        return tf.zeros([0, len(VARIABLE_COLUMNS)]), tf.constant(0.0), tf.constant(0.0)
+        return tf.zeros([0, len(VARIABLE)]), tf.constant(0.0), tf.constant(0.0)
     updates = updates or [None] * len(grads)
     # Per variable: the gradient, the weights after the update and the update itself.
     tensors = [
@@ -78,10 +79,11 @@ def variable_rows(grads, before, after, applied=None, updates=None):
         norms, nonfinite = _exact_norms(tensors)
     else:
         norms, nonfinite = _norms(tensors)
-    # [norm, count] of gradient, weights and update per variable, reordered to VARIABLE_COLUMNS.
-    pairs = tf.reshape(tf.stack([norms, nonfinite], axis=1), constant((len(grads), 6), "int32"))
-    rows = tf.gather(pairs, constant((0, 1, 2, 4, 3), "int32"), axis=constant(1, "int32"))
-    grad_norm = combined_norm(tf.unstack(rows, axis=1)[0])
+    # _MEASURED per variable, reordered to VARIABLE's columns.
+    pairs = tf.reshape(tf.stack([norms, nonfinite], axis=1), constant((len(grads), len(_MEASURED)), "int32"))
+    order = tuple(_MEASURED.index(name) for name in VARIABLE)
+    rows = tf.gather(pairs, constant(order, "int32"), axis=constant(1, "int32"))
+    grad_norm = combined_norm(tf.unstack(rows, axis=1)[VARIABLE.at("grad_norm")])
     applied_norm = grad_norm if applied is None else combined_norm(tf.sqrt(sum_of_squares([_f32(a) for a in applied])))
     return rows, grad_norm, applied_norm
 

@@ -17,10 +17,9 @@ import contextlib
 import threading
 
 from nanscope.engine.exact import all_axes, constant, finite_stats, small
+from nanscope.engine.schema import LAYER, LAYER_MAXED
 from nanscope.runtime import tensorflow
 
-# Columns of a layer-stats row, in order.
-LAYER_COLUMNS = ("max_abs", "sum_abs", "nonfinite", "zeros", "size", "tiny")
 # Ops whose output is never negative: |x| is x, and the probe skips the abs.
 NONNEGATIVE_OPS = frozenset({"Relu", "Relu6", "Softmax", "Sigmoid", "Softplus", "Exp"})
 # Smallest normal float16 (numpy.finfo(float16).tiny): non-zero magnitudes below it
@@ -49,7 +48,7 @@ def tensor_stats(tensors):
     measured = [_measured(t) for t in tensors if t.dtype.is_floating]
     floats = [t for t, _ in measured]
     if not floats:
-        return tf.zeros([len(LAYER_COLUMNS)], tf.float32)
+        return tf.zeros([len(LAYER)], tf.float32)
     half = [t for t in floats if t.dtype == tf.float16]
     tiny = tf.add_n([_underflow_count(t) for t in half]) if half else constant(0.0)
     if small(floats):
@@ -59,7 +58,8 @@ def tensor_stats(tensors):
 
     def healthy():
         # max of an empty tensor is -inf; a |x| maximum is never below 0.
-        return tf.stack([tf.maximum(peak, constant(0.0)), total, constant(0.0), size - nonzero, size, tiny])
+        return tf.stack(LAYER.pack({"max_abs": tf.maximum(peak, constant(0.0)), "sum_abs": total,
+                                    "nonfinite": constant(0.0), "zeros": size - nonzero, "size": size, "tiny": tiny}))
 
     return tf.cond(tf.math.is_finite(total), healthy, lambda: _exact_row(floats, tiny))
 
@@ -68,7 +68,9 @@ def _exact_row(floats, tiny):
     """The row of `tensor_stats` from `finite_stats`: statistics of the finite entries, exact counts."""
     tf, _ = tensorflow()
     size = tf.cast(tf.add_n([tf.size(t) for t in floats]), tf.float32)
-    return tf.stack([*finite_stats(floats), size, tiny])
+    peak, total, nonfinite, zeros = finite_stats(floats)
+    return tf.stack(LAYER.pack({"max_abs": peak, "sum_abs": total, "nonfinite": nonfinite, "zeros": zeros,
+                                "size": size, "tiny": tiny}))
 
 
 def _measured(tensor):
@@ -124,6 +126,13 @@ def nonfinite_count(tensor):
     return tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(tensor)), tf.float32))
 
 
+def combine_layer_rows(rows):
+    """One layer row from several `[n, len(LAYER)]` (calls of one layer): LAYER_MAXED columns by max, others summed."""
+    tf, _ = tensorflow()
+    return tf.stack([(tf.reduce_max if name in LAYER_MAXED else tf.reduce_sum)(rows[:, i], axis=0)
+                     for i, name in enumerate(LAYER)])
+
+
 class LayerRecorder:
     """Collects per-layer output statistics while a step function is traced.
 
@@ -136,7 +145,7 @@ class LayerRecorder:
             ...  # inside the tf.function being traced:
             recorder.begin()
             y_pred = model(x, training=True)
-        stats = recorder.stats_matrix()        # [len(layers), len(LAYER_COLUMNS)]
+        stats = recorder.stats_matrix()        # [len(layers), len(LAYER)]
     """
 
     def __init__(self, layers):
@@ -207,10 +216,10 @@ class LayerRecorder:
         seen = self._single.get(id(tensor))
         if seen is None or seen[0] is not tensor:
             return None
-        return seen[1][LAYER_COLUMNS.index("nonfinite")]
+        return seen[1][LAYER.at("nonfinite")]
 
     def stats_matrix(self):
-        """[len(layers), len(LAYER_COLUMNS)] float32: one row of `tensor_stats` per layer (0 if never called).
+        """[len(layers), len(LAYER)] float32: one row of `tensor_stats` per layer (0 if never called).
 
         A layer called more than once gets the max of its calls' max |x| and the sum of
         their other columns. The rows are the calling thread's replica's (see `begin_replica`).
@@ -221,10 +230,9 @@ class LayerRecorder:
         for index in range(len(self.layers)):
             calls = self._rows.get((replica, index))
             if not calls:
-                rows.append(tf.zeros([len(LAYER_COLUMNS)], tf.float32))
+                rows.append(tf.zeros([len(LAYER)], tf.float32))
             elif len(calls) == 1:
                 rows.append(calls[0])
             else:
-                stacked = tf.stack(calls)
-                rows.append(tf.concat([tf.reduce_max(stacked[:, :1], axis=0), tf.reduce_sum(stacked[:, 1:], axis=0)], 0))
-        return tf.stack(rows) if rows else tf.zeros([0, len(LAYER_COLUMNS)], tf.float32)
+                rows.append(combine_layer_rows(tf.stack(calls)))
+        return tf.stack(rows) if rows else tf.zeros([0, len(LAYER)], tf.float32)

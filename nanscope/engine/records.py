@@ -12,15 +12,7 @@ from typing import Optional
 
 import numpy as np
 
-# The step's scalar output vector (engine/step.py), in order.
-SCALAR_COLUMNS = (
-    "loss", "data_loss", "x_nonfinite", "y_nonfinite", "output_nonfinite", "loss_nonfinite",
-    "grad_global_norm", "grad_nonfinite", "weights_nonfinite", "applied_grad_global_norm", "loss_scale",
-    "update_skipped",
-)
-# A multi-output model appends these per output, in output order, after SCALAR_COLUMNS.
-OUTPUT_COLUMNS = ("loss", "target_nonfinite", "prediction_nonfinite")
-OUTPUT_START = len(SCALAR_COLUMNS)
+from nanscope.engine.schema import LAYER, OUTPUT, SCALARS, VARIABLE
 
 
 @dataclass
@@ -112,42 +104,27 @@ class StepRecord:
 
     @classmethod
     def from_arrays(cls, step, batch_rows, scalars, layer_stats, layer_terms, var_stats):
-        """Build a record from the step function's four output arrays."""
+        """Build a record from the step function's four output arrays (laid out by engine/schema.py)."""
         # Python floats first: indexing numpy rows entry by entry costs several times more.
-        s, layer_stats, layer_terms, var_stats = (
+        scalars, layer_stats, layer_terms, var_stats = (
             np.asarray(a, np.float64).tolist() for a in (scalars, layer_stats, layer_terms, var_stats))
-        layers = [
-            LayerStats(
-                max_abs=float(row[0]),
-                mean_abs=float(row[1] / row[4]) if row[4] else 0.0,
-                nonfinite=int(row[2]),
-                zero_fraction=float(row[3] / row[4]) if row[4] else 0.0,
-                loss_term=float(term),
-                called=bool(row[4] > 0),
-                underflow_fraction=float(row[5] / row[4]) if len(row) > 5 and row[4] else 0.0,
-            )
-            for row, term in zip(layer_stats, layer_terms)
-        ]
-        variables = [
-            VariableStats(
-                grad_norm=float(row[0]),
-                grad_nonfinite=int(row[1]),
-                weight_norm=float(row[2]),
-                update_ratio=_ratio(row[3], row[2]),
-                weight_nonfinite=int(row[4]),
-            )
-            for row in var_stats
-        ]
+        s = SCALARS.named(scalars)
+        layers = [layer_stats_of(LAYER.named(row), term) for row, term in zip(layer_stats, layer_terms)]
+        variables = [variable_stats_of(VARIABLE.named(row)) for row in var_stats]
+        outputs = [output_stats_of(OUTPUT.named(scalars[start:start + len(OUTPUT)]))
+                   for start in range(len(SCALARS), len(scalars) - len(OUTPUT) + 1, len(OUTPUT))]
         return cls(
-            step=step, batch_rows=int(batch_rows), loss=s[0], data_loss=s[1], grad_global_norm=s[6],
-            applied_grad_global_norm=s[9], x_nonfinite=int(s[2]), y_nonfinite=int(s[3]), output_nonfinite=int(s[4]),
-            loss_nonfinite=bool(s[5]), grad_nonfinite=int(s[7]), weights_nonfinite=int(s[8]),
+            step=step, batch_rows=int(batch_rows), loss=s["loss"], data_loss=s["data_loss"],
+            grad_global_norm=s["grad_global_norm"], applied_grad_global_norm=s["applied_grad_global_norm"],
+            x_nonfinite=int(s["x_nonfinite"]), y_nonfinite=int(s["y_nonfinite"]),
+            output_nonfinite=int(s["output_nonfinite"]), loss_nonfinite=bool(s["loss_nonfinite"]),
+            grad_nonfinite=int(s["grad_nonfinite"]), weights_nonfinite=int(s["weights_nonfinite"]),
             layers=layers, variables=variables,
             model_loss_term=float(layer_terms[-1]) if len(layer_terms) > len(layers) else 0.0,
-            loss_scale=s[10] if len(s) > 10 and s[10] else None,
-            update_skipped=bool(s[11]) if len(s) > 11 else False,
-            outputs=[OutputStats(s[i], int(s[i + 1]), int(s[i + 2]))
-                     for i in range(OUTPUT_START, len(s) - 2, len(OUTPUT_COLUMNS))],
+            # 0 is what a producer that does not scale the loss writes: no scale.
+            loss_scale=s["loss_scale"] or None,
+            update_skipped=bool(s["update_skipped"]),
+            outputs=outputs,
         )
 
     @property
@@ -190,6 +167,36 @@ class StepRecord:
         # A model output that is non-finite only because an expected layer's output is
         # (the model ends in the masking layer) is expected too.
         return any(self.layers[i].nonfinite for i in self.expected_nonfinite if i < len(self.layers))
+
+
+def layer_stats_of(row, term):
+    """LayerStats from a LAYER row (a mapping name -> value) and the layer's loss term."""
+    size = row["size"]
+    return LayerStats(
+        max_abs=float(row["max_abs"]),
+        mean_abs=float(row["sum_abs"] / size) if size else 0.0,
+        nonfinite=int(row["nonfinite"]),
+        zero_fraction=float(row["zeros"] / size) if size else 0.0,
+        loss_term=float(term),
+        called=bool(size > 0),
+        underflow_fraction=float(row["tiny"] / size) if size else 0.0,
+    )
+
+
+def output_stats_of(row):
+    """OutputStats from an OUTPUT row (a mapping name -> value)."""
+    return OutputStats(row["loss"], int(row["target_nonfinite"]), int(row["prediction_nonfinite"]))
+
+
+def variable_stats_of(row):
+    """VariableStats from a VARIABLE row (a mapping name -> value)."""
+    return VariableStats(
+        grad_norm=float(row["grad_norm"]),
+        grad_nonfinite=int(row["grad_nonfinite"]),
+        weight_norm=float(row["weight_norm"]),
+        update_ratio=_ratio(row["update_norm"], row["weight_norm"]),
+        weight_nonfinite=int(row["weight_nonfinite"]),
+    )
 
 
 def _ratio(numerator, denominator):

@@ -17,17 +17,10 @@ from dataclasses import dataclass
 
 from nanscope.data import inputs
 from nanscope.engine.failures import build_model, raised_while_tracing
-from nanscope.engine.flat import (
-    GRAD_NONFINITE,
-    WEIGHT_NONFINITE,
-    Snapshot,
-    any_nonfinite_count,
-    applied_updates,
-    graph_position,
-    variable_rows,
-)
+from nanscope.engine.flat import Snapshot, any_nonfinite_count, applied_updates, graph_position, variable_rows
 from nanscope.engine.probes import LayerRecorder
-from nanscope.engine.records import OUTPUT_COLUMNS, SCALAR_COLUMNS, StepRecord
+from nanscope.engine.records import StepRecord
+from nanscope.engine.schema import OUTPUT, SCALARS, VARIABLE, StepLayout
 from nanscope.errors import ModelError
 from nanscope.runtime import tensorflow
 
@@ -111,9 +104,11 @@ class InstrumentedStep:
         self._concrete = None  # traced on first use: a chunked run never calls the single step
 
     @property
-    def scalar_width(self):
-        """Length of the step's scalar output: SCALAR_COLUMNS, then OUTPUT_COLUMNS per output of a multi-output model."""
-        return len(SCALAR_COLUMNS) + len(OUTPUT_COLUMNS) * len(self.loss.outputs)
+    def layout(self):
+        """The StepLayout of this step's outputs (engine/schema.py)."""
+        return StepLayout(outputs=len(self.loss.outputs), layers=len(self.layers),
+                          terms=len(self.layers) + 1 if self.model.keras_model is not None else 0,
+                          variables=len(self.trainable))
 
     @property
     def layer_call_order(self):
@@ -191,19 +186,21 @@ class InstrumentedStep:
             updates)
         target_counts = [any_nonfinite_count(t) for t in tf.nest.flatten(y)]
         prediction_counts = [self._prediction_nonfinite(t) for t in tf.nest.flatten(y_pred)]
-        per_output = [column for row in zip(output_losses, target_counts, prediction_counts) for column in row]
-        scalars = tf.stack([
-            tf.cast(total, tf.float32), data_loss, _total([any_nonfinite_count(t) for t in tf.nest.flatten(x)]),
-            _total(target_counts), _total(prediction_counts),
-            tf.cast(tf.logical_not(tf.math.is_finite(total)), tf.float32),
-            grad_norm,
-            tf.reduce_sum(var_stats[:, GRAD_NONFINITE]),
-            tf.reduce_sum(var_stats[:, WEIGHT_NONFINITE]),
-            applied_norm,
-            tf.cast(tf.convert_to_tensor(self.optimizer.dynamic_scale), tf.float32) if self.loss_scaled else 0.0,
-            self._skipped(applied, scale),
-            *(per_output if self.loss.multi_output else []),
-        ])
+        per_output = [OUTPUT.pack({"loss": loss, "target_nonfinite": target, "prediction_nonfinite": prediction})
+                      for loss, target, prediction in zip(output_losses, target_counts, prediction_counts)]
+        scalars = tf.stack(SCALARS.pack({
+            "loss": tf.cast(total, tf.float32), "data_loss": data_loss,
+            "x_nonfinite": _total([any_nonfinite_count(t) for t in tf.nest.flatten(x)]),
+            "y_nonfinite": _total(target_counts), "output_nonfinite": _total(prediction_counts),
+            "loss_nonfinite": tf.cast(tf.logical_not(tf.math.is_finite(total)), tf.float32),
+            "grad_global_norm": grad_norm,
+            "grad_nonfinite": tf.reduce_sum(var_stats[:, VARIABLE.at("grad_nonfinite")]),
+            "weights_nonfinite": tf.reduce_sum(var_stats[:, VARIABLE.at("weight_nonfinite")]),
+            "applied_grad_global_norm": applied_norm,
+            "loss_scale": tf.cast(tf.convert_to_tensor(self.optimizer.dynamic_scale), tf.float32)
+            if self.loss_scaled else 0.0,
+            "update_skipped": self._skipped(applied, scale),
+        }) + [column for row in (per_output if self.loss.multi_output else []) for column in row])
         layer_terms = tf.stack(self._loss_terms) if self._loss_terms else tf.zeros([0])
         return scalars, self._recorder.stats_matrix(), layer_terms, var_stats
 

@@ -14,18 +14,11 @@ import functools
 import threading
 
 from nanscope.engine.distributed import combine_replicas
-from nanscope.engine.flat import (
-    GRAD_NONFINITE, VARIABLE_COLUMNS, WEIGHT_NONFINITE, any_nonfinite_count, variable_rows,
-)
-from nanscope.engine.probes import LAYER_COLUMNS, LayerRecorder
+from nanscope.engine.flat import any_nonfinite_count, variable_rows
+from nanscope.engine.probes import LayerRecorder
 from nanscope.engine.records import StepRecord
-from nanscope.engine.step import (
-    OUTPUT_COLUMNS,
-    SCALAR_COLUMNS,
-    layer_loss_terms,
-    probed_layers,
-    relative_variable_names,
-)
+from nanscope.engine.schema import OUTPUT, SCALARS, VARIABLE, Columns, StepLayout, join
+from nanscope.engine.step import layer_loss_terms, probed_layers, relative_variable_names
 from nanscope.keras.outputs import output_terms
 from nanscope.runtime import tensorflow
 
@@ -48,9 +41,10 @@ class StepProbe:
         self.per_execution = int(getattr(model, "steps_per_execution", 1) or 1)
         self.recorder = LayerRecorder(self.layers)
         self.output_names = multi_output_names(model)
-        self.scalar_width = len(SCALAR_COLUMNS) + len(OUTPUT_COLUMNS) * len(self.output_names)
-        self.width = (len(HEAD) + self.scalar_width + len(self.layers) * len(LAYER_COLUMNS) + len(self.layers) + 1
-                      + len(self.trainable) * len(VARIABLE_COLUMNS))
+        self.layout = StepLayout(outputs=len(self.output_names), layers=len(self.layers), terms=len(self.layers) + 1,
+                                 variables=len(self.trainable))
+        # A buffer row: HEAD, then the step's outputs flattened (engine/schema.py).
+        self.width = len(HEAD) + self.layout.width
         self.strategy = model.distribute_strategy
         self.replicas = self.strategy.num_replicas_in_sync
         if self.replicas == 1:
@@ -139,25 +133,14 @@ class StepProbe:
         """A StepRecord from one buffer row (under tf.distribute: one row per replica, merged)."""
         if row.ndim == 2:
             return self._replica_record(step, row)
-        n_layers, n_vars = len(self.layers), len(self.trainable)
-        at = len(HEAD)
-        scalars, at = row[at:at + self.scalar_width], at + self.scalar_width
-        layer_stats, at = row[at:at + n_layers * len(LAYER_COLUMNS)], at + n_layers * len(LAYER_COLUMNS)
-        terms, at = row[at:at + n_layers + 1], at + n_layers + 1
-        var_stats = row[at:]
-        return StepRecord.from_arrays(step, int(row[1]), scalars, layer_stats.reshape(n_layers, len(LAYER_COLUMNS)),
-                                      terms, var_stats.reshape(n_vars, len(VARIABLE_COLUMNS)))
+        scalars, layer_stats, terms, var_stats = self.layout.split(row[len(HEAD):])
+        return StepRecord.from_arrays(step, int(row[HEAD.at("batch_rows")]), scalars, layer_stats, terms, var_stats)
 
     def _replica_record(self, step, rows):
-        n_layers, n_vars = len(self.layers), len(self.trainable)
-        at = len(HEAD)
-        scalars, at = rows[:, at:at + self.scalar_width], at + self.scalar_width
-        layer_stats, at = rows[:, at:at + n_layers * len(LAYER_COLUMNS)], at + n_layers * len(LAYER_COLUMNS)
-        terms, at = rows[:, at:at + n_layers + 1], at + n_layers + 1
-        var_stats, counts = rows[:, at:-1], rows[:, [1, -1]]
-        return combine_replicas(step, int(counts[:, 0].sum()), scalars,
-                                layer_stats.reshape(-1, n_layers, len(LAYER_COLUMNS)), terms,
-                                var_stats.reshape(-1, n_vars, len(VARIABLE_COLUMNS)), counts)
+        # Each replica's row ends in one more column: its own gradients' non-finite count.
+        scalars, layer_stats, terms, var_stats = self.layout.split(rows[:, len(HEAD):-1])
+        counts = rows[:, [HEAD.at("batch_rows"), -1]]
+        return combine_replicas(step, int(counts[:, 0].sum()), scalars, layer_stats, terms, var_stats, counts)
 
     def _instrumented(self, original):
         if self.replicas > 1:
@@ -211,7 +194,8 @@ class StepProbe:
         return [self.layers[i].name for i in self.recorder.call_order]
 
 
-HEAD = ("step", "batch_rows")
+# The columns a buffer row starts with, before the step's outputs.
+HEAD = Columns("step", "batch_rows")
 
 
 class StepCapture:
@@ -312,7 +296,7 @@ class StepCapture:
         return hooked
 
     def row(self, data, logs, layer_stats, layers):
-        """[batch rows, scalars, layer stats, layer loss terms, variable stats] flattened into one float32 row."""
+        """[batch rows, then the step's outputs joined as engine/schema.py lays them out]: one float32 row."""
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         flat_x = [t for t in tf.nest.flatten(x) if t is not None]
         rows = tf.cast(tf.shape(flat_x[0])[0], tf.float32) if flat_x else tf.constant(0.0)
@@ -328,25 +312,24 @@ class StepCapture:
             "output_nonfinite": _count(tf.nest.flatten(self.y_pred) if self.y_pred is not None else []),
             "loss_nonfinite": tf.cast(tf.logical_not(tf.math.is_finite(total)), tf.float32),
             "grad_global_norm": grad_norm,
-            "grad_nonfinite": tf.reduce_sum(var_rows[:, GRAD_NONFINITE]),
-            "weights_nonfinite": tf.reduce_sum(var_rows[:, WEIGHT_NONFINITE]),
+            "grad_nonfinite": tf.reduce_sum(var_rows[:, VARIABLE.at("grad_nonfinite")]),
+            "weights_nonfinite": tf.reduce_sum(var_rows[:, VARIABLE.at("weight_nonfinite")]),
             "applied_grad_global_norm": applied_norm,
         }
         # Columns this probe does not measure (loss scaling) are 0, which records read as "not known".
-        scalars = tf.stack([values.get(column, tf.constant(0.0)) for column in SCALAR_COLUMNS]
-                           + self._output_columns(y, sample_weight))
-        parts = [tf.stack([rows]), scalars, tf.reshape(layer_stats, [-1]), tf.stack(terms), tf.reshape(var_rows, [-1])]
-        return tf.concat(parts, axis=0)
+        scalars = tf.stack(SCALARS.pack(values, default=tf.constant(0.0)) + self._output_columns(y, sample_weight))
+        return tf.concat([tf.stack([rows]), join([scalars, layer_stats, tf.stack(terms), var_rows])], axis=0)
 
     def _output_columns(self, y, sample_weight):
-        """OUTPUT_COLUMNS per output of a multi-output model: its own loss and its non-finite targets and prediction."""
+        """OUTPUT's columns per output of a multi-output model: its own loss, non-finite targets and prediction."""
         if not self.outputs:
             return []
         terms = output_terms(self.model, y, self.y_pred, sample_weight)
         if len(terms) != self.outputs:  # targets that cannot be paired with the outputs: nothing to split
-            return [tf.constant(0.0)] * (self.outputs * len(OUTPUT_COLUMNS))
-        return [column for loss, target, prediction in terms
-                for column in (loss, _count(tf.nest.flatten(target)), _count(tf.nest.flatten(prediction)))]
+            return [tf.constant(0.0)] * (self.outputs * len(OUTPUT))
+        return [column for loss, target, prediction in terms for column in OUTPUT.pack({
+            "loss": loss, "target_nonfinite": _count(tf.nest.flatten(target)),
+            "prediction_nonfinite": _count(tf.nest.flatten(prediction))})]
 
     def _variable_rows(self):
         """variable_rows over what the optimizer saw; a variable without a gradient counts as unchanged."""

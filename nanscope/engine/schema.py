@@ -1,0 +1,140 @@
+"""The step row: one named layout for everything an instrumented step measures.
+
+A compiled step returns a few small float32 arrays: the scalars (loss, global
+gradient norms, non-finite counts per phase), then per output of a multi-output
+model its own columns, a row per probed layer, the layers' loss terms and a row
+per trainable variable. Producers (engine/step.py, engine/chunk.py, the Keras
+callback's probe) build these arrays, and decoders (engine/records.py, the
+record store) read them back. Both go through this module: a column is found
+by its name, never by a number written somewhere else, so reordering or adding
+a column changes every producer and decoder at once.
+
+Adding a scalar column is one line: append its name to `SCALARS`. A producer that
+does not measure it passes no value and gets 0 there (see `Columns.pack`), which
+decoders read as "not measured".
+
+Example:
+    scalars = SCALARS.pack({"loss": loss, ...}, default=0.0)   # in the step, in column order
+    layout = StepLayout(outputs=0, layers=3, terms=4, variables=6)
+    scalars, layers, terms, variables = layout.split(row)      # a flattened row, back to its parts
+    loss = scalars[..., SCALARS.at("loss")]
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class Columns(tuple):
+    """An ordered tuple of column names whose offsets are looked up by name.
+
+    Args:
+        *names: str. The column names, in row order.
+    """
+
+    def __new__(cls, *names):
+        if len(set(names)) != len(names):
+            raise ValueError(f"column names must be unique. Received: {names}")
+        return super().__new__(cls, names)
+
+    def at(self, name):
+        """The offset of column `name`; a name not in the row is an error, not a silent wrong column."""
+        try:
+            return self.index(name)
+        except ValueError:
+            raise KeyError(f"no column {name!r}; the columns are {', '.join(self)}") from None
+
+    def pack(self, values, default=None):
+        """`values` (a mapping name -> value) as a list in column order.
+
+        A name that is not a column is an error. A column without a value gets `default`,
+        or is an error when `default` is None.
+        """
+        unknown = set(values) - set(self)
+        if unknown:
+            raise KeyError(f"not columns: {', '.join(sorted(unknown))}; the columns are {', '.join(self)}")
+        if default is None:
+            missing = [name for name in self if name not in values]
+            if missing:
+                raise KeyError(f"no value for column(s) {', '.join(missing)}")
+        return [values.get(name, default) for name in self]
+
+    def named(self, row):
+        """A mapping name -> value of one row (a sequence in column order)."""
+        return dict(zip(self, row))
+
+
+# The scalars of one step, in row order.
+SCALARS = Columns(
+    "loss", "data_loss", "x_nonfinite", "y_nonfinite", "output_nonfinite", "loss_nonfinite",
+    "grad_global_norm", "grad_nonfinite", "weights_nonfinite", "applied_grad_global_norm", "loss_scale",
+    "update_skipped",
+)
+# Scalars that count non-finite entries (or flag a non-finite value) in some phase.
+SCALAR_COUNTS = ("x_nonfinite", "y_nonfinite", "output_nonfinite", "loss_nonfinite", "grad_nonfinite",
+                 "weights_nonfinite")
+# A multi-output model appends these per output, in output order, after SCALARS.
+OUTPUT = Columns("loss", "target_nonfinite", "prediction_nonfinite")
+# A layer-stats row: max |x|, sum |x|, non-finite entries, exact zeros, entries, float16 underflows.
+LAYER = Columns("max_abs", "sum_abs", "nonfinite", "zeros", "size", "tiny")
+# Layer columns combined over several calls (or replicas) by their maximum; the others add up.
+LAYER_MAXED = ("max_abs",)
+# A variable-stats row. |dw| is `update_norm`; the record holds the ratio |dw|/|w|.
+VARIABLE = Columns("grad_norm", "grad_nonfinite", "weight_norm", "update_norm", "weight_nonfinite")
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """The shape of one step's outputs for a given model, and of the flattened row that joins them.
+
+    Args:
+        outputs: int. Outputs of a multi-output model (0 for a model with one output).
+        layers: int. Probed layers.
+        terms: int. Layer loss terms: one per layer and one for the model, or 0 without a Keras model.
+        variables: int. Trainable variables.
+    """
+
+    outputs: int
+    layers: int
+    terms: int
+    variables: int
+
+    @property
+    def scalar_width(self):
+        """Length of the scalar vector: SCALARS, then OUTPUT per output."""
+        return len(SCALARS) + len(OUTPUT) * self.outputs
+
+    @property
+    def shapes(self):
+        """Shapes of the four arrays a step returns: scalars, layer stats, layer terms, variable stats."""
+        return ([self.scalar_width], [self.layers, len(LAYER)], [self.terms], [self.variables, len(VARIABLE)])
+
+    @property
+    def widths(self):
+        """Flattened length of each of the four arrays."""
+        return [int(np.prod(shape)) for shape in self.shapes]
+
+    @property
+    def width(self):
+        """Length of the flattened row."""
+        return sum(self.widths)
+
+    def split(self, rows):
+        """(scalars, layer stats, layer terms, variable stats) of flattened rows `[..., width]`, shaped back."""
+        rows = np.asarray(rows)
+        if rows.shape[-1] != self.width:
+            raise ValueError(f"a step row has {self.width} columns for this layout. Received: {rows.shape[-1]}")
+        parts = np.split(rows, np.cumsum(self.widths)[:-1], axis=-1)
+        return tuple(part.reshape(*rows.shape[:-1], *shape) for part, shape in zip(parts, self.shapes))
+
+def join(parts):
+    """The output tensors of one step, in `StepLayout.shapes` order, joined into one flattened row tensor."""
+    from nanscope.runtime import tensorflow
+
+    tf, _ = tensorflow()
+    return tf.concat([tf.reshape(part, [-1]) for part in parts], axis=0)
+
+
+def output_offsets(name, outputs):
+    """Offsets in the scalar vector of OUTPUT column `name`, one per output."""
+    return [len(SCALARS) + i * len(OUTPUT) + OUTPUT.at(name) for i in range(outputs)]
