@@ -17,6 +17,7 @@ import numpy as np
 from nanscope import interrupt
 from nanscope.data import inputs, targets
 from nanscope.engine.failures import step_failure
+from nanscope.finishing import optional_part
 from nanscope.engine.records import expected_layer_indices, first_nonfinite_replica
 from nanscope.jsonio import jsonable
 from nanscope.objectives import optimizer_settings
@@ -93,7 +94,8 @@ def run_trace(spec, options=None):
     if options.plot is not None:
         from nanscope.plotting import plot_trace
 
-        plot_trace(report, options.plot)
+        with optional_part(report.notes, f"the plot {options.plot}"):
+            plot_trace(report, options.plot)
     return report
 
 
@@ -164,13 +166,15 @@ def _raise_step_failure(exc, step, spec, writer):
 
 def _finish(session, engine, report, options=None):
     if report.first_nonfinite is None and report.records:
-        report.validation_loss = session.evaluate(engine)
+        with optional_part(report.notes, "the validation loss"):
+            report.validation_loss = session.evaluate(engine)
     report.recommendations = diagnose(report, session)
     if options is not None and options.verify and report.records and not report.interrupted:
         from nanscope.verify import verify_recommendations
 
         try:
-            verify_recommendations(session, report)
+            with optional_part(report.notes, "--verify"):
+                verify_recommendations(session, report)
         except KeyboardInterrupt:
             report.interrupted = True
             report.notes.append("--verify was interrupted: recommendations not yet re-run stay unverified")

@@ -12,6 +12,7 @@ import warnings
 import numpy as np
 
 from nanscope.data import inputs
+from nanscope.finishing import optional_part
 from nanscope.rules.catalogue import recommend
 from nanscope.rules.early import early_findings
 from nanscope.rules.precision import precision_findings
@@ -48,12 +49,16 @@ CLIP_PERCENTILE = 10
 
 
 def diagnose(report, session):
-    """Recommendations for a TraceReport, most likely cause first."""
+    """Recommendations for a TraceReport, most likely cause first.
+
+    A detector that raises is a bug in nanscope, not in the user's run: its rules are
+    left out, `report.notes` names them, and the rest of the report stands.
+    """
     healthy = [r for r in report.records if r.phase is None]
     found = []
-    for detector in (_bad_data, producer_findings, precision_findings, _gradient_growth, _update_ratio,
-                     early_findings, _target_scale, _input_scale):
-        found.extend(detector(report, session, healthy))
+    for rule_ids, detector in detectors():
+        with optional_part(report.notes, f"rule {', '.join(rule_ids)}"):
+            found.extend(detector(report, session, healthy))
     # Findings that fired above info come first, then by how directly the evidence implicates
     # them. Stable sort: equal keys keep detector order, so the same evidence gives the same order.
     found.sort(key=lambda pair: (pair[1].severity == "info", -pair[0]))
@@ -65,6 +70,21 @@ def diagnose(report, session):
         by_id[rec.id] = rec
         ordered.append(rec)
     return ordered
+
+
+def detectors():
+    """(rule ids it can fire, detector) for every detector, in the order their findings tie-break."""
+    return (
+        (("clean-input-data",), _bad_data),
+        (("stable-log", "stable-exp", "safe-division", "safe-sqrt", "loss-scaling", "optimizer-epsilon"),
+         producer_findings),
+        (("loss-scaling",), precision_findings),
+        (("clip-gradients",), _gradient_growth),
+        (("lower-learning-rate",), _update_ratio),
+        (("lower-learning-rate", "bounded-activation", "weight-constraint"), early_findings),
+        (("normalize-targets",), _target_scale),
+        (("normalize-inputs",), _input_scale),
+    )
 
 
 def _severity(report, fired_alone="warning"):
@@ -92,18 +112,30 @@ def _gradient_growth(report, session, healthy):
     rate, onset = found
     last = healthy[-1]
     start_norm = next(r.grad_global_norm for r in healthy if r.step == onset)
-    overflow_in = math.log(FLOAT32_MAX / last.grad_global_norm) / math.log(rate)
+    overflow_step = projected_overflow_step(last.step, last.grad_global_norm, rate)
     threshold, how = clip_threshold(healthy, report)
     evidence = [
         f"gradient norm grew {rate:.2f}x per step from step {onset} "
         f"({start_norm:.3g} -> {last.grad_global_norm:.3g} at step {last.step})",
-        f"at that rate it overflows float32 around step {last.step + overflow_in:.0f}",
+        *([f"at that rate it overflows float32 around step {overflow_step:.0f}"] if overflow_step is not None else []),
         f"clip threshold {threshold:.3g}: {how}",
     ]
     fix = f"train:\n  optimizer: {{global_clipnorm: {threshold:.3g}}}   # or clipnorm / clipvalue"
-    data = {"growth_rate": rate, "onset_step": onset, "projected_overflow_step": last.step + overflow_in,
+    data = {"growth_rate": rate, "onset_step": onset, "projected_overflow_step": overflow_step,
             "threshold": threshold}
     return [(0.8, recommend("clip-gradients", _severity(report), evidence, fix, data))]
+
+
+def projected_overflow_step(step, norm, rate):
+    """The step at which `norm`, growing `rate`x per step from `step`, passes float32's max; None if it cannot be said.
+
+    A norm of exactly 0 (a run that fits its data perfectly) or a denormal one gives no
+    finite projection, and a rate of at most 1 never overflows.
+    """
+    if not (norm > 0 and math.isfinite(norm) and rate > 1 and math.isfinite(rate)):
+        return None
+    steps_left = math.log(FLOAT32_MAX / norm) / math.log(rate)
+    return step + steps_left if math.isfinite(steps_left) else None
 
 
 def clip_threshold(healthy, report):

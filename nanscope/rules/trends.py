@@ -15,6 +15,8 @@ def geometric_growth(steps, values, rate_limit, min_steps, min_total):
     costs what a handful of `polyfit` calls would.
     """
     values, steps = np.asarray(values, dtype=np.float64), np.asarray(steps, dtype=np.float64)
+    if not len(values) or not (np.isfinite(values[-1]) and values[-1] > 0):
+        return None  # a value that ends at 0 (a perfect fit) or non-finite is no rise lasting to the end
     ok = np.isfinite(values) & (values > 0)
     values, steps = values[ok], steps[ok]
     if len(values) < max(min_steps, 2):

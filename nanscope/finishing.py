@@ -1,0 +1,40 @@
+"""Finishing a report without losing the run: a part that fails is left out and named.
+
+A run that trained for minutes has earned its report. Validation, `--verify`, a
+plot or a rule that raises while the report is finished is a nanscope bug (or a
+broken optional dependency), not a verdict on the user's training: that part is
+left out, a note in the report names it, and the JSON and the exit code stand.
+
+Example:
+    with optional_part(report.notes, "the plot"):
+        plot_trace(report, path)
+"""
+
+import logging
+from contextlib import contextmanager
+
+log = logging.getLogger(__name__)
+
+
+@contextmanager
+def optional_part(notes, part):
+    """Run the body; if it raises, append a note naming `part` to `notes` and carry on.
+
+    Ctrl-C (KeyboardInterrupt) and SystemExit still propagate: they are not failures.
+    The traceback goes to the `nanscope` logger at debug level (`NANSCOPE_DEBUG=1`).
+
+    Args:
+        notes: list of str. The report's notes.
+        part: str. What the body makes, as a noun phrase ("the validation loss").
+    """
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - whatever broke, the run's report must survive it
+        log.debug("%s failed", part, exc_info=True)
+        notes.append(failure_note(part, exc))
+
+
+def failure_note(part, exc):
+    """"<part> failed while the report was finished (<Type>: <message>) and is left out"."""
+    what = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+    return f"{part} failed while the report was finished ({what}) and is left out; please report this as a nanscope bug"

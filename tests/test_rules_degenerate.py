@@ -1,0 +1,193 @@
+"""Every rule in the catalogue, run on degenerate histories: zeros, denormals, constants, one step, all-NaN columns.
+
+A run that fits its data perfectly ends with a loss and a gradient norm of exactly 0;
+a float16 run can leave denormals; a trace can hold NaN in a column. None of these
+may make a rule raise: the run would end in a traceback instead of its report.
+Each detector is called directly here, so an exception fails the test instead of
+being turned into a note.
+"""
+
+import math
+import os
+from types import SimpleNamespace
+
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from nanscope.engine.records import LayerStats, StepRecord, VariableStats  # noqa: E402
+from nanscope.report import FirstNonfinite, TraceReport  # noqa: E402
+from nanscope.rules.catalogue import RULES  # noqa: E402
+from nanscope.rules.diagnose import detectors, diagnose, projected_overflow_step  # noqa: E402
+
+NAN = math.nan
+# Values a healthy or a broken run can leave in any column of its records.
+DEGENERATE = {
+    "zeros": 0.0,
+    "float64-denormal": 5e-324,
+    "float32-denormal": 1e-45,
+    "constant": 1.0,
+    "float32-max": float(np.finfo(np.float32).max),
+    "all-nan": NAN,
+    "inf": math.inf,
+}
+STEP_COUNTS = (1, 2, 12)
+CHECK_DATA_RULES = {"fix-labels", "drop-constant-features"}  # fired by check-data's scan, tested below
+
+
+def model():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((3,))
+    hidden = keras.layers.Dense(2, activation="relu", name="hidden")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(1, name="head")(hidden))
+
+
+MODEL = model()
+LAYERS = [("hidden", "Dense"), ("head", "Dense")]
+VARIABLES = ["hidden/kernel", "hidden/bias", "head/kernel", "head/bias"]
+
+
+def record(step, value, *, nan_columns=False, loss_scale=None):
+    """A record whose every measured float is `value` (finite loss and norm unless `value` is not)."""
+    column = NAN if nan_columns else value
+    layers = [LayerStats(column, column, 0, column, column, underflow_fraction=column) for _ in LAYERS]
+    variables = [VariableStats(column, 0, column, column, 0) for _ in VARIABLES]
+    return StepRecord(step=step, batch_rows=8, loss=value, data_loss=column, grad_global_norm=value,
+                      applied_grad_global_norm=column, x_nonfinite=0, y_nonfinite=0, output_nonfinite=0,
+                      loss_nonfinite=False, grad_nonfinite=0, weights_nonfinite=0, layers=layers, variables=variables,
+                      loss_scale=loss_scale, update_skipped=loss_scale is not None)
+
+
+def report_of(records, first=None, dtype="float32", lr=0.01, epsilon=0.0):
+    run = {"optimizer_config": {"learning_rate": lr, "epsilon": epsilon}, "loss_scaling": dtype == "float16",
+           "layer_dtypes": {name: dtype for name, _ in LAYERS}}
+    return TraceReport(run=run, layers=list(LAYERS), layer_order=[n for n, _ in LAYERS], variables=list(VARIABLES),
+                       records=records, first_nonfinite=first)
+
+
+def session_of(value, rows=8):
+    x = np.full((rows, 3), value, dtype=np.float64)
+    y = np.full((rows, 1), value, dtype=np.float32)
+    train = SimpleNamespace(x=x, y=y, feature_names=["a", "b", "c"], target_names=["y"])
+    loss = SimpleNamespace(name="mse", multi_output=False, outputs=[])
+    return SimpleNamespace(train=train, loss=loss, model=SimpleNamespace(keras_model=MODEL))
+
+
+def firsts(value):
+    """A first non-finite value in every phase, with each producing op the rules know and degenerate operands."""
+    operand = {"min": value, "max": value, "zero_fraction": value, "negative_fraction": value}
+    found = [None]
+    for phase in ("data", "forward", "loss", "backward", "update"):
+        for op in ("Log", "Exp", "RealDiv", "Sqrt", "SqrtGrad", "AssignSubVariableOp", None):
+            for dtype in ("float16", "float32", None):
+                inputs = {"op": op, "dtype": dtype, **operand} if dtype else {}
+                found.append(FirstNonfinite(step=0, phase=phase, layer="hidden", layer_class="Dense", op=op,
+                                            inputs=inputs, source="model.py:3" if op else None))
+    return found
+
+
+HISTORIES = [
+    pytest.param(name, value, steps, nan_columns, id=f"{name}-{steps}step{'-nancols' if nan_columns else ''}")
+    for name, value in DEGENERATE.items() for steps in STEP_COUNTS for nan_columns in (False, True)
+]
+
+
+@pytest.mark.parametrize("name,value,steps,nan_columns", HISTORIES)
+def test_every_detector_survives_a_degenerate_history(name, value, steps, nan_columns):
+    session = session_of(value)
+    for dtype, scale in (("float32", None), ("float16", value)):
+        records = [record(s, value, nan_columns=nan_columns, loss_scale=scale) for s in range(steps)]
+        healthy = [r for r in records if r.phase is None]
+        for first in firsts(value):
+            report = report_of(records, first, dtype=dtype, lr=value if math.isfinite(value) else 0.01)
+            for _, detector in detectors():
+                for score, rec in detector(report, session, healthy):  # raises: the test fails
+                    assert math.isfinite(score) and rec.id in RULES
+
+
+def test_every_catalogue_rule_is_run_here_or_by_check_data():
+    covered = {rule for rule_ids, _ in detectors() for rule in rule_ids}
+    assert covered | CHECK_DATA_RULES == set(RULES)
+
+
+def perfect_fit_history(last_norm):
+    """A gradient norm that doubles for 11 steps, then a step that fits the data exactly: norm and loss 0."""
+    records = [record(s, 2.0 ** s) for s in range(11)]
+    for r in records:
+        r.variables = [VariableStats(1.0, 0, 1.0, 1e-3, 0) for _ in VARIABLES]
+    records.append(record(11, last_norm))
+    records[-1].variables = [VariableStats(last_norm, 0, 1.0, 0.0, 0) for _ in VARIABLES]
+    return records
+
+
+@pytest.mark.parametrize("last_norm", [0.0, 5e-324, 1e-45])
+def test_a_norm_that_ends_at_zero_or_a_denormal_gives_no_growth_projection_and_no_traceback(last_norm):
+    report = report_of(perfect_fit_history(last_norm))
+    recommendations = diagnose(report, session_of(1.0))
+    assert not any("failed while the report was finished" in note for note in report.notes), report.notes
+    for rec in recommendations:
+        assert all("inf" not in line.split("around step")[-1] for line in rec.evidence if "overflows" in line)
+
+
+def test_the_projection_is_none_where_it_cannot_be_said():
+    assert projected_overflow_step(10, 0.0, 2.0) is None
+    assert projected_overflow_step(10, 5e-324, 2.0) is None  # FLOAT32_MAX / 5e-324 overflows float64
+    assert projected_overflow_step(10, 1.0, 1.0) is None
+    assert projected_overflow_step(10, math.nan, 2.0) is None
+    # 2**128 > float32 max > 2**127: a norm of 1 doubling each step overflows about 128 steps on.
+    assert 137 < projected_overflow_step(10, 1.0, 2.0) < 138
+
+
+def test_a_rule_that_raises_is_left_out_with_a_note_naming_it():
+    report = report_of([record(s, 1.0) for s in range(3)])
+    session = session_of(1.0)
+    session.train = SimpleNamespace(x=None, y=None, feature_names=[])  # the scale rules cannot read these: they raise
+    recommendations = diagnose(report, session)
+    notes = [n for n in report.notes if "failed while the report was finished" in n]
+    assert any(n.startswith("rule normalize-targets failed") for n in notes), report.notes
+    assert any(n.startswith("rule normalize-inputs failed") for n in notes), report.notes
+    assert all(r.id not in ("normalize-targets", "normalize-inputs") for r in recommendations)
+
+
+@pytest.mark.parametrize("name,value", list(DEGENERATE.items()))
+@pytest.mark.parametrize("rows", [1, 16])
+def test_check_data_rules_survive_degenerate_columns(name, value, rows, tmp_path):
+    from nanscope.checkdata import scan_data
+
+    x = np.full((rows, 3), value, dtype=np.float32)
+    x[:, 1] = NAN  # an all-NaN column beside the degenerate ones
+    for y in (np.full((rows,), value, dtype=np.float32), np.zeros((rows,), dtype=np.int64)):
+        path = tmp_path / f"{name}.npz"
+        np.savez(path, x=x, y=y)
+        for loss in ("mse", "sparse_categorical_crossentropy", "binary_crossentropy"):
+            scan = scan_data(path, loss=loss, classes=2)
+            assert scan.exit_code() in (0, 1)
+            assert all(r.id in RULES for r in scan.recommendations)
+
+
+def test_a_run_whose_rule_raises_still_writes_its_json_and_keeps_its_exit_code(tmp_path, monkeypatch):
+    import json
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    import nanscope.rules.diagnose as diagnose_module
+    from nanscope.cli import app
+
+    def broken(report, session, healthy):
+        raise ZeroDivisionError("float division by zero")
+
+    monkeypatch.setattr(diagnose_module, "_gradient_growth", broken)  # a bug in one rule, nothing else changed
+    spec = Path(__file__).parent.parent / "configs" / "exploding-regression.yaml"
+    out = tmp_path / "report.json"
+    result = CliRunner().invoke(app, ["trace-steps", str(spec), "--json", str(out), "--trace", str(tmp_path / "t.jsonl")])
+    assert result.exit_code == 1, result.output  # the run went non-finite: it earned exit 1
+    document = json.loads(out.read_text())
+    assert document["status"] == "nonfinite"
+    assert "clip-gradients" not in [r["id"] for r in document["recommendations"]]
+    assert document["recommendations"], "the other rules still fire"
+    assert any(n.startswith("rule clip-gradients failed while the report was finished (ZeroDivisionError")
+               for n in document["notes"])
+    assert "rule clip-gradients failed" in " ".join(result.stdout.split())
