@@ -17,7 +17,27 @@ import typer
 from nanscope import interrupt
 from nanscope.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, NanscopeError
 
+
+class _HelpFlag:
+    """Show `--help` as the flag it is, without a `<bool>` type (Typer's own help option has no metavar)."""
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class Command(_HelpFlag, typer.core.TyperCommand):
+    """A nanscope command (see _HelpFlag)."""
+
+
+class Group(_HelpFlag, typer.core.TyperGroup):
+    """The nanscope command group (see _HelpFlag)."""
+
+
 app = typer.Typer(
+    cls=Group,
     help=(
         "Find out why a TensorFlow/Keras training run produces NaN or Inf, and which fix makes it stop.\n\n"
         "A model `factory:` in a run spec is Python code that nanscope imports and runs: "
@@ -36,7 +56,14 @@ SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Override train.s
 JsonOpt = Annotated[
     Optional[str], typer.Option("--json", help="Write the JSON report to PATH ('-' for stdout).", show_default=False)
 ]
-StrictOpt = Annotated[bool, typer.Option("--strict", help="Exit 1 on warning-level findings too.")]
+
+
+def flag(name, text):
+    """A boolean option that takes no value: its help shows no `<bool>` type, as if it wanted one."""
+    return typer.Option(name, help=text, metavar="")
+
+
+StrictOpt = Annotated[bool, flag("--strict", "Exit 1 on warning-level findings too.")]
 
 
 def run_command(body):
@@ -46,6 +73,11 @@ def run_command(body):
     finishes its report for the steps done and exits 130.
     """
     debug = os.environ.get("NANSCOPE_DEBUG") == "1"
+    if debug:  # parts of a report left out on an error (nanscope.finishing) log their traceback here
+        import logging
+
+        logging.getLogger("nanscope").addHandler(logging.StreamHandler(sys.stderr))
+        logging.getLogger("nanscope").setLevel(logging.DEBUG)
     interrupt.install()
     try:
         code = body()
@@ -75,7 +107,7 @@ def one_line(exc):
     return " ".join(str(exc).split())
 
 
-@app.command("trace-steps")
+@app.command("trace-steps", cls=Command)
 def trace_steps(
     spec: SpecArg,
     steps: StepsOpt = None,
@@ -86,24 +118,26 @@ def trace_steps(
     trace: Annotated[
         Optional[Path], typer.Option("--trace", help="JSON-lines trace file (default: nanscope-runs/<spec>/trace.jsonl).")
     ] = None,
-    keep_going: Annotated[bool, typer.Option("--keep-going", help="Continue past the first non-finite step.")] = False,
+    keep_going: Annotated[bool, flag("--keep-going", "Continue past the first non-finite step.")] = False,
     strict: StrictOpt = False,
     save_repro: Annotated[
         Optional[Path], typer.Option("--save-repro", help="Save the first non-finite step to DIR for `nanscope replay DIR`.")
     ] = None,
     verify: Annotated[
-        bool, typer.Option("--verify", help="Re-run with each fix nanscope can apply and mark it verified.")
+        bool, flag("--verify", "Re-run with each fix nanscope can apply and mark it verified.")
     ] = False,
     tensorboard: Annotated[
         Optional[Path], typer.Option("--tensorboard", help="Write per-step scalars to this TensorBoard log DIR.")
     ] = None,
     plot: Annotated[
-        Optional[Path], typer.Option("--plot", help="Draw loss, grad norm and the worst layers to FILE.png (needs nanscope[plot]).")
+        Optional[Path],
+        typer.Option("--plot", help="Draw loss, grad norm and the worst layers to FILE (.png, .svg or .pdf; "
+                                    "needs nanscope\\[plot])."),
     ] = None,
     unsafe: Annotated[
         bool,
-        typer.Option("--unsafe", help="Load a .keras file without Keras safe mode (Lambda layers run stored Python "
-                                      "code): only for files you trust."),
+        flag("--unsafe", "Load a .keras file without Keras safe mode (Lambda layers run stored Python "
+                         "code): only for files you trust."),
     ] = False,
 ):
     """Run instrumented train steps and report where the first NaN/Inf appears and why."""
@@ -114,7 +148,7 @@ def trace_steps(
                                     verify=verify, tensorboard=tensorboard, plot=plot, unsafe=unsafe))
 
 
-@app.command("replay")
+@app.command("replay", cls=Command)
 def replay(
     directory: Annotated[Path, typer.Argument(help="A folder written by `trace-steps --save-repro DIR`.")],
     json_out: JsonOpt = None,
@@ -125,7 +159,7 @@ def replay(
     run_command(lambda: command.run(directory, json_out=json_out))
 
 
-@app.command("check-data")
+@app.command("check-data", cls=Command)
 def check_data(
     source: Annotated[
         Path, typer.Argument(help="A run spec (its data section) or a data file (.npz, .npy, .csv, .tfrecord).")
@@ -151,7 +185,7 @@ def check_data(
                                     sample=sample))
 
 
-@app.command("compare-clipping")
+@app.command("compare-clipping", cls=Command)
 def compare_clipping(
     spec: SpecArg,
     steps: StepsOpt = None,
@@ -170,7 +204,8 @@ def compare_clipping(
     seed: SeedOpt = None,
     json_out: JsonOpt = None,
     plot: Annotated[
-        Optional[Path], typer.Option("--plot", help="Write the loss curves to an image (needs nanscope[plot]).")
+        Optional[Path],
+        typer.Option("--plot", help="Write the loss curves to FILE (.png, .svg or .pdf; needs nanscope\\[plot])."),
     ] = None,
 ):
     """Train the same model from the same weights under each clipping strategy and pick one."""
@@ -180,7 +215,7 @@ def compare_clipping(
                                     seed=seed, json_out=json_out, plot=plot))
 
 
-@app.command("report")
+@app.command("report", cls=Command)
 def report(
     trace: Annotated[Path, typer.Argument(help="A JSON-lines trace written by trace-steps.")],
     json_out: JsonOpt = None,

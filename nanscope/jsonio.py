@@ -69,12 +69,20 @@ def write_json(target, value):
     write_text_atomic(target, text)
 
 
+def new_file_mode():
+    """The mode `open(path, "w")` gives a new file: 0666 less the process umask."""
+    umask = os.umask(0o022)  # reading the umask means setting it; put it straight back
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write_text_atomic(target, text):
     """Write text to `target` through a temporary file and a rename."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
+        os.chmod(tmp, new_file_mode())  # mkstemp makes it 0600; the report is an ordinary file like the trace
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()

@@ -11,14 +11,24 @@ from pathlib import Path
 from nanscope.errors import NanscopeError
 
 
-def check_output_paths(files=(), folders=()):
+# The image formats a plot may be written as; matplotlib picks the format from the suffix.
+IMAGE_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def check_output_paths(files=(), folders=(), images=()):
     """Raise NanscopeError for the first path that cannot be written.
 
     Args:
         files: iterable of (option, path or None). Paths of files to write; "-" (stdout) is fine.
         folders: iterable of (option, path or None). Folders to create or write into.
+        images: iterable of (option, path or None). Plots to write: files whose suffix is one of IMAGE_SUFFIXES.
     """
-    for option, path in files:
+    for option, path in images:
+        if path is not None and Path(path).suffix.lower() not in IMAGE_SUFFIXES:
+            suffix = Path(path).suffix or "no suffix"
+            raise NanscopeError(f"{option}: {path}: expected an image file ending in "
+                                f"{', '.join(IMAGE_SUFFIXES[:-1])} or {IMAGE_SUFFIXES[-1]}. Received: {suffix}")
+    for option, path in [*files, *images]:
         if path is not None and str(path) != "-":
             _writable(option, Path(path), folder=False)
     for option, path in folders:

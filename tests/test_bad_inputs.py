@@ -424,6 +424,18 @@ def plot_path_under_a_file(tmp_path):
 
 
 @case
+def plot_path_not_an_image(tmp_path):
+    return trace(tmp_path, base_spec(), "--plot", str(tmp_path / "out.txt")), [
+        "--plot", "out.txt", "expected an image file ending in .png, .svg or .pdf", "Received: .txt"]
+
+
+@case
+def compare_clipping_plot_path_without_suffix(tmp_path):
+    return ["compare-clipping", str(spec_file(tmp_path, base_spec())), "--plot", str(tmp_path / "curves")], [
+        "--plot", "curves", "expected an image file", "Received: no suffix"]
+
+
+@case
 def check_data_json_target_is_a_directory(tmp_path):
     return ["check-data", str(spec_file(tmp_path, base_spec())), "--json", str(tmp_path)], ["--json", "is a directory"]
 

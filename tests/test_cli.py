@@ -147,3 +147,29 @@ def test_an_output_that_fails_late_is_one_line_and_exit_2(tmp_path, monkeypatch)
                                  "--trace", str(tmp_path / "t.jsonl"), "--json", str(tmp_path / "r.json")])
     assert result.exit_code == 2
     assert result.stderr.strip() == f"nanscope: error: {tmp_path / 'r.json'}: No space left on device"
+
+
+@pytest.mark.parametrize("command", ["", "trace-steps", "replay", "check-data", "compare-clipping", "report"])
+def test_help_shows_flags_as_flags_and_keeps_square_brackets(command):
+    result = runner.invoke(app, [*command.split(), "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert "<bool>" not in result.output  # a flag takes no value
+    if command in ("trace-steps", "compare-clipping"):
+        assert "needs nanscope[plot]" in result.output  # not eaten as Rich markup
+    for option in ("--keep-going", "--verify", "--unsafe", "--strict"):
+        if command == "trace-steps":
+            assert option in result.output
+
+
+def test_reports_traces_and_plots_share_one_file_mode_that_honours_the_umask(tmp_path):
+    pytest.importorskip("matplotlib")
+    old = os.umask(0o027)
+    try:
+        out = {name: tmp_path / name for name in ("r.json", "t.jsonl", "p.png")}
+        result = runner.invoke(app, ["trace-steps", str(CONFIGS / "exploding-regression.yaml"), "--json", str(out["r.json"]),
+                                     "--trace", str(out["t.jsonl"]), "--plot", str(out["p.png"])])
+    finally:
+        os.umask(old)
+    assert result.exit_code == 1, result.output
+    modes = {name: path.stat().st_mode & 0o777 for name, path in out.items()}
+    assert modes == {name: 0o640 for name in out}, modes

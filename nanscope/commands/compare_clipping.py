@@ -14,7 +14,7 @@ def run(spec, *, steps=None, strategies=None, lr=None, batch_size=None, seed=Non
     chosen = parse_strategies(strategies)
     if plot is not None:
         require_matplotlib()
-    check_output_paths(files=[("--json", json_out), ("--plot", plot)])
+    check_output_paths(files=[("--json", json_out)], images=[("--plot", plot)])
     run_spec = apply_overrides(load_spec(spec), steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed)
     with clipping_progress() as on_progress:
         report = compare_clipping(run_spec, chosen, on_progress=on_progress)

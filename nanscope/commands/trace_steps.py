@@ -15,7 +15,7 @@ def run(spec, *, steps=None, lr=None, batch_size=None, seed=None, json_out=None,
         from nanscope.plotting import require_matplotlib
 
         require_matplotlib()
-    check_output_paths(files=[("--json", json_out), ("--trace", trace), ("--plot", plot)],
+    check_output_paths(files=[("--json", json_out), ("--trace", trace)], images=[("--plot", plot)],
                        folders=[("--save-repro", save_repro), ("--tensorboard", tensorboard)])
     run_spec = apply_overrides(load_spec(spec), steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed)
     options = TraceOptions(trace_path=trace, keep_going=keep_going, save_repro=save_repro, verify=verify,
