@@ -45,8 +45,8 @@ tf, keras = tensorflow()
 from _common import CLOCKS, interleaved_rounds, median, median_ratio, seconds_per_call, wall_seconds  # noqa: E402
 
 from nanscope.engine.step import InstrumentedStep  # noqa: E402
-from nanscope.models import _keras  # noqa: E402
-from nanscope.objectives import Loss  # noqa: E402
+from nanscope.models import from_keras  # noqa: E402
+from nanscope.losses import Loss  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SEED = 1234
@@ -153,7 +153,7 @@ def plain_variant(case, batches, loss_fn):
 def instrumented_variant(case, batches, loss_fn):
     model, optimizer = fresh_model_and_optimizer(case)
     x, y = batches[0]
-    step = InstrumentedStep(_keras(model, case.name), Loss(loss_fn, "scce"), optimizer, x, y, jit_compile=False)
+    step = InstrumentedStep(from_keras(model, case.name), Loss(loss_fn, "scce"), optimizer, x, y, jit_compile=False)
     return stepper(lambda x, y: step.run(0, x, y), batches)
 
 
@@ -276,7 +276,7 @@ def fit_seconds(config, clock):
     repeats, so steps_per_epoch can be any divisor of train.steps; epochs *
     steps_per_epoch == train.steps, batch 32, verbose=0, no validation.
     """
-    from nanscope.objectives import build_optimizer
+    from nanscope.optimizers import build_optimizer
     from nanscope.session import open_session
     from nanscope.spec import load_spec
 

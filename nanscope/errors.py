@@ -60,3 +60,17 @@ def first_line(exc):
     lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in text.splitlines()]
     lines = [line for line in lines if line and not line.startswith("Exception encountered when calling")]
     return re.sub(r" +", " ", lines[0])[:300] if lines else type(exc).__name__
+
+
+def did_you_mean(name, candidates, cutoff=0.6):
+    """"; did you mean `x`?" for the known name closest to `name`, or "" when none is close.
+
+    Args:
+        name: str. What the user wrote.
+        candidates: iterable of str. The known names.
+        cutoff: float, default 0.6. How close a match must be (difflib's ratio).
+    """
+    import difflib
+
+    matches = difflib.get_close_matches(str(name), list(candidates), n=1, cutoff=cutoff)
+    return f"; did you mean `{matches[0]}`?" if matches else ""

@@ -9,7 +9,7 @@ against the spec field. `check_labels_fit` rejects targets the loss cannot take.
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from nanscope.errors import DataError, SpecError, first_line
+from nanscope.errors import DataError, SpecError, did_you_mean, first_line
 from nanscope.factory import call_factory, load_callable
 from nanscope.runtime import tensorflow
 
@@ -186,7 +186,7 @@ def _one_loss(spec, loss_spec, where):
         if not isinstance(getattr(keras.losses, class_name, None), type):
             raise SpecError(
                 f"{where}: Keras has no loss {loss_spec.name!r}"
-                + _did_you_mean(loss_spec.name, _loss_names(keras))
+                + did_you_mean(loss_spec.name.lower(), _loss_names(keras))
                 + "; expected a Keras loss name (mse, sparse_categorical_crossentropy, ...) or `file.py:function`"
             ) from exc
         raise SpecError(
@@ -198,14 +198,6 @@ def _one_loss(spec, loss_spec, where):
 def _loss_names(keras):
     return [n for n in dir(keras.losses) if n[:1].islower() and n not in ("get", "serialize", "deserialize")] + [
         "mse", "mae", "mape", "msle", "kld", "logcosh"]
-
-
-def _did_you_mean(name, candidates):
-    """"; did you mean `x`?" for the closest known name, or ""."""
-    import difflib
-
-    matches = difflib.get_close_matches(name.lower(), candidates, n=1, cutoff=0.6)
-    return f"; did you mean `{matches[0]}`?" if matches else ""
 
 
 def _class_name(keras, name):

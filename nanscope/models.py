@@ -8,7 +8,8 @@ probe any of them the same way.
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from nanscope.errors import ModelError, first_line
+from nanscope.data import inputs
+from nanscope.errors import DataError, ModelError, first_line
 from nanscope.factory import call_factory, load_callable
 from nanscope.runtime import tensorflow
 
@@ -46,10 +47,6 @@ class LoadedModel:
     def param_count(self):
         return int(sum(int(v.shape.num_elements() or 0) for v in self.trainable_variables))
 
-    @property
-    def has_layers(self):
-        return self.keras_model is not None
-
 
 def load_model(spec, unsafe=False):
     """Build or load the model of a RunSpec; seeds must be set before calling.
@@ -79,7 +76,7 @@ def _from_factory(spec):
     model = call_factory(function, spec.model.args, where, ModelError)
     if not isinstance(model, keras.Model):
         raise ModelError(f"{where}: {spec.model.factory} must return a keras.Model. Received: a {type(model).__name__}")
-    return _keras(model, f"{spec.model.factory}{_args_suffix(spec.model.args)}")
+    return from_keras(model, f"{spec.model.factory}{_args_suffix(spec.model.args)}")
 
 
 def _from_keras_file(spec, path, unsafe):
@@ -95,10 +92,16 @@ def _from_keras_file(spec, path, unsafe):
         raise ModelError(f"{spec.source}: model.path: cannot load {path.name}: {first_line(exc)}") from exc
     except Exception as exc:
         raise ModelError(f"{spec.source}: model.path: cannot load {path.name}: {first_line(exc)}") from exc
-    return _keras(model, path.name)
+    return from_keras(model, path.name)
 
 
-def _keras(model, description):
+def from_keras(model, description):
+    """A LoadedModel of a Keras model, with what its compile() set (loss, optimizer, loss weights).
+
+    Args:
+        model: keras.Model.
+        description: str. The report header's name for it (the factory or the file).
+    """
     compiled = getattr(model, "compiled", False) or getattr(model, "optimizer", None) is not None
     return LoadedModel(
         kind="keras",
@@ -111,6 +114,44 @@ def _keras(model, description):
         compiled_optimizer=getattr(model, "optimizer", None) if compiled else None,
         compiled_loss_weights=_compiled_loss_weights(model) if compiled else None,
     )
+
+
+def build_model(model, sample_x, source=None):
+    """Call the model once on one row so its variables exist, and return the output.
+
+    A shape that does not fit is bad input, reported against `data` of the spec file `source`.
+    """
+    keras_model = model.keras_model
+    try:
+        if keras_model is not None:
+            return keras_model(inputs.take(sample_x, slice(0, 1)), training=False)
+        return model.call(sample_x, training=False)  # a SavedModel's signature may fix the batch size
+    except Exception as exc:
+        expected = _expected_input(keras_model) if keras_model is not None else None
+        raise DataError(
+            (f"{source}: " if source else "")
+            + f"data: input of shape {_row_shapes(sample_x)} (per row) does not fit the model"
+            + (f", which expects {expected}" if expected else "")
+            + f": {first_line(exc)}"
+        ) from exc
+
+
+def _row_shapes(x):
+    """The shape of one row, as the message shows it: (3,) for one input, {tokens: (3,), ...} or [(3,), ...]."""
+    shapes = inputs.row_shapes(x)
+    if not inputs.is_multi(x):
+        return tuple(shapes)
+    if isinstance(shapes, dict):
+        return "{" + ", ".join(f"{k}: {tuple(v)}" for k, v in shapes.items()) + "}"
+    return "[" + ", ".join(str(tuple(v)) for v in shapes) + "]"
+
+
+def _expected_input(keras_model):
+    try:
+        shape = keras_model.input_shape
+        return tuple(shape[1:]) if isinstance(shape, tuple) else shape
+    except Exception:
+        return None
 
 
 def _compiled_loss_weights(model):

@@ -10,14 +10,13 @@ Example:
     spec = apply_overrides(spec, steps=300, learning_rate=1e-3)
 """
 
-import difflib
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
-from nanscope.errors import SpecError
+from nanscope.errors import SpecError, did_you_mean
 
 CLIP_FIELDS = ("clipnorm", "global_clipnorm", "clipvalue")
 
@@ -322,8 +321,7 @@ def describe_validation_error(exc, root_model):
     loc = [str(part) for part in error["loc"] if not _is_union_tag(part)]
     field = ".".join(loc) or "(top level)"
     if error["type"] == "extra_forbidden":
-        suggestion = _did_you_mean(root_model, error["loc"])
-        return f"unknown field `{field}`" + (f"; did you mean `{suggestion}`?" if suggestion else "")
+        return f"unknown field `{field}`" + _did_you_mean(root_model, error["loc"])
     if error["type"] == "missing":
         return f"missing field `{field}`"
     message = error["msg"].removeprefix("Value error, ")
@@ -340,17 +338,16 @@ def _is_union_tag(part):
 
 
 def _did_you_mean(root_model, loc):
-    """The closest known field name at the location of an unknown one."""
+    """"; did you mean `x`?" naming the closest known field at the location of an unknown one, or ""."""
     model = root_model
     for part in loc[:-1]:
         field = model.model_fields.get(str(part)) if isinstance(model, type) else None
         if field is None:
-            return None
+            return ""
         model = _model_in(field.annotation)
         if model is None:
-            return None
-    matches = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1, cutoff=0.6)
-    return matches[0] if matches else None
+            return ""
+    return did_you_mean(loc[-1], model.model_fields)
 
 
 def _model_in(annotation):

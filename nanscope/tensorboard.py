@@ -87,9 +87,3 @@ class TensorBoardLog:
     def __exit__(self, *exc):
         self.close()
 
-
-def write_records(logdir, report):
-    """Write every record of a TraceReport to `logdir` (e.g. a report redrawn from its trace)."""
-    with TensorBoardLog(logdir, report.layers, report.variables) as board:
-        for record in report.records:
-            board.write(record)

@@ -20,7 +20,7 @@ from nanscope.engine.failures import step_failure
 from nanscope.finishing import optional_part
 from nanscope.engine.records import expected_layer_indices, first_nonfinite_replica
 from nanscope.jsonio import jsonable
-from nanscope.objectives import optimizer_settings
+from nanscope.optimizers import optimizer_settings
 from nanscope.report import FirstNonfinite, TraceReport
 from nanscope.rules.diagnose import diagnose
 from nanscope.session import open_session

@@ -43,26 +43,49 @@ def verify_recommendations(session, report):
 
 def changes_for(rec, session, report):
     """The Changes that apply `rec` to this run; [] when nanscope cannot apply it itself."""
-    config = report.run.get("optimizer_config", {})
-    lr = config.get("learning_rate")
-    if rec.id == "lower-learning-rate" and lr:
-        return [Change(f"lr/{f}", {"learning_rate": lr / f}, {"learning_rate": lr / f}) for f in LR_FACTORS]
-    if rec.id == "clip-gradients":
-        threshold = rec.data.get("threshold") or 1.0
-        return [Change(f"global_clipnorm={threshold:g}", {"global_clipnorm": threshold},
-                       {"global_clipnorm": threshold, "clipnorm": None, "clipvalue": None})]
-    if rec.id == "optimizer-epsilon" and "epsilon" in _optimizer_arguments(session):
-        return [Change(f"epsilon={SAFE_EPSILON:g}", {"epsilon": SAFE_EPSILON}, {"epsilon": SAFE_EPSILON})]
-    if rec.id == "loss-scaling" and _float16_without_loss_scaling(report):
-        return [Change("loss scaling", {"optimizer": "LossScaleOptimizer"}, loss_scaling=True)]
-    if rec.id == "normalize-targets":
-        return [standardized_targets(session, rec.data.get("output"))]
-    if rec.id == "normalize-inputs":
-        return [standardized_inputs(session)]
-    if rec.id == "bounded-activation":
-        model = relu6_model(session.model)
-        return [Change("relu->relu6", {"activation": "relu6"}, model=model)] if model is not None else []
-    return []
+    fix = FIXES.get(rec.id)
+    return fix(rec, session, report) if fix is not None else []
+
+
+def _lower_learning_rate(rec, session, report):
+    lr = report.run.get("optimizer_config", {}).get("learning_rate")
+    return [Change(f"lr/{f}", {"learning_rate": lr / f}, {"learning_rate": lr / f}) for f in LR_FACTORS] if lr else []
+
+
+def _clip_gradients(rec, session, report):
+    threshold = rec.data.get("threshold") or 1.0
+    return [Change(f"global_clipnorm={threshold:g}", {"global_clipnorm": threshold},
+                   {"global_clipnorm": threshold, "clipnorm": None, "clipvalue": None})]
+
+
+def _optimizer_epsilon(rec, session, report):
+    if "epsilon" not in _optimizer_arguments(session):
+        return []
+    return [Change(f"epsilon={SAFE_EPSILON:g}", {"epsilon": SAFE_EPSILON}, {"epsilon": SAFE_EPSILON})]
+
+
+def _loss_scaling(rec, session, report):
+    if not _float16_without_loss_scaling(report):
+        return []
+    return [Change("loss scaling", {"optimizer": "LossScaleOptimizer"}, loss_scaling=True)]
+
+
+def _bounded_activation(rec, session, report):
+    model = relu6_model(session.model)
+    return [Change("relu->relu6", {"activation": "relu6"}, model=model)] if model is not None else []
+
+
+# The rules whose fix nanscope can apply itself and re-run (`--verify`), by rule id: the one
+# list of them (a rule not named here stays unverified).
+FIXES = {
+    "lower-learning-rate": _lower_learning_rate,
+    "clip-gradients": _clip_gradients,
+    "optimizer-epsilon": _optimizer_epsilon,
+    "loss-scaling": _loss_scaling,
+    "normalize-targets": lambda rec, session, report: [standardized_targets(session, rec.data.get("output"))],
+    "normalize-inputs": lambda rec, session, report: [standardized_inputs(session)],
+    "bounded-activation": _bounded_activation,
+}
 
 
 def standardized_targets(session, output=None):
@@ -133,7 +156,7 @@ def _optimizer_arguments(session):
     spec = session.spec.train.optimizer
     if spec is None:
         return set()
-    from nanscope.objectives import build_optimizer
+    from nanscope.optimizers import build_optimizer
 
     return set(build_optimizer(session.spec, session.model).get_config())
 
@@ -158,9 +181,9 @@ def relu6_model(loaded):
         clone.set_weights(model.get_weights())
     except Exception:  # subclassed models cannot be cloned: the fix is then not automatically applicable
         return None
-    from nanscope.models import _keras
+    from nanscope.models import from_keras
 
-    return _keras(clone, f"{loaded.description} with relu6")
+    return from_keras(clone, f"{loaded.description} with relu6")
 
 
 def _has_relu(model):

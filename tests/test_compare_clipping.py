@@ -147,7 +147,7 @@ def test_a_forward_pass_nan_is_not_fixed_by_clipping_and_exits_1():
 
 
 @pytest.mark.parametrize("strategies, message", [
-    ("clipnrom=1", "`--strategies`: unknown strategy 'clipnrom=1'; did you mean clipnorm?"),
+    ("clipnrom=1", "`--strategies`: unknown strategy 'clipnrom=1'; did you mean `clipnorm`?"),
     ("none,clipnorm=0", "`clipnorm` must be > 0. Received: clipnorm=0"),
     ("global_clipnorm=-1", "`global_clipnorm` must be > 0"),
     ("clipvalue=abc", "threshold of clipvalue must be a number"),

@@ -7,7 +7,7 @@ import pytest
 
 from nanscope import trace as trace_module
 from nanscope.engine.exact import SMALL_ROW_SIZE, SMALL_SIZE, small
-from nanscope.engine.flat import any_nonfinite_count, variable_rows
+from nanscope.engine.variable_stats import any_nonfinite_count, variable_rows
 from nanscope.engine.probes import tensor_stats
 from nanscope.runtime import tensorflow
 from nanscope.spec import parse_spec

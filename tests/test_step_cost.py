@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from nanscope.engine.flat import applied_updates, graph_position
+from nanscope.engine.variable_stats import applied_updates, graph_position
 from nanscope.engine.step import InstrumentedStep
-from nanscope.models import _keras
-from nanscope.objectives import Loss
+from nanscope.models import from_keras
+from nanscope.losses import Loss
 from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()
@@ -32,7 +32,7 @@ def batch(seed=0, spread=1.0):
 def instrumented(model, optimizer):
     x, y = batch()
     loss = Loss(keras.losses.SparseCategoricalCrossentropy(), "scce")
-    return InstrumentedStep(_keras(model, "classifier"), loss, optimizer, x, y)
+    return InstrumentedStep(from_keras(model, "classifier"), loss, optimizer, x, y)
 
 
 OPTIMIZERS = {
@@ -129,7 +129,7 @@ def test_non_finite_predictions_are_counted_by_the_output_layer_s_probe():
     x = np.ones((5, 3), np.float32)
     x[1, 0], x[3, 2] = np.nan, np.inf
     y = np.zeros((5, 4), np.float32)
-    step = InstrumentedStep(_keras(model, "m"), Loss(keras.losses.MeanSquaredError(), "mse"),
+    step = InstrumentedStep(from_keras(model, "m"), Loss(keras.losses.MeanSquaredError(), "mse"),
                             keras.optimizers.SGD(0.0), x, y)
     expected = int((~np.isfinite(model(x).numpy())).sum())
     record = step.run(0, x, y)

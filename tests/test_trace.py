@@ -8,7 +8,7 @@ import pytest
 
 from nanscope.engine.step import InstrumentedStep
 from nanscope.losses import Loss
-from nanscope.models import _keras
+from nanscope.models import from_keras
 from nanscope.runtime import tensorflow
 from nanscope.spec import load_spec, parse_spec
 from nanscope.trace import TraceOptions, run_trace
@@ -47,7 +47,7 @@ def test_step_statistics_equal_an_eager_reference():
     grads = [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
     hidden, out = hidden.numpy(), out.numpy()
 
-    step = InstrumentedStep(_keras(model, "test"), Loss(keras.losses.MeanSquaredError(), "mse"),
+    step = InstrumentedStep(from_keras(model, "test"), Loss(keras.losses.MeanSquaredError(), "mse"),
                             keras.optimizers.SGD(0.1), x, y)
     record = step.run(0, x, y)
 

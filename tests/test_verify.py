@@ -57,3 +57,10 @@ def test_the_multi_output_example_proves_standardised_price_targets_and_refutes_
     assert (first.id, first.verified) == ("normalize-targets", True)
     assert first.verification[0]["fix"] == "standardise y[price]"
     assert (second.id, second.verified) == ("lower-learning-rate", False)
+
+
+def test_every_fix_verify_can_apply_belongs_to_a_catalogued_rule():
+    from nanscope.rules.catalogue import RULES
+    from nanscope.verify import FIXES
+
+    assert set(FIXES) <= set(RULES), f"verify.FIXES names rules the catalogue lacks: {set(FIXES) - set(RULES)}"

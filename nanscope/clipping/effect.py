@@ -20,7 +20,7 @@ from typing import Optional
 import numpy as np
 
 from nanscope.clipping.transforms import STAT_COLUMNS, keras_clip
-from nanscope.objectives import build_optimizer
+from nanscope.optimizers import build_optimizer
 from nanscope.runtime import tensorflow
 from nanscope.spec import CLIP_FIELDS
 

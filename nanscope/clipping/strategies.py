@@ -17,12 +17,11 @@ Example:
     parse_strategies("none,clipnorm=1,auto")
 """
 
-import difflib
 import math
 from dataclasses import dataclass
 from typing import Optional
 
-from nanscope.errors import NanscopeError
+from nanscope.errors import NanscopeError, did_you_mean
 
 KERAS_MODES = ("clipvalue", "clipnorm", "global_clipnorm")
 MANUAL_MODES = ("manual_clip_by_norm", "manual_clip_by_global_norm")
@@ -100,8 +99,7 @@ def parse_strategy(entry, option="--strategies"):
     kind, sep, value = entry.partition("=")
     kind = kind.strip().lower()
     if kind not in KINDS:
-        near = difflib.get_close_matches(kind, KINDS, n=1, cutoff=0.5)
-        hint = f"; did you mean {near[0]}?" if near else f"; known: {', '.join(KINDS)}"
+        hint = did_you_mean(kind, KINDS, cutoff=0.5) or f"; known: {', '.join(KINDS)}"
         raise StrategyError(f"`{option}`: unknown strategy {entry!r}{hint}")
     if not sep:
         return Strategy(kind)

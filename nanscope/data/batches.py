@@ -34,9 +34,6 @@ class BatchOrder:
         self.steps_per_epoch = -(-rows // batch_size)
         self._permutations = {}
 
-    def epoch_of(self, step):
-        return step // self.steps_per_epoch
-
     def indices(self, step):
         """Row indices of the batch drawn at `step` (numbered from 0)."""
         epoch, position = divmod(step, self.steps_per_epoch)

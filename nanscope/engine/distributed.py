@@ -16,7 +16,7 @@ non-finite values its batch, its outputs and its own gradients held.
 import numpy as np
 
 from nanscope.data import inputs
-from nanscope.engine.flat import any_nonfinite_count
+from nanscope.engine.variable_stats import any_nonfinite_count
 from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import LAYER, LAYER_MAXED, OUTPUT, SCALARS, output_offsets
 from nanscope.engine.step import InstrumentedStep, layer_loss_terms
@@ -40,7 +40,7 @@ class DistributedStep(InstrumentedStep):
     Args:
         strategy: tf.distribute.MirroredStrategy.
         model: LoadedModel.
-        loss: objectives.Loss.
+        loss: losses.Loss.
         optimizer: keras.Optimizer. Built here, under the strategy's scope.
         sample_x: np.ndarray. A batch of inputs, used for shapes and to build the model.
         sample_y: np.ndarray. The matching targets.

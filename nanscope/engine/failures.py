@@ -1,17 +1,16 @@
-"""What can go wrong around the train step, as one line naming the spec field: building the
-model on the data, tracing the step, and TensorFlow ops that fail inside it.
+"""What can go wrong around the train step, as one line naming the spec field: tracing
+the step, and TensorFlow ops that fail inside it.
 
-A model, loss or optimizer that raises while the step is traced, a row shape that does
-not fit the model, an op that fails (out of memory, XLA, an assert in a layer) are the
-user's input or environment, not nanscope crashes: each becomes a `ModelError` or a
-`DataError` (exit 2).
+A model, loss or optimizer that raises while the step is traced, an op that fails (out
+of memory, XLA, an assert in a layer) are the user's input or environment, not
+nanscope crashes: each becomes a `ModelError` (exit 2). A row shape that does not fit
+the model is caught where the model is built (`models.build_model`).
 """
 
 import contextlib
 import re
 
-from nanscope.data import inputs
-from nanscope.errors import DataError, ModelError, NanscopeError, first_line
+from nanscope.errors import ModelError, NanscopeError, first_line
 from nanscope.runtime import tensorflow
 
 
@@ -26,44 +25,6 @@ def raised_while_tracing(where):
     except Exception as exc:
         raise ModelError(f"{where}raised {type(exc).__name__} while the train step was traced: {first_line(exc)}",
                          hint="NANSCOPE_DEBUG=1 shows the traceback") from exc
-
-
-def build_model(model, sample_x, source=None):
-    """Call the model once on one row so its variables exist, and return the output.
-
-    A shape that does not fit is bad input, reported against `data` of the spec file `source`.
-    """
-    keras_model = model.keras_model
-    try:
-        if keras_model is not None:
-            return keras_model(inputs.take(sample_x, slice(0, 1)), training=False)
-        return model.call(sample_x, training=False)  # a SavedModel's signature may fix the batch size
-    except Exception as exc:
-        expected = _expected_input(keras_model) if keras_model is not None else None
-        raise DataError(
-            (f"{source}: " if source else "")
-            + f"data: input of shape {_row_shapes(sample_x)} (per row) does not fit the model"
-            + (f", which expects {expected}" if expected else "")
-            + f": {first_line(exc)}"
-        ) from exc
-
-
-def _row_shapes(x):
-    """The shape of one row, as the message shows it: (3,) for one input, {tokens: (3,), ...} or [(3,), ...]."""
-    shapes = inputs.row_shapes(x)
-    if not inputs.is_multi(x):
-        return tuple(shapes)
-    if isinstance(shapes, dict):
-        return "{" + ", ".join(f"{k}: {tuple(v)}" for k, v in shapes.items()) + "}"
-    return "[" + ", ".join(str(tuple(v)) for v in shapes) + "]"
-
-
-def _expected_input(keras_model):
-    try:
-        shape = keras_model.input_shape
-        return tuple(shape[1:]) if isinstance(shape, tuple) else shape
-    except Exception:
-        return None
 
 
 def step_failure(exc, step, source=None, jit_compile=False):

@@ -14,10 +14,12 @@ row is replica 0's: the bookkeeping is Python at trace time and adds no op.
 """
 
 import contextlib
+import functools
 import threading
 
 from nanscope.engine.exact import all_axes, constant, finite_stats, small
 from nanscope.engine.schema import LAYER, LAYER_MAXED
+from nanscope.internals import overridden
 from nanscope.runtime import tensorflow
 
 # Ops whose output is never negative: |x| is x, and the probe skips the abs.
@@ -117,15 +119,6 @@ def _underflow_count(tensor):
     return tf.reduce_sum(tf.cast(tf.logical_and(a > 0.0, a < FLOAT16_TINY), tf.float32))
 
 
-def nonfinite_count(tensor):
-    """Number of non-finite entries of a tensor (0 for integer tensors), as float32."""
-    tf, _ = tensorflow()
-    tensor = tf.convert_to_tensor(tensor)
-    if not tensor.dtype.is_floating:
-        return tf.constant(0.0)
-    return tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(tensor)), tf.float32))
-
-
 def combine_layer_rows(rows):
     """One layer row from several `[n, len(LAYER)]` (calls of one layer): LAYER_MAXED columns by max, others summed."""
     tf, _ = tensorflow()
@@ -161,19 +154,10 @@ class LayerRecorder:
     def attached(self):
         """Wrap every layer's `call`; always restore them, even when tracing fails."""
         self._rows, self._single, self.call_order = {}, {}, []
-        saved = []
-        try:
-            for index, layer in enumerate(self.layers):
-                saved.append((layer, layer.__dict__.get("call")))
-                object.__setattr__(layer, "call", self._wrap(index, layer.call))
+        hooks = [(layer, "call", functools.partial(self._wrap, index)) for index, layer in enumerate(self.layers)]
+        with overridden(hooks):
             yield self
             self.traced = True
-        finally:
-            for layer, previous in saved:
-                if previous is None:
-                    object.__delattr__(layer, "call")
-                else:
-                    object.__setattr__(layer, "call", previous)
 
     def begin(self):
         """Mark the graph being traced; call first thing inside the step function."""

@@ -16,8 +16,9 @@ increments the optimizer wrote (`flat.applied_updates`), or where it wrote other
 from dataclasses import dataclass
 
 from nanscope.data import inputs
-from nanscope.engine.failures import build_model, raised_while_tracing
-from nanscope.engine.flat import Snapshot, any_nonfinite_count, applied_updates, graph_position, variable_rows
+from nanscope.engine.failures import raised_while_tracing
+from nanscope.engine.variable_stats import Snapshot, any_nonfinite_count, applied_updates, graph_position, variable_rows
+from nanscope.models import build_model
 from nanscope.engine.probes import LayerRecorder
 from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import OUTPUT, SCALARS, VARIABLE, StepLayout
@@ -55,7 +56,7 @@ class InstrumentedStep:
 
     Args:
         model: LoadedModel.
-        loss: objectives.Loss.
+        loss: losses.Loss.
         optimizer: keras.Optimizer. Built here on the model's trainable variables.
         sample_x: np.ndarray. A batch of inputs, used for shapes and to build the model (a mapping or a
             tuple of arrays, one per input, for a model with several inputs).
@@ -225,10 +226,6 @@ class InstrumentedStep:
     def restore_before_step(self):
         """Put the model and optimizer state back as it was before the last step."""
         self._snapshot.restore()
-
-    def weights_before_step(self):
-        """numpy copies of the trainable variables as they were before the last step."""
-        return self._snapshot.values(len(self.trainable))
 
 
 def _total(counts):

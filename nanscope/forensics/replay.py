@@ -40,7 +40,7 @@ def replay_step(model, loss, optimizer, x, y, grad_transform=None):
 
     Args:
         model: LoadedModel.
-        loss: objectives.Loss.
+        loss: losses.Loss.
         optimizer: keras.Optimizer, built on the model's trainable variables.
         x, y: np.ndarray. The batch (y: a tuple of arrays for a multi-output model; x: one array per input
             for a model with several).

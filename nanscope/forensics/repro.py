@@ -67,7 +67,7 @@ def load_repro(directory):
 def replay_repro(directory):
     """Re-run the saved step with the full localization; a TraceReport with its first_nonfinite and findings."""
     from nanscope.forensics.replay import describe_event, replay_step, state_variables
-    from nanscope.objectives import build_optimizer
+    from nanscope.optimizers import build_optimizer
     from nanscope.report import FirstNonfinite, TraceReport
     from nanscope.rules.diagnose import diagnose
     from nanscope.session import open_session

@@ -11,6 +11,7 @@ Everything is detached in `finally`; the model keeps nothing.
 """
 
 import contextlib
+import functools
 import os
 import sys
 import sysconfig
@@ -19,6 +20,7 @@ from typing import Optional
 
 import numpy as np
 
+from nanscope.internals import overridden
 from nanscope.runtime import tensorflow
 
 # For these ops the second input is the denominator: that is the operand to describe.
@@ -108,20 +110,12 @@ class OpWatch:
         """Register the op callback and wrap the layers; always undo both."""
         from tensorflow.python.framework import op_callbacks
 
-        saved = []
         op_callbacks.add_op_callback(self._callback)
         try:
-            for layer in self.layers:
-                saved.append((layer, layer.__dict__.get("call")))
-                object.__setattr__(layer, "call", self._wrap(layer, layer.call))
-            yield self
+            with overridden([(layer, "call", functools.partial(self._wrap, layer)) for layer in self.layers]):
+                yield self
         finally:
             op_callbacks.remove_op_callback(self._callback)
-            for layer, previous in saved:
-                if previous is None:
-                    object.__delattr__(layer, "call")
-                else:
-                    object.__setattr__(layer, "call", previous)
 
     def _wrap(self, layer, call):
         def watched_call(*args, **kwargs):

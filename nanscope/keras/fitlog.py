@@ -2,7 +2,7 @@
 
 from nanscope.engine.records import expected_layer_indices, first_nonfinite_replica
 from nanscope.engine.step import LayerInfo
-from nanscope.objectives import optimizer_settings
+from nanscope.optimizers import optimizer_settings
 from nanscope.report import FirstNonfinite, TraceReport
 
 

@@ -14,12 +14,13 @@ import functools
 import threading
 
 from nanscope.engine.distributed import combine_replicas
-from nanscope.engine.flat import any_nonfinite_count, variable_rows
+from nanscope.engine.variable_stats import any_nonfinite_count, variable_rows
 from nanscope.engine.probes import LayerRecorder
 from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import OUTPUT, SCALARS, VARIABLE, Columns, StepLayout, join
 from nanscope.engine.step import layer_loss_terms, probed_layers, relative_variable_names
 from nanscope.keras.outputs import output_terms
+from nanscope.internals import override, overridden, restore
 from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()
@@ -69,8 +70,7 @@ class StepProbe:
     def attach(self):
         """Replace `train_step` with the instrumented one and rebuild the train function around it."""
         model = self.model
-        self._saved = (model.__dict__.get("train_step"), model.train_function)
-        object.__setattr__(model, "train_step", self._instrumented(model.train_step))
+        self._saved = (override(model, "train_step", self._instrumented(model.train_step)), model.train_function)
         model.make_train_function(force=True)
         if self.replicas > 1:
             model.train_function = self._hooked_per_call(model.train_function)
@@ -82,10 +82,7 @@ class StepProbe:
             return
         step, function = self._saved
         self._saved = None
-        if step is None:
-            object.__delattr__(self.model, "train_step")
-        else:
-            object.__setattr__(self.model, "train_step", step)
+        restore(step)
         self.model.train_function = function
 
     def _hooked_per_call(self, function):
@@ -220,18 +217,8 @@ class StepCapture:
         targets = [(self.model, "compute_loss", self._on_compute_loss)]
         if self.optimizer is not None:
             targets += [(self.optimizer, "apply", self._on_apply), (self.optimizer, "_clip_gradients", self._on_clip)]
-        saved = []
-        try:
-            for owner, name, hook in targets:
-                saved.append((owner, name, owner.__dict__.get(name)))
-                object.__setattr__(owner, name, hook(getattr(owner, name)))
+        with overridden(targets):
             yield self
-        finally:
-            for owner, name, previous in reversed(saved):
-                if previous is None:
-                    object.__delattr__(owner, name)
-                else:
-                    object.__setattr__(owner, name, previous)
 
     def _here(self):
         return tf.compat.v1.get_default_graph() is self.graph

@@ -20,14 +20,12 @@ class Rule:
         title: str. What to do, as an imperative ("Lower the learning rate").
         detects: str. One sentence: the evidence that triggers it.
         fix: str. The default fix, as a YAML or code snippet.
-        applicable: bool, default False. nanscope can apply the fix itself and verify it (`--verify`).
     """
 
     id: str
     title: str
     detects: str
     fix: str
-    applicable: bool = False
 
     @property
     def docs(self):
@@ -76,35 +74,30 @@ RULES = {
             "Normalize the input features",
             "Input features far from unit scale.",
             "norm = keras.layers.Normalization(); norm.adapt(x)  # first layer of the model",
-            applicable=True,
         ),
         Rule(
             "normalize-targets",
             "Scale the regression targets",
             "Regression targets with a large scale under an MSE-like loss.",
             "y_mean, y_std = y.mean(0), y.std(0); y = (y - y_mean) / y_std  # invert on predictions",
-            applicable=True,
         ),
         Rule(
             "lower-learning-rate",
             "Lower the learning rate",
             "Update ratio |dw|/|w| far above ~1e-3, or loss and gradient norm growing geometrically from the start.",
             "train:\n  optimizer: {learning_rate: 0.001}",
-            applicable=True,
         ),
         Rule(
             "clip-gradients",
             "Clip the gradients",
             "Gradient norm spikes or geometric growth of the gradient norm.",
             "train:\n  optimizer: {global_clipnorm: 1.0}",
-            applicable=True,
         ),
         Rule(
             "bounded-activation",
             "Bound the activations",
             "Layer outputs (typically ReLU) growing toward the dtype's overflow bound, or overflowing.",
             "keras.layers.Dense(units, activation='relu6')  # or add keras.layers.LayerNormalization() after it",
-            applicable=True,
         ),
         Rule(
             "stable-log",
@@ -138,14 +131,12 @@ RULES = {
             "A float16 value overflowing (> 65504) or gradients underflowing; a loss scale stuck at its floor.",
             "optimizer = keras.optimizers.LossScaleOptimizer(optimizer)  # dynamic loss scaling\n"
             "# or keep the overflowing layer in float32: keras.layers.Dense(..., dtype='float32')",
-            applicable=True,
         ),
         Rule(
             "optimizer-epsilon",
             "Raise the optimizer's epsilon",
             "A non-finite update from finite gradients (e.g. Adam's epsilon underflowing in float16).",
             "train:\n  optimizer: {epsilon: 1.0e-4}",
-            applicable=True,
         ),
         Rule(
             "fix-labels",

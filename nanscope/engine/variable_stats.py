@@ -41,10 +41,6 @@ class Snapshot:
         for copy, variable in zip(self.copies, self.variables):
             variable.assign(copy)
 
-    def values(self, count):
-        """numpy copies of the first `count` snapshotted variables."""
-        return [copy.numpy() for copy in self.copies[:count]]
-
 
 # What `variable_rows` measures per variable, in the order it measures it: [norm, non-finite
 # count] of the gradient, the weights after the update and the update. |dw|/|w| is taken

@@ -2,14 +2,13 @@
 
 The spec wins; a compiled model's optimizer fills what the spec leaves out. Names
 Keras does not know are bad input, reported against the spec field. The loss is
-resolved in `nanscope.losses`, re-exported here for callers of either module.
+resolved in `nanscope.losses`.
 """
 
-from nanscope.errors import SpecError, first_line
-from nanscope.losses import Loss, OutputLoss, _did_you_mean, check_labels_fit, resolve_loss
+from nanscope.errors import SpecError, did_you_mean, first_line
 from nanscope.runtime import tensorflow
 
-__all__ = ["Loss", "OutputLoss", "build_optimizer", "check_labels_fit", "optimizer_settings", "resolve_loss"]
+__all__ = ["build_optimizer", "optimizer_settings"]
 
 
 def build_optimizer(spec, loaded_model, overrides=None):
@@ -34,7 +33,7 @@ def build_optimizer(spec, loaded_model, overrides=None):
         if not isinstance(getattr(keras.optimizers, class_name, None), type):
             raise SpecError(
                 f"{spec.source}: train.optimizer.name: Keras has no optimizer {opt_spec.name!r}"
-                + _did_you_mean(opt_spec.name, sorted(n.lower() for n in dir(keras.optimizers) if n[:1].isupper()))
+                + did_you_mean(opt_spec.name.lower(), sorted(n.lower() for n in dir(keras.optimizers) if n[:1].isupper()))
                 + "; expected a Keras optimizer name (sgd, adam, rmsprop, ...)"
             ) from exc
         raise SpecError(
