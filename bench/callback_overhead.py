@@ -9,6 +9,7 @@ of (with callback) / (without).
 """
 
 import argparse
+import io
 import os
 import platform
 import sys
@@ -18,12 +19,12 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np  # noqa: E402
-from _common import median, median_ratio  # noqa: E402
-from rich.console import Console  # noqa: E402
+import numpy as np
+from _common import median, median_ratio
+from rich.console import Console
 
-from nanscope.keras import NanScope  # noqa: E402
-from nanscope.runtime import tensorflow  # noqa: E402
+from nanscope.keras import NanScope
+from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()
 
@@ -66,7 +67,7 @@ def fit_variant(build, steps, callback):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((steps * batch, *shape)).astype(np.float32)
     y = rng.integers(0, 10, steps * batch).astype(np.int32)
-    quiet = Console(file=open(os.devnull, "w"))
+    quiet = Console(file=io.StringIO())
 
     def run(i):
         timer = EpochTimes()

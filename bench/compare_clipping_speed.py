@@ -20,15 +20,15 @@ import statistics
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from _common import wall_seconds  # noqa: E402
+from _common import wall_seconds
 
-from nanscope.clipping import compare_clipping  # noqa: E402
-from nanscope.factory import load_callable  # noqa: E402
-from nanscope.runtime import tensorflow  # noqa: E402
-from nanscope.session import open_session  # noqa: E402
-from nanscope.spec import apply_overrides, load_spec  # noqa: E402
+from nanscope.clipping import compare_clipping
+from nanscope.factory import load_callable
+from nanscope.runtime import tensorflow
+from nanscope.session import open_session
+from nanscope.spec import apply_overrides, load_spec
 
-from pathlib import Path  # noqa: E402
+from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "configs" / "exploding-regression.yaml"
@@ -77,10 +77,13 @@ def main():
     ratios = [c / f for c, f in zip(compare_times, fit_times)]
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; {args.steps} steps, K={len(configs)}: "
           f"{', '.join(configs)}")
+    per_epoch = session.order.steps_per_epoch
     print(f"steps run by compare-clipping: {sum(len(r.result.records) for r in report.runs)} "
-          f"(fit: {len(configs) * math.ceil(args.steps / session.order.steps_per_epoch) * session.order.steps_per_epoch})")
-    print(f"compare-clipping   median {statistics.median(compare_times):6.2f} s  rounds {['%.2f' % t for t in compare_times]}")
-    print(f"sequential fit x{len(configs)} median {statistics.median(fit_times):6.2f} s  rounds {['%.2f' % t for t in fit_times]}")
+          f"(fit: {len(configs) * math.ceil(args.steps / per_epoch) * per_epoch})")
+    print(f"compare-clipping   median {statistics.median(compare_times):6.2f} s  "
+          f"rounds {[f'{t:.2f}' for t in compare_times]}")
+    print(f"sequential fit x{len(configs)} median {statistics.median(fit_times):6.2f} s  "
+          f"rounds {[f'{t:.2f}' for t in fit_times]}")
     print(f"ratio compare/fit  median {statistics.median(ratios):.2f} (target <= 0.50)")
 
 

@@ -223,7 +223,7 @@ def run_trace_available():
 
 
 def nanscope_seconds(config, clock):
-    """(seconds, how) of one nanscope trace-steps run with --keep-going (a CLI run is always timed by the wall clock)."""
+    """(seconds, how) of one nanscope trace-steps run with --keep-going (a CLI run is timed by the wall clock)."""
     with tempfile.TemporaryDirectory() as tmp:
         trace_path = Path(tmp) / "trace.jsonl"
         if run_trace_available():
@@ -234,7 +234,8 @@ def nanscope_seconds(config, clock):
                 lambda: run_trace(load_spec(config), TraceOptions(keep_going=True, trace_path=trace_path)), clock
             )
             return seconds, "in-process run_trace: spec, data, model build, trace, all steps, report"
-        command = [str(REPO / ".venv/bin/nanscope"), "trace-steps", str(config), "--keep-going", "--trace", str(trace_path)]
+        command = [str(REPO / ".venv/bin/nanscope"), "trace-steps", str(config), "--keep-going", "--trace",
+                   str(trace_path)]
         seconds, done = wall_seconds(lambda: subprocess.run(command, capture_output=True, text=True, cwd=REPO))
         if done.returncode not in (0, 1):
             raise RuntimeError(f"{' '.join(command)} exited {done.returncode}: {done.stderr.strip()[-500:]}")
@@ -374,7 +375,8 @@ def step_table(results):
         lines.append(
             f"| {case.name} | {case.batch} | {steps} | {median(times['plain']):.2f} | "
             f"{median(times['instrumented']):.2f} | {median(times['check_numerics']):.2f} | "
-            f"{median_ratio(times, 'instrumented', 'plain'):.2f}x | {median_ratio(times, 'check_numerics', 'plain'):.2f}x |"
+            f"{median_ratio(times, 'instrumented', 'plain'):.2f}x | "
+            f"{median_ratio(times, 'check_numerics', 'plain'):.2f}x |"
         )
     return "\n".join(lines)
 
@@ -399,7 +401,8 @@ def e2e_table(rows, skipped, startup):
     notes.append("- fit, compile+fit: model.compile + model.fit in-process, first trace included; no validation.")
     notes.append("- ratios: medians of the per-run ratios (runs alternate nanscope, chunked, fit).")
     if startup is not None:
-        notes.append(f"- starting Python and importing nanscope + TensorFlow alone takes {startup:.2f} s (not subtracted).")
+        notes.append(f"- starting Python and importing nanscope + TensorFlow alone takes {startup:.2f} s "
+                     "(not subtracted).")
     notes += [f"- skipped {config}: not in configs/ yet." for config in skipped]
     return "\n".join(lines + [""] + [n for n in notes if n])
 
@@ -407,9 +410,11 @@ def e2e_table(rows, skipped, startup):
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds per model (default 7)")
-    parser.add_argument("--steps", type=int, default=20, help="timed steps per variant per round, at least (default 20)")
+    parser.add_argument("--steps", type=int, default=20,
+                        help="timed steps per variant per round, at least (default 20)")
     parser.add_argument("--min-block-ms", type=float, default=200.0,
-                        help="fast models get more steps so one timed block of plain steps lasts this long (default 200)")
+                        help="fast models get more steps so one timed block of plain steps lasts this long "
+                             "(default 200)")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="time by elapsed time or by this process's CPU time, all threads (default wall)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per variant after tracing (default 3)")
@@ -420,7 +425,7 @@ def parse_args(argv):
 
 
 def machine_line(args):
-    load = ", load average %.2f" % os.getloadavg()[0] if hasattr(os, "getloadavg") else ""
+    load = f", load average {os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else ""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return (f"# {time.strftime('%Y-%m-%d %H:%M')} {platform.machine()}, {cpus} CPUs{load}; "
             f"Python {platform.python_version()}, TensorFlow {tf.__version__}, Keras {keras.__version__}; "
@@ -434,7 +439,8 @@ def main(argv=None):
     results = []
     for case, key in zip(CASES, ("mlp", "cnn", "lstm")):
         if key in chosen:
-            results.append((case, *bench_case(case, args.rounds, args.steps, args.warmup, args.min_block_ms, args.clock)))
+            results.append((case,
+                            *bench_case(case, args.rounds, args.steps, args.warmup, args.min_block_ms, args.clock)))
             print(f"  done: {case.name}", file=sys.stderr)
     print(f"\nPer train step, {args.clock} clock (median over rounds; ratios are medians of per-round ratios):\n")
     print(step_table(results))

@@ -10,7 +10,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -49,12 +49,13 @@ app = typer.Typer(
 )
 
 SpecArg = Annotated[Path, typer.Argument(help="YAML run spec (model, data, train sections).", show_default=False)]
-StepsOpt = Annotated[Optional[int], typer.Option("--steps", help="Override train.steps.", show_default=False)]
-LrOpt = Annotated[Optional[float], typer.Option("--lr", help="Override the optimizer's learning_rate.", show_default=False)]
-BatchOpt = Annotated[Optional[int], typer.Option("--batch-size", help="Override data.batch_size.", show_default=False)]
-SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Override train.seed.", show_default=False)]
+StepsOpt = Annotated[int | None, typer.Option("--steps", help="Override train.steps.", show_default=False)]
+LrOpt = Annotated[float | None,
+                  typer.Option("--lr", help="Override the optimizer's learning_rate.", show_default=False)]
+BatchOpt = Annotated[int | None, typer.Option("--batch-size", help="Override data.batch_size.", show_default=False)]
+SeedOpt = Annotated[int | None, typer.Option("--seed", help="Override train.seed.", show_default=False)]
 JsonOpt = Annotated[
-    Optional[str], typer.Option("--json", help="Write the JSON report to PATH ('-' for stdout).", show_default=False)
+    str | None, typer.Option("--json", help="Write the JSON report to PATH ('-' for stdout).", show_default=False)
 ]
 
 
@@ -116,21 +117,22 @@ def trace_steps(
     seed: SeedOpt = None,
     json_out: JsonOpt = None,
     trace: Annotated[
-        Optional[Path], typer.Option("--trace", help="JSON-lines trace file (default: nanscope-runs/<spec>/trace.jsonl).")
+        Path | None, typer.Option("--trace", help="JSON-lines trace file (default: nanscope-runs/<spec>/trace.jsonl).")
     ] = None,
     keep_going: Annotated[bool, flag("--keep-going", "Continue past the first non-finite step.")] = False,
     strict: StrictOpt = False,
     save_repro: Annotated[
-        Optional[Path], typer.Option("--save-repro", help="Save the first non-finite step to DIR for `nanscope replay DIR`.")
+        Path | None, typer.Option("--save-repro",
+                                  help="Save the first non-finite step to DIR for `nanscope replay DIR`.")
     ] = None,
     verify: Annotated[
         bool, flag("--verify", "Re-run with each fix nanscope can apply and mark it verified.")
     ] = False,
     tensorboard: Annotated[
-        Optional[Path], typer.Option("--tensorboard", help="Write per-step scalars to this TensorBoard log DIR.")
+        Path | None, typer.Option("--tensorboard", help="Write per-step scalars to this TensorBoard log DIR.")
     ] = None,
     plot: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option("--plot", help="Draw loss, grad norm and the worst layers to FILE (.png, .svg or .pdf; "
                                     "needs nanscope\\[plot])."),
     ] = None,
@@ -166,16 +168,16 @@ def check_data(
     ],
     json_out: JsonOpt = None,
     target: Annotated[
-        Optional[str], typer.Option("--target", help="Target column (csv) or feature (TFRecord) of a data file.")
+        str | None, typer.Option("--target", help="Target column (csv) or feature (TFRecord) of a data file.")
     ] = None,
     loss: Annotated[
-        Optional[str], typer.Option("--loss", help="Loss to check the labels against (default: the spec's).")
+        str | None, typer.Option("--loss", help="Loss to check the labels against (default: the spec's).")
     ] = None,
     classes: Annotated[
-        Optional[int], typer.Option("--classes", help="Number of classes the labels should span.")
+        int | None, typer.Option("--classes", help="Number of classes the labels should span.")
     ] = None,
     sample: Annotated[
-        Optional[int], typer.Option("--sample", min=1, help="Scan a uniform sample of N rows instead of all.")
+        int | None, typer.Option("--sample", min=1, help="Scan a uniform sample of N rows instead of all.")
     ] = None,
 ):
     """Scan the training data for NaN/Inf, bad scales and labels that do not fit the loss."""
@@ -190,7 +192,7 @@ def compare_clipping(
     spec: SpecArg,
     steps: StepsOpt = None,
     strategies: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             "--strategies",
             help="Comma-separated: none, clipvalue[=V], clipnorm[=C], global_clipnorm[=C], manual_clip_by_norm[=C], "
@@ -204,7 +206,7 @@ def compare_clipping(
     seed: SeedOpt = None,
     json_out: JsonOpt = None,
     plot: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option("--plot", help="Write the loss curves to FILE (.png, .svg or .pdf; needs nanscope\\[plot])."),
     ] = None,
 ):

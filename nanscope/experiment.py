@@ -9,7 +9,7 @@ it for one change; every run resets the weights first, so runs are comparable.
 import math
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from nanscope import interrupt
 from nanscope.data import targets
@@ -38,7 +38,7 @@ class Change:
     optimizer_overrides: dict = field(default_factory=dict)
     grad_transform: Any = None
     model: Any = None
-    loss_scaling: Optional[bool] = None
+    loss_scaling: bool | None = None
     data: Any = None
     rescales_loss: bool = False
 
@@ -60,12 +60,12 @@ class ExperimentResult:
     name: str
     params: dict
     records: list
-    first_nonfinite_step: Optional[int]
-    final_loss: Optional[float]
-    best_loss: Optional[float]
-    val_loss: Optional[float]
-    start_fingerprint: Optional[float] = None
-    batches_fingerprint: Optional[int] = None
+    first_nonfinite_step: int | None
+    final_loss: float | None
+    best_loss: float | None
+    val_loss: float | None
+    start_fingerprint: float | None = None
+    batches_fingerprint: int | None = None
 
     @property
     def finite(self):

@@ -81,7 +81,8 @@ def call_factory(function, kwargs, field, error=NanscopeError):
     try:
         return function(**kwargs)
     except Exception as exc:
-        raise error(f"{field}: {function.__name__}({_format_kwargs(kwargs)}) raised {type(exc).__name__}: {exc}") from exc
+        call = f"{function.__name__}({_format_kwargs(kwargs)})"
+        raise error(f"{field}: {call} raised {type(exc).__name__}: {exc}") from exc
 
 
 def received(result):

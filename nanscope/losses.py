@@ -7,7 +7,8 @@ against the spec field. `check_labels_fit` rejects targets the loss cannot take.
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from nanscope.errors import DataError, SpecError, did_you_mean, first_line
 from nanscope.factory import call_factory, load_callable

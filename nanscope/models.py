@@ -6,7 +6,8 @@ probe any of them the same way.
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from nanscope.data import inputs
 from nanscope.errors import DataError, ModelError, first_line

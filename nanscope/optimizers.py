@@ -33,11 +33,13 @@ def build_optimizer(spec, loaded_model, overrides=None):
         if not isinstance(getattr(keras.optimizers, class_name, None), type):
             raise SpecError(
                 f"{spec.source}: train.optimizer.name: Keras has no optimizer {opt_spec.name!r}"
-                + did_you_mean(opt_spec.name.lower(), sorted(n.lower() for n in dir(keras.optimizers) if n[:1].isupper()))
+                + did_you_mean(opt_spec.name.lower(),
+                               sorted(n.lower() for n in dir(keras.optimizers) if n[:1].isupper()))
                 + "; expected a Keras optimizer name (sgd, adam, rmsprop, ...)"
             ) from exc
         raise SpecError(
-            f"{spec.source}: train.optimizer: Keras cannot build optimizer {opt_spec.name!r} with {kwargs}: {first_line(exc)}"
+            f"{spec.source}: train.optimizer: Keras cannot build optimizer {opt_spec.name!r} with {kwargs}: "
+            f"{first_line(exc)}"
         ) from exc
 
 

@@ -23,7 +23,8 @@ def require_matplotlib(option="--plot"):
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise NanscopeError(f"`{option}` needs matplotlib, which is not installed; pip install 'nanscope[plot]'") from None
+        raise NanscopeError(f"`{option}` needs matplotlib, which is not installed; "
+                            "pip install 'nanscope[plot]'") from None
 
 
 def _pyplot():

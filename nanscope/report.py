@@ -7,7 +7,6 @@ the Rich renderer draws from the same fields. It can be rebuilt from a trace fil
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
 
 from nanscope.engine.records import record_from_dict
 from nanscope.errors import EXIT_HEALTHY, EXIT_INTERRUPTED, EXIT_PROBLEM
@@ -43,15 +42,15 @@ class FirstNonfinite:
 
     step: int
     phase: str
-    layer: Optional[str] = None
-    layer_class: Optional[str] = None
-    variable: Optional[str] = None
-    op: Optional[str] = None
-    source: Optional[str] = None
-    inputs: Optional[dict] = None
+    layer: str | None = None
+    layer_class: str | None = None
+    variable: str | None = None
+    op: str | None = None
+    source: str | None = None
+    inputs: dict | None = None
     detail: list = field(default_factory=list)
-    replica: Optional[int] = None
-    output: Optional[str] = None
+    replica: int | None = None
+    output: str | None = None
 
 
 @dataclass
@@ -77,12 +76,12 @@ class TraceReport:
     layer_order: list
     variables: list
     records: list
-    first_nonfinite: Optional[FirstNonfinite] = None
+    first_nonfinite: FirstNonfinite | None = None
     recommendations: list = field(default_factory=list)
-    validation_loss: Optional[float] = None
+    validation_loss: float | None = None
     interrupted: bool = False
     notes: list = field(default_factory=list)
-    trace_path: Optional[str] = None
+    trace_path: str | None = None
 
     @property
     def status(self):
@@ -227,7 +226,8 @@ def from_trace(header, step_lines, other_lines, trace_path=None):
 
 def _trace_end_notes(summary, other_lines):
     """What a trace without a summary line says about how its run ended."""
-    notes = [f"the run stopped on an error: {line.get('message', '')}" for line in other_lines if line.get("kind") == "error"]
+    notes = [f"the run stopped on an error: {line.get('message', '')}"
+             for line in other_lines if line.get("kind") == "error"]
     if not summary and not notes:
         notes.append("the run ended before writing its summary (killed?): the report covers the steps in the trace")
     return notes

@@ -13,7 +13,7 @@ and every optimizer are created under its scope, and `instrumented_step` returns
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from nanscope.data import targets
 from nanscope.data.batches import BatchOrder, batch
@@ -46,7 +46,7 @@ class Session:
 
     spec: Any
     train: LoadedData
-    validation: Optional[LoadedData]
+    validation: LoadedData | None
     order: BatchOrder
     model: LoadedModel
     loss: Loss
@@ -225,4 +225,4 @@ def evaluate_loss(step_engine, data, batch_size):
     return total / rows if rows else None
 
 
-__all__ = ["Session", "open_session", "evaluate_loss", "Loss"]
+__all__ = ["Loss", "Session", "evaluate_loss", "open_session"]

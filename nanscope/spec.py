@@ -11,7 +11,7 @@ Example:
 """
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
@@ -34,9 +34,9 @@ class ModelSpec(_Section):
         path: str, optional. A `.keras` file or a TF SavedModel directory.
     """
 
-    factory: Optional[str] = None
+    factory: str | None = None
     args: dict[str, Any] = Field(default_factory=dict)
-    path: Optional[str] = None
+    path: str | None = None
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -61,7 +61,7 @@ class SyntheticSpec(_Section):
     kind: Literal["regression", "classification"]
     samples: int = Field(1000, gt=0)
     features: int = Field(20, gt=0)
-    informative: Optional[int] = Field(None, gt=0)
+    informative: int | None = Field(None, gt=0)
     noise: float = Field(0.1, ge=0)
     classes: int = Field(2, ge=2)
     seed: int = 1
@@ -90,17 +90,17 @@ class DataSpec(_Section):
     (csv, TFRecord) as a mapping from output name to key, file, column or feature.
     """
 
-    synthetic: Optional[SyntheticSpec] = None
-    path: Optional[str] = None
-    factory: Optional[str] = None
+    synthetic: SyntheticSpec | None = None
+    path: str | None = None
+    factory: str | None = None
     args: dict[str, Any] = Field(default_factory=dict)
     x: str = "x"
     # One target array, or one per output of a multi-output model: a list in output
     # order, or a mapping from output name to array key (npz) or file (npy).
-    y: Union[str, list[str], dict[str, str]] = "y"
+    y: str | list[str] | dict[str, str] = "y"
     # csv: the target column(s); per output of a multi-output model, a mapping from output name to column(s).
-    target: Optional[Union[str, list[str], dict[str, Union[str, list[str]]]]] = None
-    features: Optional[dict[str, FeatureSpec]] = None
+    target: str | list[str] | dict[str, str | list[str]] | None = None
+    features: dict[str, FeatureSpec] | None = None
     batch_size: int = Field(32, gt=0)
     shuffle: bool = True
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
@@ -143,11 +143,9 @@ def _named(value):
 
 # `train.loss`: `mse`, `{name: mse}`, `{out_a: mse, out_b: {name: ...}}` or `[mse, ...]`.
 LossField = Annotated[
-    Union[
-        Annotated[LossSpec, Tag("one")],
-        Annotated[dict[str, LossSpec], Tag("per_output")],
-        Annotated[list[LossSpec], Tag("per_output_list")],
-    ],
+    Annotated[LossSpec, Tag("one")]
+    | Annotated[dict[str, LossSpec], Tag("per_output")]
+    | Annotated[list[LossSpec], Tag("per_output_list")],
     Discriminator(_loss_form),
 ]
 
@@ -157,10 +155,10 @@ class OptimizerSpec(_Section):
 
     model_config = ConfigDict(extra="allow")
     name: str = "sgd"
-    learning_rate: Optional[float] = Field(None, gt=0)
-    clipnorm: Optional[float] = Field(None, gt=0)
-    global_clipnorm: Optional[float] = Field(None, gt=0)
-    clipvalue: Optional[float] = Field(None, gt=0)
+    learning_rate: float | None = Field(None, gt=0)
+    clipnorm: float | None = Field(None, gt=0)
+    global_clipnorm: float | None = Field(None, gt=0)
+    clipvalue: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _one_clip_mode(self):
@@ -182,16 +180,16 @@ class TrainSpec(_Section):
     loss, or a list in output order, as `model.compile`; `loss_weights` weighs them.
     """
 
-    loss: Optional[LossField] = None
-    loss_weights: Optional[Union[dict[str, float], list[float]]] = None
-    optimizer: Optional[OptimizerSpec] = None
+    loss: LossField | None = None
+    loss_weights: dict[str, float] | list[float] | None = None
+    optimizer: OptimizerSpec | None = None
     steps: int = Field(100, gt=0)
     seed: int = 0
     jit_compile: bool = False
     expect_nonfinite: list[str] = Field(default_factory=list)
-    mixed_precision: Optional[Literal["mixed_float16", "mixed_bfloat16"]] = None
+    mixed_precision: Literal["mixed_float16", "mixed_bfloat16"] | None = None
     # "mirrored": tf.distribute.MirroredStrategy over every GPU (every logical CPU without one); docs/distribute.md.
-    distribute: Optional[Literal["mirrored"]] = None
+    distribute: Literal["mirrored"] | None = None
 
     @field_validator("optimizer", mode="before")
     @classmethod
@@ -219,7 +217,7 @@ class RunSpec(_Section):
     model: ModelSpec
     data: DataSpec
     train: TrainSpec = Field(default_factory=TrainSpec)
-    source: Optional[str] = Field(None, exclude=True)
+    source: str | None = Field(None, exclude=True)
 
     @property
     def base_dir(self):

@@ -10,7 +10,6 @@ what it means.
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -50,15 +49,15 @@ class TraceOptions:
         plot: Path, optional. Draw loss, gradient norm and the worst layers over steps to this image (matplotlib).
     """
 
-    trace_path: Optional[Path] = None
+    trace_path: Path | None = None
     keep_going: bool = False
     unsafe: bool = False
-    on_step: Optional[object] = None
+    on_step: object | None = None
     forensics: bool = True
-    save_repro: Optional[Path] = None
+    save_repro: Path | None = None
     verify: bool = False
-    tensorboard: Optional[Path] = None
-    plot: Optional[Path] = None
+    tensorboard: Path | None = None
+    plot: Path | None = None
 
 
 def run_trace(spec, options=None):

@@ -31,7 +31,8 @@ class TraceWriter:
     def __init__(self, path, header):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._handle = open(self.path, "w", encoding="utf-8")
+        # The writer owns the handle until close() (or the end of a `with` block): one line per step, flushed.
+        self._handle = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
         self.write({"kind": "header", "schema": TRACE_SCHEMA, **header})
 
     def write(self, line):

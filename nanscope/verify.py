@@ -7,8 +7,8 @@ re-runs the same number of steps from the same initial weights and batch order
 with the fix applied, through `nanscope.experiment.run_experiment`, and compares
 with the unfixed run. A recommendation is `verified: true` when at least one of
 its fixes stays finite and ends below the unfixed run's final loss (or, when the
-unfixed run went non-finite, below the loss it started from), `false` when none does, and stays `null` when nanscope cannot
-apply it (a Log in the user's own loss: the evidence then names the line to change).
+unfixed run went non-finite, below the loss it started from), `false` when none does, and stays `null` when
+nanscope cannot apply it (a Log in the user's own loss: the evidence then names the line to change).
 """
 
 import math
@@ -162,8 +162,9 @@ def _optimizer_arguments(session):
 
 
 def relu6_model(loaded):
-    """A clone of a Sequential/functional Keras model with every relu made relu6, weights copied; None if not possible."""
-    tf, keras = tensorflow()
+    """A clone of a Sequential/functional Keras model with every relu made relu6, weights copied; None if not
+    possible."""
+    _tf, keras = tensorflow()
     model = loaded.keras_model
     if model is None or not _has_relu(model):
         return None

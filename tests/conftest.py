@@ -4,10 +4,10 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import pytest  # noqa: E402
-import yaml  # noqa: E402
+import pytest
+import yaml
 
-from nanscope.runtime import tensorflow  # noqa: E402
+from nanscope.runtime import tensorflow
 
 tensorflow()
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import yaml  # noqa: E402
-from typer.testing import CliRunner  # noqa: E402
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
 
-from nanscope.cli import app  # noqa: E402
+from nanscope.cli import app
 
 FACTORIES = Path(__file__).parent / "bad_inputs" / "factories.py"
 runner = CliRunner()
@@ -127,7 +127,8 @@ def unknown_model_field(tmp_path):
 
 @case
 def unknown_data_field(tmp_path):
-    return trace(tmp_path, base_spec(data={"batchsize": 8})), ["spec.yaml", "`data.batchsize`", "did you mean `batch_size`"]
+    return trace(tmp_path, base_spec(data={"batchsize": 8})), ["spec.yaml", "`data.batchsize`",
+                                                               "did you mean `batch_size`"]
 
 
 @case
@@ -204,18 +205,21 @@ def two_clip_modes(tmp_path):
 
 @case
 def model_factory_and_path(tmp_path):
-    return trace(tmp_path, base_spec(model={"path": "m.keras"})), ["spec.yaml", "`model`", "exactly one of `factory` or `path`"]
+    return trace(tmp_path, base_spec(model={"path": "m.keras"})), ["spec.yaml", "`model`",
+                                                                   "exactly one of `factory` or `path`"]
 
 
 @case
 def two_data_sources(tmp_path):
-    return trace(tmp_path, base_spec(data={"path": "d.npz"})), ["spec.yaml", "`data`", "exactly one of", "got path, factory"]
+    return trace(tmp_path, base_spec(data={"path": "d.npz"})), ["spec.yaml", "`data`", "exactly one of",
+                                                                "got path, factory"]
 
 
 @case
 def synthetic_kind_unknown(tmp_path):
     data = {"factory": DROP, "synthetic": {"kind": "images"}}
-    return trace(tmp_path, base_spec(data=data)), ["spec.yaml", "data.synthetic.kind", "'regression' or 'classification'"]
+    return trace(tmp_path, base_spec(data=data)), ["spec.yaml", "data.synthetic.kind",
+                                                   "'regression' or 'classification'"]
 
 
 @case
@@ -229,7 +233,8 @@ def validation_fraction_too_big(tmp_path):
 
 @case
 def cli_steps_zero(tmp_path):
-    return trace(tmp_path, base_spec(), "--steps", "0"), ["spec.yaml", "--steps", "greater than 0", "Received: --steps 0"]
+    return trace(tmp_path, base_spec(), "--steps", "0"), ["spec.yaml", "--steps", "greater than 0",
+                                                          "Received: --steps 0"]
 
 
 @case
@@ -412,7 +417,8 @@ def json_target_is_a_directory(tmp_path):
 @case
 def trace_path_under_a_file(tmp_path):
     (tmp_path / "plain-file").write_text("not a folder")
-    return ["trace-steps", str(spec_file(tmp_path, base_spec())), "--trace", str(tmp_path / "plain-file" / "t.jsonl")], [
+    return ["trace-steps", str(spec_file(tmp_path, base_spec())), "--trace",
+            str(tmp_path / "plain-file" / "t.jsonl")], [
         "--trace", "plain-file is a file, not a folder"]
 
 
@@ -470,7 +476,8 @@ def data_x_y_length_mismatch(tmp_path):
 
 @case
 def data_empty_arrays(tmp_path):
-    return trace(tmp_path, base_spec(data={"factory": f"{FACTORIES}:empty"})), ["spec.yaml", "data.factory", "empty (0 rows)"]
+    return trace(tmp_path, base_spec(data={"factory": f"{FACTORIES}:empty"})), ["spec.yaml", "data.factory",
+                                                                                "empty (0 rows)"]
 
 
 @case
@@ -630,7 +637,8 @@ def tfrecord_feature_shape_mismatch(tmp_path):
     _tfrecord(tmp_path / "train.tfrecord", width=3)
     data = {"factory": DROP, "path": "train.tfrecord", "target": "y",
             "features": {"x": {"dtype": "float32", "shape": [4]}, "y": {"shape": [1]}}}
-    return trace(tmp_path, base_spec(data=data)), ["spec.yaml", "data.features", "train.tfrecord does not match the feature spec"]
+    return trace(tmp_path, base_spec(data=data)), ["spec.yaml", "data.features",
+                                                   "train.tfrecord does not match the feature spec"]
 
 
 @case
@@ -774,7 +782,7 @@ def test_real_process_one_line_exit_2(name, tmp_path):
 @pytest.mark.parametrize("name", ["unknown_data_field", "model_factory_raises"])
 def test_debug_variable_shows_the_traceback(name, tmp_path, monkeypatch):
     monkeypatch.setenv("NANSCOPE_DEBUG", "1")
-    argv, expected = CASES[name](tmp_path)
+    argv, _expected = CASES[name](tmp_path)
     result = runner.invoke(app, argv)
     assert result.exit_code == 2
     assert "Traceback" in result.stderr

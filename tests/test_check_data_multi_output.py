@@ -255,7 +255,8 @@ import keras
 def build():
     inputs = keras.Input((3,))
     hidden = keras.layers.Dense(4)(inputs)
-    return keras.Model(inputs, [keras.layers.Dense(1, name="price")(hidden), keras.layers.Dense(2, name="kind")(hidden)])
+    return keras.Model(inputs,
+                       [keras.layers.Dense(1, name="price")(hidden), keras.layers.Dense(2, name="kind")(hidden)])
 """
 
 

@@ -91,7 +91,8 @@ def test_sigint_finishes_the_report_and_exits_130(tmp_path):
 
 
 def test_bad_option_value_is_one_line_and_exit_2():
-    result = subprocess.run([sys.executable, "-m", "nanscope", "trace-steps", str(CONFIGS / "exploding-regression.yaml"),
+    result = subprocess.run([sys.executable, "-m", "nanscope", "trace-steps",
+                             str(CONFIGS / "exploding-regression.yaml"),
                              "--steps", "abc"], capture_output=True, text=True)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
@@ -166,7 +167,8 @@ def test_reports_traces_and_plots_share_one_file_mode_that_honours_the_umask(tmp
     old = os.umask(0o027)
     try:
         out = {name: tmp_path / name for name in ("r.json", "t.jsonl", "p.png")}
-        result = runner.invoke(app, ["trace-steps", str(CONFIGS / "exploding-regression.yaml"), "--json", str(out["r.json"]),
+        result = runner.invoke(app,
+                               ["trace-steps", str(CONFIGS / "exploding-regression.yaml"), "--json", str(out["r.json"]),
                                      "--trace", str(out["t.jsonl"]), "--plot", str(out["p.png"])])
     finally:
         os.umask(old)

@@ -121,7 +121,8 @@ def test_one_step_matches_numpy_keras_semantics(mode, threshold):
     raw_grads = [-dw / lr for dw in _one_step(session, Change("none", optimizer_overrides=clip_overrides()))]
     strategy = Strategy(mode, threshold)
     keras_mode = mode if strategy.is_keras_option else None
-    change = Change(mode, optimizer_overrides=clip_overrides(keras_mode, threshold), grad_transform=ClipMonitor(strategy, 1))
+    change = Change(mode, optimizer_overrides=clip_overrides(keras_mode, threshold),
+                    grad_transform=ClipMonitor(strategy, 1))
     dw = _one_step(session, change)
     expected = [-lr * g for g in _numpy_clip(raw_grads, mode, threshold)]
     assert any(not np.allclose(e, -lr * g) for e, g in zip(expected, raw_grads)), "the threshold must bite"

@@ -5,14 +5,14 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from rich.console import Console  # noqa: E402
+import numpy as np
+import pytest
+from rich.console import Console
 
-from nanscope.keras import NanScope  # noqa: E402
-from nanscope.runtime import tensorflow  # noqa: E402
-from nanscope.spec import parse_spec  # noqa: E402
-from nanscope.trace import TraceOptions, run_trace  # noqa: E402
+from nanscope.keras import NanScope
+from nanscope.runtime import tensorflow
+from nanscope.spec import parse_spec
+from nanscope.trace import TraceOptions, run_trace
 
 tf, keras = tensorflow()
 ROWS, BATCH = 128, 16
@@ -135,7 +135,7 @@ def masked_classifier(downstream=None):
     keras.utils.set_random_seed(0)
     layers = [keras.Input((8,)), keras.layers.Dense(6, name="scores"), MaskScores(name="mask")]
     layers += [downstream] if downstream is not None else []
-    model = keras.Sequential(layers + [keras.layers.Softmax(name="attention"), keras.layers.Dense(3, name="head")])
+    model = keras.Sequential([*layers, keras.layers.Softmax(name="attention"), keras.layers.Dense(3, name="head")])
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="sparse_categorical_crossentropy")
     return model
 

@@ -17,13 +17,13 @@ from pathlib import Path
 
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 
-import pytest  # noqa: E402
-import yaml  # noqa: E402
-from typer.testing import CliRunner  # noqa: E402
+import pytest
+import yaml
+from typer.testing import CliRunner
 
-from nanscope.cli import app  # noqa: E402
-from nanscope.jsonio import write_json, write_text_atomic  # noqa: E402
-from nanscope.tracefile import read_trace  # noqa: E402
+from nanscope.cli import app
+from nanscope.jsonio import write_json, write_text_atomic
+from nanscope.tracefile import read_trace
 
 CONFIGS = Path(__file__).parent.parent / "configs"
 FACTORIES = Path(__file__).parent / "bad_inputs" / "factories.py"
@@ -87,12 +87,12 @@ def test_sigterm_finishes_the_report_and_exits_130(tmp_path):
     process = start_and_wait(["trace-steps", str(long_run_spec(tmp_path)), "--trace", str(trace), "--json", str(out)],
                              trace)
     process.send_signal(signal.SIGTERM)
-    stdout, stderr = process.communicate(timeout=60)
+    _stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr
     document = json.loads(out.read_text())
     assert document["interrupted"] is True and document["steps_run"] >= 19
-    header, steps, others = read_trace(trace)
+    _header, steps, others = read_trace(trace)
     # Every step the report counts is in the trace (a signal between the two writes may leave the trace one ahead).
     assert [s["step"] for s in steps] == list(range(len(steps))) and len(steps) - document["steps_run"] in (0, 1)
     assert others[-1]["kind"] == "summary" and others[-1]["interrupted"] is True
@@ -105,12 +105,12 @@ def test_kill_9_keeps_every_completed_step_and_report_redraws_without_tensorflow
     process.kill()
     process.communicate(timeout=30)
     assert process.returncode == -signal.SIGKILL
-    header, steps, others = read_trace(trace)
+    _header, steps, others = read_trace(trace)
     assert len(steps) >= seen - 1 and [s["step"] for s in steps] == list(range(len(steps)))
     assert others == []  # killed: no summary
 
     with open(trace, "a", encoding="utf-8") as handle:  # a write torn by the kill
-        handle.write('{"kind": "step", "step": %d, "loss": 1.' % len(steps))
+        handle.write('{"kind": "step", "step": ' + str(len(steps)) + ', "loss": 1.')
     assert len(read_trace(trace)[1]) == len(steps)
 
     out = tmp_path / "redrawn.json"
@@ -132,7 +132,7 @@ def test_sigint_during_compare_clipping_exits_130_and_reports_what_finished(tmp_
     wait_until_training(process)
     assert process.poll() is None, process.communicate()
     process.send_signal(signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=60)
+    _stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr and "interrupted" in stderr
     document = json.loads(out.read_text())
@@ -180,7 +180,7 @@ def test_failed_op_inside_a_step_is_a_clear_error_and_keeps_the_steps_done(tmp_p
     line = one_line(result.stderr)
     for text in ("tiny.yaml", "step 3", "InvalidArgumentError", "FailsAfter: step limit passed", str(trace)):
         assert text in line, line
-    header, steps, others = read_trace(trace)
+    _header, steps, others = read_trace(trace)
     assert [s["step"] for s in steps] == [0, 1, 2]
     assert others[-1]["kind"] == "error" and others[-1]["step"] == 3
     redrawn = runner.invoke(app, ["report", str(trace)])

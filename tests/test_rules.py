@@ -85,7 +85,8 @@ def test_healthy_run_has_no_warning(tmp_path):
 def test_same_evidence_gives_same_recommendations(tmp_path):
     # Layer names get a numeric suffix per model built in one process; everything else must match.
     def findings():
-        return [(r.id, {k: v for k, v in r.data.items() if k != "layer"}) for r in trace("division-by-zero", tmp_path).recommendations]
+        return [(r.id, {k: v for k, v in r.data.items() if k != "layer"}) for r in trace("division-by-zero",
+                                                                                         tmp_path).recommendations]
 
     first, second = findings(), findings()
     assert first == second

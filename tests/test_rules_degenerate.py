@@ -13,14 +13,14 @@ from types import SimpleNamespace
 
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import keras
+import numpy as np
+import pytest
 
-from nanscope.engine.records import LayerStats, StepRecord, VariableStats  # noqa: E402
-from nanscope.report import FirstNonfinite, TraceReport  # noqa: E402
-from nanscope.rules.catalogue import RULES  # noqa: E402
-from nanscope.rules.diagnose import detectors, diagnose, projected_overflow_step  # noqa: E402
+from nanscope.engine.records import LayerStats, StepRecord, VariableStats
+from nanscope.report import FirstNonfinite, TraceReport
+from nanscope.rules.catalogue import RULES
+from nanscope.rules.diagnose import detectors, diagnose, projected_overflow_step
 
 NAN = math.nan
 # Values a healthy or a broken run can leave in any column of its records.
@@ -182,7 +182,8 @@ def test_a_run_whose_rule_raises_still_writes_its_json_and_keeps_its_exit_code(t
     monkeypatch.setattr(diagnose_module, "_gradient_growth", broken)  # a bug in one rule, nothing else changed
     spec = Path(__file__).parent.parent / "configs" / "exploding-regression.yaml"
     out = tmp_path / "report.json"
-    result = CliRunner().invoke(app, ["trace-steps", str(spec), "--json", str(out), "--trace", str(tmp_path / "t.jsonl")])
+    result = CliRunner().invoke(app,
+                                ["trace-steps", str(spec), "--json", str(out), "--trace", str(tmp_path / "t.jsonl")])
     assert result.exit_code == 1, result.output  # the run went non-finite: it earned exit 1
     document = json.loads(out.read_text())
     assert document["status"] == "nonfinite"

@@ -45,6 +45,7 @@ def test_yaml_errors_name_the_line(tmp_path):
 
 def test_overrides():
     spec = apply_overrides(parse_spec(BASE, "s.yaml"), steps=7, learning_rate=0.5, batch_size=4, seed=9)
-    assert (spec.train.steps, spec.train.optimizer.learning_rate, spec.data.batch_size, spec.train.seed) == (7, 0.5, 4, 9)
+    assert (spec.train.steps, spec.train.optimizer.learning_rate, spec.data.batch_size, spec.train.seed) == (7, 0.5, 4,
+                                                                                                             9)
     with pytest.raises(SpecError, match="steps"):
         apply_overrides(spec, steps=0)

@@ -4,12 +4,12 @@ import os
 
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 
-import yaml  # noqa: E402
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from nanscope.errors import NanscopeError  # noqa: E402
-from nanscope.spec import RunSpec, load_spec  # noqa: E402
+from nanscope.errors import NanscopeError
+from nanscope.spec import RunSpec, load_spec
 
 VALID = {
     "model": {"factory": "models.py:build", "args": {"units": 4}},
@@ -25,7 +25,7 @@ PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[Heal
 
 scalars = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-10**12, max_value=10**12), st.floats(allow_nan=True),
-    st.text(max_size=12), st.sampled_from(KNOWN_NAMES + ["regression", "classification", "sgd", "mse", "a.py:f"]),
+    st.text(max_size=12), st.sampled_from([*KNOWN_NAMES, "regression", "classification", "sgd", "mse", "a.py:f"]),
 )
 keys = st.one_of(st.sampled_from(KNOWN_NAMES), st.text(max_size=8), st.integers(-3, 3), st.booleans())
 documents = st.recursive(scalars, lambda inner: st.one_of(
@@ -91,7 +91,8 @@ def test_mutations_of_a_valid_spec_load_or_are_a_nanscope_error(tmp_path, docume
 
 
 @PROPERTY
-@given(position=st.integers(0, 10_000), cut=st.integers(0, 8), insert=st.text(alphabet="{}[]:,-'\"!&*#|>%@` \n\t", max_size=4))
+@given(position=st.integers(0, 10_000), cut=st.integers(0, 8),
+       insert=st.text(alphabet="{}[]:,-'\"!&*#|>%@` \n\t", max_size=4))
 def test_text_mutations_load_or_are_a_nanscope_error(tmp_path, position, cut, insert):
     text = yaml.safe_dump(VALID, sort_keys=False)
     position %= len(text)

@@ -1,17 +1,18 @@
 """TensorBoard output: event files readable with TensorFlow alone, with the expected tags and values."""
 
+import io
 import os
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import numpy as np  # noqa: E402
-from rich.console import Console  # noqa: E402
+import numpy as np
+from rich.console import Console
 
-from nanscope.keras import NanScope  # noqa: E402
-from nanscope.runtime import tensorflow  # noqa: E402
-from nanscope.spec import load_spec  # noqa: E402
-from nanscope.trace import TraceOptions, run_trace  # noqa: E402
+from nanscope.keras import NanScope
+from nanscope.runtime import tensorflow
+from nanscope.spec import load_spec
+from nanscope.trace import TraceOptions, run_trace
 
 tf, keras = tensorflow()
 CONFIGS = Path(__file__).parent.parent / "configs"
@@ -57,10 +58,11 @@ def test_a_multi_output_run_writes_each_output_loss(tmp_path):
 
 def test_callback_writes_the_same_tags(tmp_path):
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="hidden"), keras.layers.Dense(1, name="out")])
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="hidden"),
+                              keras.layers.Dense(1, name="out")])
     model.compile(optimizer="sgd", loss="mse")
     x = np.random.default_rng(0).standard_normal((32, 4)).astype(np.float32)
-    scope = NanScope(tensorboard=tmp_path / "tb", console=Console(file=open(os.devnull, "w")))
+    scope = NanScope(tensorboard=tmp_path / "tb", console=Console(file=io.StringIO()))
     model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0, callbacks=[scope])
     scalars = read_scalars(tmp_path / "tb")
     assert sorted(scalars["loss"]) == [0, 1, 2, 3]

@@ -123,7 +123,8 @@ def test_clipped_twin_trains(tmp_path):
 
 
 def test_healthy_classification_has_no_warnings(tmp_path):
-    report = run_trace(load_spec(CONFIGS / "healthy-classification.yaml"), TraceOptions(trace_path=tmp_path / "t.jsonl"))
+    report = run_trace(load_spec(CONFIGS / "healthy-classification.yaml"),
+                       TraceOptions(trace_path=tmp_path / "t.jsonl"))
     assert report.status == "healthy"
     assert all(r.severity == "info" for r in report.recommendations)
     assert report.exit_code(strict=True) == 0

@@ -27,7 +27,8 @@ def test_exploding_regression_fixes_are_verified(tmp_path):
 
 
 def test_fix_in_user_code_is_not_applicable(tmp_path):
-    report = run_trace(load_spec(SPECS / "log-of-softmax.yaml"), TraceOptions(trace_path=tmp_path / "t.jsonl", verify=True))
+    report = run_trace(load_spec(SPECS / "log-of-softmax.yaml"),
+                       TraceOptions(trace_path=tmp_path / "t.jsonl", verify=True))
     stable_log = report.recommendations[0]
     assert stable_log.id == "stable-log" and stable_log.verified is None
     assert "models.py:" in stable_log.fix
@@ -36,7 +37,8 @@ def test_fix_in_user_code_is_not_applicable(tmp_path):
 def test_standardised_inputs_are_verified_and_the_unscaled_run_is_not_touched(tmp_path):
     document = {
         "model": {"factory": f"{SPECS / 'phase_models.py'}:dense"},
-        "data": {"factory": f"{SPECS / 'data_factories.py'}:arrays", "args": {"scale": 1e4, "target_scale": 1e-4}, "batch_size": 16,
+        "data": {"factory": f"{SPECS / 'data_factories.py'}:arrays", "args": {"scale": 1e4, "target_scale": 1e-4},
+                 "batch_size": 16,
                  "shuffle": False},
         "train": {"loss": "mse", "optimizer": {"name": "sgd", "learning_rate": 0.01}, "steps": 20, "seed": 0},
     }

@@ -24,7 +24,7 @@ def column_scale(stats_mean, stats_std, count):
     with np.errstate(invalid="ignore"):
         return [
             None if n == 0 or not np.isfinite(s) else "large" if s > LARGE_SCALE else
-            "small" if 0 < d and s < SMALL_SCALE else None
+            "small" if d > 0 and s < SMALL_SCALE else None
             for s, d, n in zip(scale, stats_std, count)
         ]
 

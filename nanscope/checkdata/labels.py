@@ -10,7 +10,6 @@ multi-output model has one tally per target array, against its own output's loss
 """
 
 from dataclasses import dataclass, field
-from typing import Optional, Union
 
 import numpy as np
 
@@ -61,13 +60,13 @@ class LabelReport:
 
     loss: str
     kind: str
-    classes: Optional[int]
+    classes: int | None
     class_counts: dict = field(default_factory=dict)
     bad_rows: int = 0
     first_bad_rows: list = field(default_factory=list)
     problems: list = field(default_factory=list)
-    output: Optional[Union[str, int]] = None
-    array: Optional[str] = None
+    output: str | int | None = None
+    array: str | None = None
 
 
 class LabelTally:

@@ -13,7 +13,7 @@ Example:
 """
 
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any
 
 from nanscope.errors import SpecError
 
@@ -30,7 +30,7 @@ class TargetPart:
         field: str. The spec field that names it ("data.y.price", "data.target"), for messages.
     """
 
-    output: Optional[Union[str, int]]
+    output: str | int | None
     source: Any
     field: str
 

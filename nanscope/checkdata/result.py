@@ -1,7 +1,6 @@
 """The result of a data scan, as plain data that serialises to `nanscope.data/1` JSON."""
 
 from dataclasses import dataclass, field
-from typing import Optional, Union
 
 from nanscope.errors import EXIT_HEALTHY, EXIT_PROBLEM
 from nanscope.jsonio import jsonable
@@ -46,8 +45,8 @@ class ColumnReport:
     first_nonfinite_rows: list
     allowed_nonfinite: bool = False
     constant: bool = False
-    scale: Optional[str] = None
-    output: Optional[Union[str, int]] = None
+    scale: str | None = None
+    output: str | int | None = None
     ids: bool = False
 
     @property
@@ -85,7 +84,7 @@ class DataScan:
     scanned_rows: int
     inputs: list = field(default_factory=list)
     targets: list = field(default_factory=list)
-    labels: Optional[object] = None
+    labels: object | None = None
     recommendations: list = field(default_factory=list)
     label_checks: list = field(default_factory=list)
 

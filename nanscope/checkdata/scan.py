@@ -11,7 +11,7 @@ Example:
 """
 
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 
@@ -91,9 +91,9 @@ def scan_data(source, target=None, loss=None, classes=None, sample=None, chunk_r
 class _LabelSettings(NamedTuple):
     """What one target array's labels are checked against: its output's loss, the loss kind, the classes."""
 
-    loss: Optional[str]
-    kind: Optional[str]
-    classes: Optional[int]
+    loss: str | None
+    kind: str | None
+    classes: int | None
 
 
 def _open(path, target, loss, classes):
@@ -108,7 +108,7 @@ def _open(path, target, loss, classes):
         hint = classes or _classes_hint(spec)
         if hint is None and any(label_kind(name) in CLASS_KINDS for name in losses):
             widths = output_widths(spec)
-            hint = widths if None not in widths else widths[None]
+            hint = widths.get(None, widths)
         return stream, {
             name: _LabelSettings(loss_name, label_kind(loss_name), _classes_for(hint, output))
             for name, output, loss_name in zip(stream.targets, outputs, losses)

@@ -2,7 +2,7 @@
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from nanscope.errors import DataError
 
@@ -29,7 +29,7 @@ class DataStream:
     description: str
     inputs: list
     targets: list
-    rows: Optional[int]
+    rows: int | None
     chunks: Callable
     column_names: dict = dataclasses.field(default_factory=dict)
     origin: str = ""

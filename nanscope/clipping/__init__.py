@@ -3,5 +3,5 @@
 from nanscope.clipping.compare import ClippingReport, StrategyRun, compare_clipping
 from nanscope.clipping.strategies import DEFAULT_STRATEGIES, Strategy, StrategyError, parse_strategies
 
-__all__ = ["compare_clipping", "ClippingReport", "StrategyRun", "Strategy", "StrategyError", "parse_strategies",
-           "DEFAULT_STRATEGIES"]
+__all__ = ["DEFAULT_STRATEGIES", "ClippingReport", "Strategy", "StrategyError", "StrategyRun", "compare_clipping",
+           "parse_strategies"]

@@ -8,7 +8,6 @@ without one. Each run stops at its first non-finite step.
 """
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from nanscope.clipping.effect import OptimizerCheck, StepEffect, clip_overrides, step_effect, verify_optimizer_clip
 from nanscope.clipping.strategies import Strategy, parse_strategies
@@ -34,7 +33,7 @@ class StrategyRun:
     strategy: Strategy
     result: object
     effect: StepEffect
-    optimizer_check: Optional[OptimizerCheck] = None
+    optimizer_check: OptimizerCheck | None = None
 
     @property
     def took_effect(self):
@@ -60,9 +59,9 @@ class ClippingReport:
     run: dict
     runs: list
     thresholds: dict
-    recommended: Optional[str] = None
+    recommended: str | None = None
     recommendations: list = field(default_factory=list)
-    diagnosis: Optional[str] = None
+    diagnosis: str | None = None
     notes: list = field(default_factory=list)
     interrupted: bool = False
 

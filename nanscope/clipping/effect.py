@@ -15,7 +15,6 @@ Two checks, reported per strategy:
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
@@ -49,7 +48,7 @@ class OptimizerCheck:
         detail: str. One line for the report.
     """
 
-    verified: Optional[bool]
+    verified: bool | None
     ignored: bool
     max_error: float
     gradient_scale: float
@@ -64,23 +63,30 @@ def verify_optimizer_clip(session, strategy):
     x, y = session.batch(0)
     with tf.GradientTape() as tape:
         loss = session.loss.total(session.loss.terms(y, session.model.call(x, training=True)))
-    grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(tape.gradient(loss, variables), variables)]
+    raw = tape.gradient(loss, variables)
+    grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(raw, variables)]
     measure = _measure(grads, strategy.measure)
     if not math.isfinite(measure) or measure == 0.0:
-        return OptimizerCheck(None, False, math.nan, 1.0, f"not tested: the first gradient's {strategy.measure} is {measure:g}")
+        return OptimizerCheck(None, False, math.nan, 1.0,
+                              f"not tested: the first gradient's {strategy.measure} is {measure:g}")
     scale = max(1.0, 4.0 * strategy.threshold / measure)
     grads = [g * scale for g in grads]
-    clipped = _update(session, build_optimizer(session.spec, session.model, clip_overrides(strategy.kind, strategy.threshold)), grads)
+    clipped = _update(session,
+                      build_optimizer(session.spec, session.model,
+                                      clip_overrides(strategy.kind, strategy.threshold)), grads)
     plain = build_optimizer(session.spec, session.model, clip_overrides())
     reference = _update(session, plain, keras_clip(grads, strategy.kind, strategy.threshold))
     unclipped = _update(session, build_optimizer(session.spec, session.model, clip_overrides()), grads)
     session.reset_weights()
     error = max(float(np.max(np.abs(a - b))) if a.size else 0.0 for a, b in zip(clipped, reference))
-    matches = all(np.allclose(a, b, rtol=MATCH_RTOL, atol=MATCH_ATOL, equal_nan=True) for a, b in zip(clipped, reference))
-    ignored = not matches and all(np.allclose(a, b, rtol=MATCH_RTOL, atol=MATCH_ATOL) for a, b in zip(clipped, unclipped))
+    matches = all(np.allclose(a, b, rtol=MATCH_RTOL, atol=MATCH_ATOL, equal_nan=True)
+                  for a, b in zip(clipped, reference))
+    ignored = not matches and all(np.allclose(a, b, rtol=MATCH_RTOL, atol=MATCH_ATOL)
+                                  for a, b in zip(clipped, unclipped))
     scaled = f" (gradient scaled x{scale:.3g} so the threshold bites)" if scale > 1 else ""
     if matches:
-        detail = f"the optimizer's first update equals an unclipped optimizer's update on the Keras-clipped gradient{scaled}"
+        detail = ("the optimizer's first update equals an unclipped optimizer's update on the Keras-clipped "
+                  f"gradient{scaled}")
     elif ignored:
         detail = f"the optimizer ignored {strategy.kind}: its update equals the unclipped one{scaled}"
     else:
@@ -118,8 +124,8 @@ class StepEffect:
         steps_within: int. Of those, steps where the gradient the update used was within the threshold.
     """
 
-    clipped_fraction: Optional[float]
-    norm_removed: Optional[float]
+    clipped_fraction: float | None
+    norm_removed: float | None
     steps_bit: int
     steps_within: int
 

@@ -19,7 +19,6 @@ Example:
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 from nanscope.errors import NanscopeError, did_you_mean
 
@@ -49,7 +48,7 @@ class Strategy:
     """
 
     kind: str
-    threshold: Optional[float] = None
+    threshold: float | None = None
     threshold_source: str = "given"
 
     @property

@@ -37,22 +37,25 @@ def derive_thresholds(strategies, unclipped, learning_rate, parameter_count):
     """
     healthy = [r for r in unclipped.records if r.phase is None and math.isfinite(r.grad_global_norm)]
     if healthy:
-        bound, how = clip_threshold(healthy, SimpleNamespace(run={"optimizer_config": {"learning_rate": learning_rate}}))
+        bound, how = clip_threshold(healthy,
+                                    SimpleNamespace(run={"optimizer_config": {"learning_rate": learning_rate}}))
         norms = np.array([r.grad_global_norm for r in healthy])
         auto = _round(float(np.percentile(norms, CLIP_PERCENTILE)))
-        auto_how = f"AutoClip: the {CLIP_PERCENTILE}th percentile of the global gradient norms of the unclipped run's " \
-                   f"{len(healthy)} healthy step(s)"
+        auto_how = (f"AutoClip: the {CLIP_PERCENTILE}th percentile of the global gradient norms of the unclipped "
+                    f"run's {len(healthy)} healthy step(s)")
     else:
         bound, auto = FALLBACK_THRESHOLD, FALLBACK_THRESHOLD
         how = auto_how = f"the unclipped run had no healthy step to measure; fell back to {FALLBACK_THRESHOLD:g}"
-    variables = len(healthy[0].variables) if healthy else len(unclipped.records[0].variables) if unclipped.records else 1
+    measured = healthy or unclipped.records
+    variables = len(measured[0].variables) if measured else 1
     derived = {
         "global_clipnorm": (bound, f"G = {bound:g}: {how}"),
         "manual_clip_by_global_norm": (bound, f"G = {bound:g}: {how}"),
         "clipnorm": (_round(bound / math.sqrt(max(1, variables))),
                      f"G / sqrt({variables} variables), so all variables clipped together stay within G = {bound:g}"),
         "clipvalue": (_round(bound / math.sqrt(max(1, parameter_count))),
-                      f"G / sqrt({parameter_count} parameters), so a gradient at the bound in every element has norm G = {bound:g}"),
+                      f"G / sqrt({parameter_count} parameters), so a gradient at the bound in every element has "
+                      f"norm G = {bound:g}"),
         "auto": (auto, auto_how),
     }
     derived["manual_clip_by_norm"] = derived["clipnorm"]

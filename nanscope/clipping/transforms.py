@@ -76,7 +76,8 @@ class ClipMonitor:
     def __init__(self, strategy, steps):
         tf, _ = tensorflow()
         self.strategy = strategy
-        self._stats = tf.Variable(tf.zeros([max(1, steps), len(STAT_COLUMNS)]), trainable=False, name="nanscope_clip_stats")
+        self._stats = tf.Variable(tf.zeros([max(1, steps), len(STAT_COLUMNS)]), trainable=False,
+                                  name="nanscope_clip_stats")
         self._row = tf.Variable(0, trainable=False, dtype=tf.int32, name="nanscope_clip_row")
 
     def __call__(self, grads):

@@ -60,13 +60,17 @@ def _recommendation(run, report, rank):
     return {"name": strategy.name, "metric": metric, "value": value, "why": why, "yaml": yaml_text, "code": code}
 
 
+APPLY_GRADIENTS = "optimizer.apply_gradients(zip(grads, model.trainable_variables))"
+
+
 def fix_snippets(strategy, optimizer):
     """(YAML for the run spec, Python for a training script) that apply `strategy`."""
     threshold = f"{strategy.threshold:g}" if strategy.threshold is not None else None
     name = optimizer.get("name", "sgd") if isinstance(optimizer, dict) else "sgd"
     keras_args = ", ".join(
         f"{k}={v!r}" for k, v in (optimizer or {}).items()
-        if isinstance(optimizer, dict) and k != "name" and v is not None and k not in ("clipnorm", "global_clipnorm", "clipvalue")
+        if isinstance(optimizer, dict) and k != "name" and v is not None and k not in ("clipnorm", "global_clipnorm",
+                                                                                       "clipvalue")
     )
     cls = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSprop"}.get(name.lower(), name)
     if strategy.kind == "none":
@@ -79,9 +83,9 @@ def fix_snippets(strategy, optimizer):
         option = "global_clipnorm"
     yaml_text = f"train:\n  optimizer: {{{option}: {threshold}}}"
     if strategy.kind == "manual_clip_by_norm":
-        code = f"grads = [tf.clip_by_norm(g, {threshold}) for g in grads]\noptimizer.apply_gradients(zip(grads, model.trainable_variables))"
+        code = f"grads = [tf.clip_by_norm(g, {threshold}) for g in grads]\n{APPLY_GRADIENTS}"
     elif strategy.kind in ("manual_clip_by_global_norm", "auto"):
-        code = f"grads, _ = tf.clip_by_global_norm(grads, {threshold})\noptimizer.apply_gradients(zip(grads, model.trainable_variables))"
+        code = f"grads, _ = tf.clip_by_global_norm(grads, {threshold})\n{APPLY_GRADIENTS}"
     else:
         code = f"optimizer = keras.optimizers.{cls}({keras_args + ', ' if keras_args else ''}{option}={threshold})"
     return yaml_text, code

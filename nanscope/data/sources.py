@@ -67,7 +67,8 @@ def _from_file(spec, path):
     if not path.exists():
         raise DataError(f"{spec.source}: data.path: file not found: {path}")
     suffix = path.suffix.lower()
-    readers = {".npz": _read_npz, ".npy": _read_npy, ".csv": _read_csv, ".tfrecord": _read_tfrecord, ".tfrecords": _read_tfrecord}
+    readers = {".npz": _read_npz, ".npy": _read_npy, ".csv": _read_csv, ".tfrecord": _read_tfrecord,
+               ".tfrecords": _read_tfrecord}
     if suffix not in readers:
         raise DataError(
             f"{spec.source}: data.path: unsupported file type {suffix or '(none)'!r} for {path}; "
@@ -121,7 +122,8 @@ def _read_csv(spec, path):
             header = [h.strip() for h in header]
             missing = [t for t in columns if t not in header]
             if missing:
-                raise DataError(f"{spec.source}: data.target: column(s) {missing} not in {path.name}; columns are {header}")
+                raise DataError(f"{spec.source}: data.target: column(s) {missing} not in {path.name}; "
+                                f"columns are {header}")
             values = [_parse_row(row, header, path, number) for number, row in enumerate(reader, start=2) if row]
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise DataError(f"{spec.source}: data.path: cannot read {path} as a UTF-8 csv: {first_line(exc)}") from exc
@@ -129,7 +131,7 @@ def _read_csv(spec, path):
     feature_idx = [i for i in range(len(header)) if header[i] not in columns]
     y = {name: table[:, [header.index(c) for c in group]] for name, group in per_output.items()}
     return LoadedData(
-        table[:, feature_idx], y[None] if None in y else y, f"{path.name}, {len(table)} rows",
+        table[:, feature_idx], y.get(None, y), f"{path.name}, {len(table)} rows",
         feature_names=[header[i] for i in feature_idx], target_names=columns,
     )
 
@@ -179,15 +181,19 @@ def _read_tfrecord(spec, path):
                 columns[name].append(parsed[name].numpy())
     except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as exc:
         first_line = str(exc.message).strip().splitlines()[0]
-        raise DataError(f"{spec.source}: data.features: {path.name} does not match the feature spec: {first_line}") from exc
-    arrays = {name: np.concatenate(parts) if parts else np.zeros((0, *features[name].shape)) for name, parts in columns.items()}
+        raise DataError(f"{spec.source}: data.features: {path.name} does not match the feature spec: "
+                        f"{first_line}") from exc
+    arrays = {name: np.concatenate(parts) if parts else np.zeros((0, *features[name].shape))
+              for name, parts in columns.items()}
     input_names = [name for name in features if name not in labels]
     if not input_names:
-        raise DataError(f"{spec.source}: data.features: only the target(s) {labels} are listed; expected input features too")
+        raise DataError(f"{spec.source}: data.features: only the target(s) {labels} are listed; "
+                        "expected input features too")
     x = (np.concatenate([arrays[n].reshape(len(arrays[n]), -1) for n in input_names], axis=1)
          if len(input_names) > 1 else arrays[input_names[0]])
     y = {name: arrays[feature] for name, feature in target.items()} if isinstance(target, dict) else arrays[target]
-    return LoadedData(x.astype(np.float32), y, f"{path.name}, {len(x)} rows", feature_names=input_names, target_names=labels)
+    return LoadedData(x.astype(np.float32), y, f"{path.name}, {len(x)} rows", feature_names=input_names,
+                      target_names=labels)
 
 
 def _from_factory(spec):
@@ -224,7 +230,8 @@ def _materialize(dataset, spec):
     """All (x, y) elements of a dataset as two arrays; a batched dataset is unbatched first."""
     element = dataset.element_spec
     if not (isinstance(element, tuple) and len(element) == 2):
-        raise DataError(f"{spec.source}: data.factory: the dataset must yield (x, y) pairs. Received elements of {element}")
+        raise DataError(f"{spec.source}: data.factory: the dataset must yield (x, y) pairs. "
+                        f"Received elements of {element}")
     first = targets.parts(element[0])[0]
     if first.shape.rank and first.shape[0] is None:
         dataset = dataset.unbatch()
@@ -259,7 +266,7 @@ def _checked(loaded, spec):
         if len(part) != rows:
             raise DataError(f"{where}: {first} has {rows} rows but {name} has {len(part)}")
     fraction = spec.data.validation.fraction
-    if int(round(rows * fraction)) >= rows:
+    if round(rows * fraction) >= rows:
         raise DataError(
             f"{spec.source}: data.validation.fraction: {fraction} of {rows} rows leaves no training rows; "
             "expected a fraction that keeps at least one"
@@ -286,7 +293,7 @@ def _float_inputs(x):
 
 def split_validation(loaded, fraction):
     """(train, validation) LoadedData: the last `fraction` of rows held out, as Keras' validation_split."""
-    n_val = int(round(loaded.rows * fraction))
+    n_val = round(loaded.rows * fraction)
     if n_val == 0:
         return loaded, None
     if n_val >= loaded.rows:

@@ -110,7 +110,8 @@ def _healthy_part(tensor, nonnegative):
 def _combined(parts):
     tf, _ = tensorflow()
     peaks, totals, nonzeros, sizes = zip(*parts)
-    return tf.reduce_max(tf.stack(peaks), constant((0,), "int32")), tf.add_n(totals), tf.add_n(nonzeros), tf.add_n(sizes)
+    return (tf.reduce_max(tf.stack(peaks), constant((0,), "int32")), tf.add_n(totals), tf.add_n(nonzeros),
+            tf.add_n(sizes))
 
 
 def _underflow_count(tensor):

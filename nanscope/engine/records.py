@@ -8,7 +8,6 @@ rerunning training.
 import fnmatch
 import math
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 
@@ -97,7 +96,7 @@ class StepRecord:
     variables: list = field(default_factory=list)
     model_loss_term: float = 0.0
     expected_nonfinite: list = field(default_factory=list)
-    loss_scale: Optional[float] = None
+    loss_scale: float | None = None
     update_skipped: bool = False
     replica_nonfinite: list = field(default_factory=list)
     outputs: list = field(default_factory=list)
@@ -153,8 +152,8 @@ class StepRecord:
         data: its targets; forward: its prediction; loss: its own loss.
         """
         for index, output in enumerate(self.outputs):
-            if (phase == "data" and output.target_nonfinite) or (phase == "forward" and output.prediction_nonfinite) or (
-                    phase == "loss" and not math.isfinite(output.loss)):
+            if ((phase == "data" and output.target_nonfinite) or (phase == "forward" and output.prediction_nonfinite)
+                    or (phase == "loss" and not math.isfinite(output.loss))):
                 return index
         return None
 

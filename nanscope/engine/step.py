@@ -91,7 +91,8 @@ class InstrumentedStep:
             for layer in self.layers
         ]
         self.loss_scaled = is_loss_scale_optimizer(optimizer)
-        self.trainable = list(model.keras_model.trainable_variables if model.keras_model is not None else model.trainable_variables)
+        self.trainable = list(model.keras_model.trainable_variables if model.keras_model is not None
+                              else model.trainable_variables)
         if not self.trainable:
             raise ModelError(f"{self._where('model')}the model has no trainable variables, so there is nothing to "
                              "train or trace", hint="was it frozen with `trainable = False`?")
@@ -101,7 +102,8 @@ class InstrumentedStep:
         self._recorder = LayerRecorder(self.layers)
         x_spec, y_spec = (tf.nest.map_structure(lambda a: tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype)), s)
                           for s in (sample_x, sample_y))
-        self._compiled = tf.function(self._step, input_signature=[x_spec, y_spec], jit_compile=jit_compile, autograph=False)
+        self._compiled = tf.function(self._step, input_signature=[x_spec, y_spec], jit_compile=jit_compile,
+                                     autograph=False)
         self._concrete = None  # traced on first use: a chunked run never calls the single step
 
     @property
@@ -160,7 +162,8 @@ class InstrumentedStep:
                 data_loss = self.loss.total(output_losses)
             terms = self._layer_loss_terms()
             total = data_loss + (tf.add_n([tf.reduce_sum(t) for t in terms]) if terms else 0.0)
-            scale = tf.cast(tf.convert_to_tensor(self.optimizer.dynamic_scale), tf.float32) if self.loss_scaled else None
+            scale = (tf.cast(tf.convert_to_tensor(self.optimizer.dynamic_scale), tf.float32)
+                     if self.loss_scaled else None)
             objective = total * scale if self.loss_scaled else total
         grads = tape.gradient(objective, self.trainable)
         grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, self.trainable)]
@@ -221,7 +224,8 @@ class InstrumentedStep:
     def run(self, step, x, y):
         """Run one train step on a batch and return its StepRecord."""
         scalars, layer_stats, layer_terms, var_stats = self._traced()(x, y)
-        return StepRecord.from_arrays(step, inputs.rows(x), scalars.numpy(), layer_stats.numpy(), layer_terms.numpy(), var_stats.numpy())
+        return StepRecord.from_arrays(step, inputs.rows(x), scalars.numpy(), layer_stats.numpy(), layer_terms.numpy(),
+                                      var_stats.numpy())
 
     def restore_before_step(self):
         """Put the model and optimizer state back as it was before the last step."""
@@ -253,7 +257,8 @@ def layer_loss_terms(layers, keras_model):
     for layer in [*layers, keras_model]:
         own = list(layer._get_own_losses())
         if layer is not keras_model:
-            own += [v.regularizer(v) for v in getattr(layer, "_trainable_variables", []) if getattr(v, "regularizer", None)]
+            own += [v.regularizer(v) for v in getattr(layer, "_trainable_variables", [])
+                    if getattr(v, "regularizer", None)]
         rows.append(tf.add_n([tf.cast(tf.reduce_sum(t), tf.float32) for t in own]) if own else tf.constant(0.0))
     return rows
 

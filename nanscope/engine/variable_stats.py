@@ -140,7 +140,8 @@ def _increment(ops, handle):
 
 
 def _norms(tensors):
-    """(L2 norms, non-finite counts) of the tensors: one fused pass each, the exact path only when a sum is not finite."""
+    """(L2 norms, non-finite counts) of the tensors: one fused pass each, the exact path only when a sum is not
+    finite."""
     tf, _ = tensorflow()
     squares = sum_of_squares(tensors)
     finite = tf.reduce_all(tf.math.is_finite(squares), constant((0,), "int32"))

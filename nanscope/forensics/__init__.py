@@ -3,4 +3,5 @@
 from nanscope.forensics.replay import Localization, describe_event, localize_step, replay_step
 from nanscope.forensics.repro import load_repro, replay_document, replay_repro, save_repro
 
-__all__ = ["Localization", "describe_event", "localize_step", "replay_step", "load_repro", "replay_document", "replay_repro", "save_repro"]
+__all__ = ["Localization", "describe_event", "load_repro", "localize_step", "replay_document", "replay_repro",
+           "replay_step", "save_repro"]

@@ -8,7 +8,6 @@ is slow and only ever runs for the one step that went wrong.
 
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
@@ -27,9 +26,9 @@ class Localization:
         state_before: list of np.ndarray. Model and optimizer state before the step (see `state_variables`).
     """
 
-    event: Optional[OpEvent]
+    event: OpEvent | None
     seconds: float
-    state_before: Optional[list] = None
+    state_before: list | None = None
 
 
 def replay_step(model, loss, optimizer, x, y, grad_transform=None):
@@ -49,7 +48,8 @@ def replay_step(model, loss, optimizer, x, y, grad_transform=None):
     tf, _ = tensorflow()
     started = time.perf_counter()
     x, y = (tf.nest.map_structure(tf.convert_to_tensor, part) for part in (x, y))
-    trainable = list(model.keras_model.trainable_variables if model.keras_model is not None else model.trainable_variables)
+    trainable = list(model.keras_model.trainable_variables if model.keras_model is not None
+                     else model.trainable_variables)
     watch = OpWatch(probed_layers(model.keras_model))
     with watch.attached():
         _run_phases(watch, model, loss, optimizer, trainable, x, y, grad_transform)
@@ -122,7 +122,8 @@ def describe_event(first, event, record_phase=None):
     if event.forward_op:
         first.detail.append(f"backward pass: {event.op} is the gradient of {event.forward_op}")
     if record_phase is not None and event.phase != record_phase:
-        first.detail.append(f"the eager replay first went non-finite in phase {event.phase}, the compiled step in {record_phase}")
+        first.detail.append(f"the eager replay first went non-finite in phase {event.phase}, "
+                            f"the compiled step in {record_phase}")
     return first
 
 

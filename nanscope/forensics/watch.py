@@ -16,7 +16,6 @@ import os
 import sys
 import sysconfig
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 
@@ -45,10 +44,10 @@ class OpEvent:
 
     op: str
     phase: str
-    forward_op: Optional[str] = None
-    layer: Optional[str] = None
-    layer_class: Optional[str] = None
-    source: Optional[str] = None
+    forward_op: str | None = None
+    layer: str | None = None
+    layer_class: str | None = None
+    source: str | None = None
     inputs: dict = field(default_factory=dict)
     operand: str = "input"
     dtype: str = "float32"

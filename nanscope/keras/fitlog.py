@@ -65,7 +65,8 @@ class FitLog:
         if record.phase == "data":
             detail = [f"{name}: {count} non-finite value(s) in the batch"
                       for name, count in (("x", record.x_nonfinite), ("y", record.y_nonfinite)) if count]
-            return FirstNonfinite(step=record.step, phase="data", detail=detail, replica=first_nonfinite_replica(record))
+            return FirstNonfinite(step=record.step, phase="data", detail=detail,
+                                  replica=first_nonfinite_replica(record))
         return _attribute_from_record(record, _Layout(self.probe), None, None, None)
 
     def finish(self):
@@ -188,7 +189,8 @@ def fit_outputs(model, probe):
     specs = output_loss_specs(model)
     if len(specs) != len(probe.output_names):
         return [{"name": name, "loss": None, "weight": None} for name in probe.output_names]
-    return [{"name": name, "loss": loss, "weight": weight} for name, (_, loss, weight) in zip(probe.output_names, specs)]
+    return [{"name": name, "loss": loss, "weight": weight}
+            for name, (_, loss, weight) in zip(probe.output_names, specs)]
 
 
 def _loss_name(loss):

@@ -12,7 +12,8 @@ from nanscope.runtime import tensorflow
 
 
 def output_loss_specs(model):
-    """[(output name, loss name, weight)] of a compiled multi-output model; [] for one output or before the first step."""
+    """[(output name, loss name, weight)] of a compiled multi-output model; [] for one output or before the first
+    step."""
     compile_loss = getattr(model, "_compile_loss", None)
     flat = getattr(compile_loss, "_flat_losses", None) or []
     if len(flat) < 2:

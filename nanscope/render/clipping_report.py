@@ -26,12 +26,13 @@ def render_clipping_report(report, console):
     run = report.run
     console.print(Text.assemble(
         ("nanscope compare-clipping  ", "bold"), f"{run.get('spec')}: {run.get('model')}, "
-        f"{run.get('parameters', 0):,} parameters; {run.get('steps')} steps per strategy, batch {run.get('batch_size')}, "
+        f"{run.get('parameters', 0):,} parameters; {run.get('steps')} steps per strategy, "
+        f"batch {run.get('batch_size')}, "
         f"same initial weights and batch order for all",
     ))
     _print_unwrapped(console, _strategies_table(report))
-    console.print(Text("took effect: on every step where the threshold bit, the gradient the update used was within it; "
-                       "Δw: the optimizer's real first update matched Keras' documented clipping", style="dim"))
+    console.print(Text("took effect: on every step where the threshold bit, the gradient the update used was within "
+                       "it; Δw: the optimizer's real first update matched Keras' documented clipping", style="dim"))
     if report.thresholds:
         console.print(Text(f"thresholds not given: G = {report.thresholds['global_norm_bound']:g}, "
                            f"{report.thresholds['how']}; see the why of each strategy", style="dim"))

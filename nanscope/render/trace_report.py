@@ -112,7 +112,8 @@ def _outputs_table(outputs):
 
 def _layers_table(report):
     rows = sorted(report.layer_summaries(), key=lambda r: (-r["nonfinite_steps"], -(r["max_abs"] or 0)))
-    table = Table(title="layers (largest outputs first; mean |x|, zeros: last step)", title_justify="left", show_edge=False)
+    table = Table(title="layers (largest outputs first; mean |x|, zeros: last step)", title_justify="left",
+                  show_edge=False)
     mixed = any(row.get("dtype") not in (None, "float32") for row in rows)
     columns = ("layer", "class") + (("dtype",) if mixed else ()) + ("max |x|", "mean |x|", "zeros", "loss term",
                                                                      "NaN steps")
@@ -130,7 +131,8 @@ def _layers_table(report):
 
 def _variables_table(report):
     rows = sorted(report.variable_summaries(), key=lambda r: (-r["nonfinite_steps"], -(r["max_grad_norm"] or 0)))
-    table = Table(title="variables (largest gradient norms first; |w|: last step)", title_justify="left", show_edge=False)
+    table = Table(title="variables (largest gradient norms first; |w|: last step)", title_justify="left",
+                  show_edge=False)
     for column in ("variable", "max grad", "last grad", "max |dw|/|w|", "|w|", "NaN steps"):
         table.add_column(column, justify="left" if column == "variable" else "right",
                          overflow="fold", min_width=16 if column == "variable" else None)
@@ -148,7 +150,8 @@ def _first_nonfinite(report):
     grid.add_column()
     layer = f"{first.layer} ({first.layer_class})" if first.layer_class else first.layer
     for key, value in (("step", first.step), ("phase", first.phase), ("replica", _replica_text(report)),
-                       ("output", first.output), ("layer", layer), ("variable", first.variable), ("op", first.op), ("source", first.source)):
+                       ("output", first.output), ("layer", layer), ("variable", first.variable), ("op", first.op),
+                       ("source", first.source)):
         if value is not None:
             grid.add_row(key, str(value))
     if first.inputs:
@@ -200,7 +203,8 @@ def _recommendations(report):
         verified = {True: "  [verified: the fix stays finite]", False: "  [verified: the fix did NOT help]"}.get(
             rec.verified, "")
         parts.append(Text.assemble(f"{number}. ", (f"[{rec.severity}] ", SEVERITY_STYLE.get(rec.severity, "")),
-                                   (rec.title, "bold"), f"  ({rec.id})", (verified, "green" if rec.verified else "red")))
+                                   (rec.title, "bold"), f"  ({rec.id})",
+                                   (verified, "green" if rec.verified else "red")))
         for line in rec.evidence:
             parts.append(Text(f"   - {line}"))
         if rec.verification:

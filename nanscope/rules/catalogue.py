@@ -6,7 +6,6 @@ evidence for a rule calls `recommend(rule_id, ...)`, which returns a
 """
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -54,10 +53,10 @@ class Recommendation:
     severity: str
     evidence: list
     fix: str
-    verified: Optional[bool] = None
+    verified: bool | None = None
     data: dict = field(default_factory=dict)
     verification: list = field(default_factory=list)
-    docs: Optional[str] = None
+    docs: str | None = None
 
 
 RULES = {

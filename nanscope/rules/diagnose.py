@@ -95,7 +95,7 @@ def _bad_data(report, session, healthy):
     first = report.first_nonfinite
     if first is None or first.phase != "data":
         return []
-    evidence = [f"step {first.step}: the batch itself holds non-finite values"] + list(first.detail)
+    evidence = [f"step {first.step}: the batch itself holds non-finite values", *list(first.detail)]
     return [(1.0, recommend("clean-input-data", "error", evidence, data={"step": first.step}))]
 
 
@@ -158,7 +158,7 @@ def clip_threshold(healthy, report):
 def _round(value):
     if value <= 0 or not math.isfinite(value):
         return 1.0
-    digits = -int(math.floor(math.log10(value)))
+    digits = -math.floor(math.log10(value))
     return round(value, digits)
 
 

@@ -12,6 +12,7 @@ import numpy as np
 from nanscope.engine.step import probed_layers
 from nanscope.rules.catalogue import recommend
 from nanscope.rules.trends import geometric_growth, global_update_ratio
+import itertools
 
 # A layer output whose square overflows breaks any MSE or L2 norm taken of it:
 # sqrt(float32 max) ~ 1.8e19. float16's range is so small (max 65504) that a
@@ -96,7 +97,7 @@ def _weight_growth(healthy, severity):
     if len(norms) < 8 or not all(math.isfinite(n) for n in norms) or norms[0] <= 0:
         return []
     tail = norms[-max(2, len(norms) // 4):]
-    if norms[-1] / norms[0] <= WEIGHT_GROWTH_LIMIT or any(b < a for a, b in zip(tail, tail[1:])):
+    if norms[-1] / norms[0] <= WEIGHT_GROWTH_LIMIT or any(b < a for a, b in itertools.pairwise(tail)):
         return []
     evidence = [f"weight norm (all weights) grew from {norms[0]:.3g} to {norms[-1]:.3g} over {len(norms)} steps "
                 f"and is still rising (limit {WEIGHT_GROWTH_LIMIT:g}x)"]

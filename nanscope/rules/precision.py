@@ -47,7 +47,8 @@ def _skipped_updates(report):
     fix = ("# the gradient itself is not finite: find the op with `nanscope trace-steps` on float32\n"
            "train:\n  mixed_precision: null   # or keep the failing layer in float32: dtype='float32'")
     return [(0.9, recommend("loss-scaling", "error", evidence, fix,
-                            data={"skipped": len(skipped), "window": len(scaled), "loss_scale": scaled[-1].loss_scale}))]
+                            data={"skipped": len(skipped), "window": len(scaled),
+                                  "loss_scale": scaled[-1].loss_scale}))]
 
 
 def _float16_layers(report):

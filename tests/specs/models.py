@@ -30,7 +30,8 @@ class RootFeatures(keras.layers.Layer):
 
 
 def exp_model(features=4):
-    return keras.Sequential([keras.Input((features,)), keras.layers.Dense(4, kernel_initializer=keras.initializers.Constant(10.0)),
+    return keras.Sequential([keras.Input((features,)),
+                             keras.layers.Dense(4, kernel_initializer=keras.initializers.Constant(10.0)),
                              ExpFeatures(), keras.layers.Dense(1)])
 
 
@@ -46,7 +47,9 @@ def root_model(features=4):
 
 def softmax_model(features=4, classes=3):
     return keras.Sequential([keras.Input((features,)),
-                             keras.layers.Dense(classes, kernel_initializer=keras.initializers.RandomNormal(stddev=100.0, seed=0)),
+                             keras.layers.Dense(classes,
+                                                kernel_initializer=keras.initializers.RandomNormal(stddev=100.0,
+                                                                                                   seed=0)),
                              keras.layers.Softmax()])
 
 
