@@ -11,19 +11,17 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from nanscope import interrupt
-from nanscope.data import inputs, targets
+from nanscope.attribution import StepNames, attribute_from_record, describe_bad_batch
+from nanscope.data import inputs
 from nanscope.engine.failures import step_failure
 from nanscope.finishing import optional_part
-from nanscope.engine.records import expected_layer_indices, first_nonfinite_replica
-from nanscope.jsonio import jsonable
+from nanscope.engine.records import expected_layer_indices
 from nanscope.optimizers import optimizer_settings
-from nanscope.report import FirstNonfinite, TraceReport
+from nanscope.report import TraceReport
 from nanscope.rules.diagnose import diagnose
 from nanscope.session import open_session
-from nanscope.tracefile import TraceWriter
+from nanscope.tracefile import TraceWriter, step_fields, step_line, summary_fields, summary_line
 
 DEFAULT_RUNS_DIR = Path("nanscope-runs")
 # Shorter runs take one compiled call per step instead of chunks of steps (engine/chunk.py):
@@ -89,7 +87,7 @@ def run_trace(spec, options=None):
         with interrupt.deferred():
             report.interrupted = report.interrupted or interrupt.requested()
             _finish(session, engine, report, options)
-            writer.write({"kind": "summary", **_summary_json(report)})
+            writer.write(summary_line(report))
     if options.plot is not None:
         from nanscope.plotting import plot_trace
 
@@ -133,7 +131,7 @@ def _run_step_loop(session, engine, runner, report, writer, options, expected, b
         for record in records:
             record.expected_nonfinite = list(expected)
             # The trace line first: a signal landing between these two lines must not leave a step out of the trace.
-            writer.write({"kind": "step", **_record_json(record)})
+            writer.write(step_line(record))
             report.records.append(record)
             if board is not None:
                 board.write(record)
@@ -186,7 +184,7 @@ def locate_first_nonfinite(record, engine, session, x, y, options=None):
     the value; an eager forensic replay of this one step (`nanscope.forensics`) then
     names the op that produced it, its inputs and its source line.
     """
-    first = _attribute_from_record(record, engine, session, x, y)
+    first = _attribute(record, engine, session, x, y)
     options = options or TraceOptions()
     state_before = None
     if first.phase != "data" and options.forensics:
@@ -208,64 +206,31 @@ def locate_first_nonfinite(record, engine, session, x, y, options=None):
     return first
 
 
-def _attribute_from_record(record, engine, session, x, y):
-    phase = record.phase
-    first = FirstNonfinite(step=record.step, phase=phase, replica=first_nonfinite_replica(record))
-    output = record.nonfinite_output(phase)
-    if output is not None:
-        first.output = engine.loss.outputs[output].name
-    if phase == "data":
-        first.detail = describe_bad_batch(x, y, session.order.indices(record.step), session.train,
-                                          [o.name for o in engine.loss.outputs])
-    elif phase == "forward":
-        for name in engine.layer_call_order:
-            index = next(i for i, info in enumerate(engine.layer_info) if info.name == name)
-            if record.layers[index].nonfinite and index not in record.expected_nonfinite:
-                first.layer, first.layer_class = name, engine.layer_info[index].cls
-                break
-    elif phase in ("backward", "update"):
-        attribute = "grad_nonfinite" if phase == "backward" else "weight_nonfinite"
-        bad = [engine.variable_names[i] for i, v in enumerate(record.variables) if getattr(v, attribute)]
-        if bad:
-            # Gradients flow from the loss backwards: the last variable is nearest the loss.
-            first.variable = bad[-1] if phase == "backward" else bad[0]
-            first.layer = first.variable.rsplit("/", 1)[0] if "/" in first.variable else None
-            first.detail = [f"{len(bad)} of {len(record.variables)} variables affected"]
+def step_names(engine):
+    """The StepNames of an instrumented step: its layers, their call order, its variables, the model's outputs."""
+    return StepNames(layers=[(info.name, info.cls) for info in engine.layer_info], call_order=engine.layer_call_order,
+                     variables=engine.variable_names, outputs=[o.name for o in engine.loss.outputs])
+
+
+def _attribute(record, engine, session, x, y):
+    first = attribute_from_record(record, step_names(engine))
+    if first.phase == "data":
+        first.detail = describe_bad_batch(x, y, session.order.indices(record.step), session.train.feature_names,
+                                          session.train.target_names, [o.name for o in engine.loss.outputs])
     return first
+
+
+def _attribute_from_record(record, engine, session, x, y):
+    """Deprecated: `attribution.attribute_from_record(record, StepNames(...))`; kept until the callback moves."""
+    if session is None:
+        return attribute_from_record(record, step_names(engine))
+    return _attribute(record, engine, session, x, y)
 
 
 def _loss_of(loss, output):
     """The loss of output `output` of a multi-output model ("kind: sparse_categorical_crossentropy"), or the loss."""
     named = next((o for o in loss.outputs if o.name == output), None)
     return f"{named.loss.name} of output {named.name!r}" if named else loss.name
-
-
-def describe_bad_batch(x, y, rows, data, output_names=()):
-    """Which features and which dataset rows of a batch hold non-finite values.
-
-    `y` is a tuple of arrays for a multi-output model; `output_names` then names them.
-    """
-    lines = []
-    if targets.is_multi(y):
-        arrays = [(name, part, []) for name, part in zip(output_names or [f"y{i}" for i in range(len(y))], y)]
-    else:
-        arrays = [("y", y, data.target_names)]
-    features = [(label, part, data.feature_names if label == "x" else []) for label, part in inputs.named(x)]
-    for label, array, names in (*features, *arrays):
-        if not np.issubdtype(array.dtype, np.floating):
-            continue
-        bad = ~np.isfinite(array.reshape(len(array), -1))
-        if not bad.any():
-            continue
-        bad_rows = rows[bad.any(axis=1)]
-        columns = np.flatnonzero(bad.any(axis=0))
-        shown = [names[c] if c < len(names) else f"{label}[{c}]" for c in columns[:8]]
-        lines.append(
-            f"{label}: {int(bad.sum())} non-finite value(s) in {'feature' if label.startswith('x') else 'target'}(s) "
-            f"{', '.join(shown)}{' ...' if len(columns) > 8 else ''}; dataset rows "
-            f"{', '.join(str(int(r)) for r in bad_rows[:8])}{' ...' if len(bad_rows) > 8 else ''}"
-        )
-    return lines
 
 
 def describe_run(session, engine):
@@ -329,16 +294,6 @@ def default_trace_path(spec):
     return DEFAULT_RUNS_DIR / re.sub(r"[^A-Za-z0-9_.-]+", "_", stem) / "trace.jsonl"
 
 
-def _record_json(record):
-    """A step's trace line (made JSON-safe by the writer)."""
-    return {**vars(record), "phase": record.phase}
-
-
-def _summary_json(report):
-    return jsonable({
-        "first_nonfinite": report.first_nonfinite,
-        "recommendations": report.recommendations,
-        "validation_loss": report.validation_loss,
-        "interrupted": report.interrupted,
-        "notes": report.notes,
-    })
+# The old private names of the trace lines, kept until the callback (keras/fitlog.py) imports tracefile's.
+_record_json = step_fields
+_summary_json = summary_fields

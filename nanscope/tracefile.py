@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from nanscope.errors import NanscopeError
-from nanscope.jsonio import dumps
+from nanscope.jsonio import dumps, jsonable
 
 TRACE_SCHEMA = "nanscope.trace-lines/1"
 
@@ -50,6 +50,32 @@ class TraceWriter:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def step_fields(record):
+    """A StepRecord's fields as its trace line holds them (made JSON-safe by the writer)."""
+    return {**vars(record), "phase": record.phase}
+
+
+def step_line(record):
+    """The trace line of one step."""
+    return {"kind": "step", **step_fields(record)}
+
+
+def summary_fields(report):
+    """What a TraceReport found, as the trace's last line holds it (JSON-safe)."""
+    return jsonable({
+        "first_nonfinite": report.first_nonfinite,
+        "recommendations": report.recommendations,
+        "validation_loss": report.validation_loss,
+        "interrupted": report.interrupted,
+        "notes": report.notes,
+    })
+
+
+def summary_line(report):
+    """The trace's last line: the first non-finite step, the findings and how the run ended."""
+    return {"kind": "summary", **summary_fields(report)}
 
 
 def read_trace(path):

@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 
@@ -60,3 +62,10 @@ def test_replay_of_a_folder_that_is_not_a_repro_is_bad_input(tmp_path):
     result = CliRunner().invoke(app, ["replay", str(tmp_path)])
     assert result.exit_code == 2
     assert "not a repro folder" in result.stderr
+
+
+def test_forensics_does_not_import_trace_steps():
+    """The trace-steps loop calls forensics; forensics must not need it back (no import cycle)."""
+    code = "import sys, nanscope.forensics, nanscope.forensics.repro; print('nanscope.trace' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -14,11 +14,10 @@ steps' global norms, with no learning-rate bound, applied with `tf.clip_by_globa
 """
 
 import math
-from types import SimpleNamespace
 
 import numpy as np
 
-from nanscope.rules.diagnose import CLIP_PERCENTILE, _round, clip_threshold
+from nanscope.rules.diagnose import CLIP_PERCENTILE, clip_threshold, round_threshold
 
 FALLBACK_THRESHOLD = 1.0
 
@@ -37,10 +36,9 @@ def derive_thresholds(strategies, unclipped, learning_rate, parameter_count):
     """
     healthy = [r for r in unclipped.records if r.phase is None and math.isfinite(r.grad_global_norm)]
     if healthy:
-        bound, how = clip_threshold(healthy,
-                                    SimpleNamespace(run={"optimizer_config": {"learning_rate": learning_rate}}))
+        bound, how = clip_threshold(healthy, learning_rate)
         norms = np.array([r.grad_global_norm for r in healthy])
-        auto = _round(float(np.percentile(norms, CLIP_PERCENTILE)))
+        auto = round_threshold(float(np.percentile(norms, CLIP_PERCENTILE)))
         auto_how = (f"AutoClip: the {CLIP_PERCENTILE}th percentile of the global gradient norms of the unclipped "
                     f"run's {len(healthy)} healthy step(s)")
     else:
@@ -51,9 +49,9 @@ def derive_thresholds(strategies, unclipped, learning_rate, parameter_count):
     derived = {
         "global_clipnorm": (bound, f"G = {bound:g}: {how}"),
         "manual_clip_by_global_norm": (bound, f"G = {bound:g}: {how}"),
-        "clipnorm": (_round(bound / math.sqrt(max(1, variables))),
+        "clipnorm": (round_threshold(bound / math.sqrt(max(1, variables))),
                      f"G / sqrt({variables} variables), so all variables clipped together stay within G = {bound:g}"),
-        "clipvalue": (_round(bound / math.sqrt(max(1, parameter_count))),
+        "clipvalue": (round_threshold(bound / math.sqrt(max(1, parameter_count))),
                       f"G / sqrt({parameter_count} parameters), so a gradient at the bound in every element has "
                       f"norm G = {bound:g}"),
         "auto": (auto, auto_how),

@@ -72,7 +72,7 @@ def replay_repro(directory):
     from nanscope.rules.diagnose import diagnose
     from nanscope.session import open_session
     from nanscope.spec import parse_spec
-    from nanscope.trace import describe_bad_batch
+    from nanscope.attribution import describe_bad_batch
 
     document, arrays = load_repro(directory)
     spec = parse_spec(document["spec"], source=document.get("spec_source") or str(directory))
@@ -92,7 +92,8 @@ def replay_repro(directory):
                          layers=[], layer_order=[], variables=[], records=[])
     if not all(_finite(part) for part in [*inputs.parts(x), *targets.parts(y)]):
         report.first_nonfinite = FirstNonfinite(step, "data", detail=describe_bad_batch(
-            x, y, arrays["rows"], session.train, [o.name for o in session.loss.outputs]))
+            x, y, arrays["rows"], session.train.feature_names, session.train.target_names,
+            [o.name for o in session.loss.outputs]))
     else:
         found = replay_step(session.model, session.loss, optimizer, x, y)
         report.run["replay_seconds"] = found.seconds

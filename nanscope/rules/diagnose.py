@@ -113,7 +113,7 @@ def _gradient_growth(report, session, healthy):
     last = healthy[-1]
     start_norm = next(r.grad_global_norm for r in healthy if r.step == onset)
     overflow_step = projected_overflow_step(last.step, last.grad_global_norm, rate)
-    threshold, how = clip_threshold(healthy, report)
+    threshold, how = clip_threshold(healthy, report.run.get("optimizer_config", {}).get("learning_rate"))
     evidence = [
         f"gradient norm grew {rate:.2f}x per step from step {onset} "
         f"({start_norm:.3g} -> {last.grad_global_norm:.3g} at step {last.step})",
@@ -138,24 +138,33 @@ def projected_overflow_step(step, norm, rate):
     return step + steps_left if math.isfinite(steps_left) else None
 
 
-def clip_threshold(healthy, report):
-    """A clipping threshold from the healthy steps, and how it was chosen."""
+def clip_threshold(healthy, lr):
+    """A clipping threshold from the healthy steps, and how it was chosen.
+
+    Args:
+        healthy: list of StepRecord. Steps with no non-finite value.
+        lr: float or None. The optimizer's learning rate; bounds the threshold so one step moves the weights
+            by at most CLIP_UPDATE_FRACTION of their norm.
+
+    Returns:
+        (float, str): the threshold, rounded to one significant digit, and why.
+    """
     norms = np.array([r.grad_global_norm for r in healthy if math.isfinite(r.grad_global_norm)])
     percentile = float(np.percentile(norms, CLIP_PERCENTILE)) if len(norms) else 1.0
-    lr = report.run.get("optimizer_config", {}).get("learning_rate")
     weight_norm = math.sqrt(sum(v.weight_norm ** 2 for v in healthy[0].variables)) if healthy else 0.0
     if lr and weight_norm > 0:
         update_bound = CLIP_UPDATE_FRACTION * weight_norm / lr
         if update_bound < percentile:
-            return _round(update_bound), (
+            return round_threshold(update_bound), (
                 f"so that one step of learning rate {lr:g} moves the weights (norm {weight_norm:.3g}) "
                 f"by at most {CLIP_UPDATE_FRACTION:.0%}; the {CLIP_PERCENTILE}th percentile of healthy norms, "
                 f"{percentile:.3g}, would allow larger steps"
             )
-    return _round(percentile), f"the {CLIP_PERCENTILE}th percentile of the healthy steps' gradient norms"
+    return round_threshold(percentile), f"the {CLIP_PERCENTILE}th percentile of the healthy steps' gradient norms"
 
 
-def _round(value):
+def round_threshold(value):
+    """`value` to one significant digit (0.0347 -> 0.03); 1.0 for a value that is not positive and finite."""
     if value <= 0 or not math.isfinite(value):
         return 1.0
     digits = -math.floor(math.log10(value))

@@ -1,0 +1,107 @@
+"""Where a non-finite step first shows its value: the phase, the output, the layer or variable, the bad rows.
+
+Shared by trace-steps (`nanscope.trace`), the repro replay (`nanscope.forensics`) and
+the `NanScope` callback: each passes the names its step records refer to, so none
+needs the others' engine or session objects.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from nanscope.data import inputs, targets
+from nanscope.engine.records import first_nonfinite_replica
+from nanscope.report import FirstNonfinite
+
+SHOWN = 8
+
+
+@dataclass
+class StepNames:
+    """What the columns of a StepRecord refer to.
+
+    Args:
+        layers: list of (name, class) pairs, in the order of `record.layers`.
+        call_order: list of str. Layer names in the order the forward pass called them.
+        variables: list of str. Trainable variable names, in the order of `record.variables`.
+        outputs: list of str. Model output names, in the order of `record.outputs`.
+    """
+
+    layers: list = field(default_factory=list)
+    call_order: list = field(default_factory=list)
+    variables: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)
+
+
+def attribute_from_record(record, names):
+    """The FirstNonfinite a compiled step's record shows: phase, output, first layer (forward) or variable.
+
+    The data phase's detail (which features and rows) needs the batch: see `describe_bad_batch`.
+
+    Args:
+        record: StepRecord. A step whose `phase` is not None.
+        names: StepNames. What the record's columns refer to.
+    """
+    phase = record.phase
+    first = FirstNonfinite(step=record.step, phase=phase, replica=first_nonfinite_replica(record))
+    output = record.nonfinite_output(phase)
+    if output is not None and output < len(names.outputs):
+        first.output = names.outputs[output]
+    if phase == "forward":
+        first.layer, first.layer_class = _first_bad_layer(record, names)
+    elif phase in ("backward", "update"):
+        attribute = "grad_nonfinite" if phase == "backward" else "weight_nonfinite"
+        bad = [names.variables[i] for i, v in enumerate(record.variables) if getattr(v, attribute)]
+        if bad:
+            # Gradients flow from the loss backwards: the last variable is nearest the loss.
+            first.variable = bad[-1] if phase == "backward" else bad[0]
+            first.layer = first.variable.rsplit("/", 1)[0] if "/" in first.variable else None
+            first.detail = [f"{len(bad)} of {len(record.variables)} variables affected"]
+    return first
+
+
+def _first_bad_layer(record, names):
+    """(name, class) of the first layer called whose output was non-finite and not expected to be; (None, None)."""
+    index_of = {name: i for i, (name, _) in enumerate(names.layers)}
+    for name in names.call_order:
+        index = index_of.get(name)
+        if index is not None and record.layers[index].nonfinite and index not in record.expected_nonfinite:
+            return name, names.layers[index][1]
+    return None, None
+
+
+def describe_bad_batch(x, y, rows, feature_names=(), target_names=(), output_names=()):
+    """Which features and which dataset rows of a batch hold non-finite values, one line per input or target.
+
+    Args:
+        x: array, or a dict/tuple of arrays for a model with several inputs.
+        y: array, or a tuple of arrays (one per output) for a multi-output model.
+        rows: numpy int array. The dataset row of each batch row.
+        feature_names: list of str. Names of x's columns (one input), when known.
+        target_names: list of str. Names of y's columns (one output), when known.
+        output_names: list of str. Names of the outputs of a multi-output model.
+    """
+    if targets.is_multi(y):
+        arrays = [(name, part, []) for name, part in zip(output_names or [f"y{i}" for i in range(len(y))], y)]
+    else:
+        arrays = [("y", y, list(target_names))]
+    features = [(label, part, list(feature_names) if label == "x" else []) for label, part in inputs.named(x)]
+    lines = []
+    for label, array, names in (*features, *arrays):
+        if not np.issubdtype(array.dtype, np.floating):
+            continue
+        bad = ~np.isfinite(array.reshape(len(array), -1))
+        if bad.any():
+            lines.append(_bad_line(label, bad, rows, names))
+    return lines
+
+
+def _bad_line(label, bad, rows, names):
+    bad_rows = rows[bad.any(axis=1)]
+    columns = np.flatnonzero(bad.any(axis=0))
+    shown = [names[c] if c < len(names) else f"{label}[{c}]" for c in columns[:SHOWN]]
+    return (
+        f"{label}: {int(bad.sum())} non-finite value(s) in {'feature' if label.startswith('x') else 'target'}(s) "
+        f"{', '.join(shown)}{' ...' if len(columns) > SHOWN else ''}; dataset rows "
+        f"{', '.join(str(int(r)) for r in bad_rows[:SHOWN])}{' ...' if len(bad_rows) > SHOWN else ''}"
+    )
