@@ -17,6 +17,8 @@ _default_unraisable = sys.unraisablehook
 
 def install():
     """Route SIGINT and SIGTERM to `request`; keep dropped interrupts out of the user's terminal."""
+    global _deferring
+    _deferring = False
     signal.signal(signal.SIGINT, request)
     signal.signal(signal.SIGTERM, request)
     if sys.unraisablehook is not _quiet_unraisable:
@@ -50,6 +52,12 @@ def deferred():
         yield
     finally:
         _deferring = previous
+
+
+def defer_from_now():
+    """Defer every later signal until the next `install()`: the command is writing what it found."""
+    global _deferring
+    _deferring = True
 
 
 def requested():

@@ -29,6 +29,7 @@ DEFAULT_RUNS_DIR = Path("nanscope-runs")
 # and a chunk saves about 0.13 ms a step, so it pays from roughly 500 steps on
 # (2-vCPU CPU, configs/exploding-regression.yaml at 200-800 steps; bench/README.md).
 CHUNK_MIN_STEPS = 500
+STOPPED_BEFORE_TRAINING = "interrupted during start-up (loading the spec, the data or the model): no step ran"
 
 
 @dataclass
@@ -94,6 +95,12 @@ def run_trace(spec, options=None):
         with optional_part(report.notes, f"the plot {options.plot}"):
             plot_trace(report, options.plot)
     return report
+
+
+def stopped_before_training(spec_source):
+    """The report of a run that a signal stopped during start-up (spec, data, model), before its first step."""
+    return TraceReport(run={"spec": str(spec_source)}, layers=[], layer_order=[], variables=[], records=[],
+                       interrupted=True, notes=[STOPPED_BEFORE_TRAINING])
 
 
 def _run_steps(session, engine, runner, report, writer, options, expected):

@@ -27,6 +27,7 @@ from nanscope.tracefile import read_trace
 
 CONFIGS = Path(__file__).parent.parent / "configs"
 FACTORIES = Path(__file__).parent / "bad_inputs" / "factories.py"
+SIGNAL_POINTS = Path(__file__).parent / "specs" / "signal_points.py"
 runner = CliRunner()
 
 
@@ -62,15 +63,29 @@ def start_and_wait(argv, trace, lines=20):
     return process
 
 
-def wait_until_training(process, after=5.0):
-    """Wait until the process has loaded TensorFlow (seen in /proc), then `after` seconds more."""
-    maps = Path(f"/proc/{process.pid}/maps")
-    deadline = time.time() + 60
-    while maps.exists() and time.time() < deadline and process.poll() is None:
-        if "_pywrap_tensorflow" in maps.read_text(errors="replace"):
-            break
-        time.sleep(0.2)
-    time.sleep(after if maps.exists() else 12.0)
+def start_and_wait_for_marker(argv, marker, cwd):
+    """Start `python -m nanscope ARGV`; return it once a factory of its spec has written `marker`."""
+    process = subprocess.Popen([sys.executable, "-m", "nanscope", *argv], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=cwd)
+    deadline = time.time() + 90
+    while not marker.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert marker.exists() and process.poll() is None, process.communicate()
+    return process
+
+
+def signal_point_spec(tmp_path, data, model="dense", model_args=None, steps=40):
+    """A tiny spec whose data or model factory (tests/specs/signal_points.py) marks where the run is."""
+    spec = {
+        "model": {"factory": f"{SIGNAL_POINTS}:{model}" if model != "dense" else f"{FACTORIES}:dense",
+                  "args": model_args or {}},
+        "data": {"factory": f"{SIGNAL_POINTS}:{data}", "args": {"marker": str(tmp_path / "loading")}
+                 if data == "blocking_arrays" else {}, "batch_size": 8, "shuffle": False},
+        "train": {"loss": "mse", "optimizer": {"name": "sgd", "learning_rate": 0.01}, "steps": steps},
+    }
+    path = tmp_path / "signal.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
 
 
 def one_line(stderr):
@@ -125,18 +140,42 @@ def test_kill_9_keeps_every_completed_step_and_report_redraws_without_tensorflow
 
 
 def test_sigint_during_compare_clipping_exits_130_and_reports_what_finished(tmp_path):
+    """The signal lands in step 10 of the second strategy: the first one is reported, the second is not."""
+    out, marker, release = tmp_path / "r.json", tmp_path / "at-step", tmp_path / "release"
+    steps = 40
+    # Training calls: `none` makes 40; clipnorm's optimizer check makes 1, then its steps: call 51 is its 10th step.
+    spec = signal_point_spec(tmp_path, "arrays", model="gated_model", steps=steps,
+                             model_args={"marker": str(marker), "release": str(release), "at": steps + 11})
+    process = start_and_wait_for_marker(["compare-clipping", str(spec), "--strategies", "none,clipnorm=1",
+                                         "--json", str(out)], marker, tmp_path)
+    process.send_signal(signal.SIGINT)
+    release.write_text("go\n")
+    _stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and "interrupted" in stderr
+    document = json.loads(out.read_text())
+    assert document["interrupted"] is True
+    assert [(s["name"], s["steps_run"]) for s in document["strategies"]] == [("none", steps)]
+    assert "interrupted: 1 of 2 strategies finished; the verdict covers those" in document["notes"]
+
+
+@pytest.mark.parametrize("command", ["compare-clipping", "trace-steps"])
+def test_sigint_during_start_up_still_writes_the_json(tmp_path, command):
+    """A signal while the data loads (after the output paths were checked) still gives a report: no steps."""
     out = tmp_path / "r.json"
-    process = subprocess.Popen([sys.executable, "-m", "nanscope", "compare-clipping", str(long_run_spec(tmp_path)),
-                                "--strategies", "none,clipnorm=1", "--json", str(out)], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-    wait_until_training(process)
-    assert process.poll() is None, process.communicate()
+    spec = signal_point_spec(tmp_path, "blocking_arrays")
+    process = start_and_wait_for_marker([command, str(spec), "--json", str(out)], tmp_path / "loading", tmp_path)
     process.send_signal(signal.SIGINT)
     _stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr and "interrupted" in stderr
     document = json.loads(out.read_text())
-    assert document["interrupted"] is True and any("interrupted" in note for note in document["notes"])
+    assert document["interrupted"] is True and document["run"]["spec"] == str(spec)
+    assert any(note.startswith("interrupted during start-up") for note in document["notes"])
+    if command == "compare-clipping":
+        assert document["strategies"] == [] and document["recommended"] is None
+    else:
+        assert document["steps_run"] == 0 and document["steps"] == []
 
 
 # --- atomic output files -------------------------------------------------------------------------------

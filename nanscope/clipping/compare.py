@@ -117,6 +117,14 @@ def compare_clipping(spec, strategies=None, steps=None, on_progress=None, unsafe
     return report
 
 
+def stopped_before_training(spec_source, strategies=None):
+    """The report of a comparison that a signal stopped during start-up, before any strategy trained."""
+    names = [s.name for s in strategies] if strategies else []
+    note = "interrupted during start-up (loading the spec, the data or the model): 0 of " \
+           f"{len(names)} strategies finished" + (f" ({', '.join(names)})" if names else "")
+    return ClippingReport(run={"spec": str(spec_source)}, runs=[], thresholds={}, notes=[note], interrupted=True)
+
+
 def _unclipped_first(strategies):
     """The strategies with `none` first; `none` is added when a threshold must be derived from it."""
     nones = [s for s in strategies if s.kind == "none"]

@@ -1,12 +1,13 @@
 """`nanscope compare-clipping`: train the same start under each clipping strategy and pick one."""
 
-from nanscope.commands.output import deliver
+from nanscope.commands.output import deliver, outcome
 from nanscope.outpaths import check_output_paths
 
 
 def run(spec, *, steps=None, strategies=None, lr=None, batch_size=None, seed=None, json_out=None, plot=None):
     """Compare the clipping strategies named in `strategies` on the spec file `spec`; return the exit code."""
     from nanscope.clipping import compare_clipping, parse_strategies
+    from nanscope.clipping.compare import stopped_before_training
     from nanscope.plotting import require_matplotlib
     from nanscope.render.clipping_report import clipping_progress, render_clipping_report
     from nanscope.spec import apply_overrides, load_spec
@@ -15,9 +16,13 @@ def run(spec, *, steps=None, strategies=None, lr=None, batch_size=None, seed=Non
     if plot is not None:
         require_matplotlib()
     check_output_paths(files=[("--json", json_out)], images=[("--plot", plot)])
-    run_spec = apply_overrides(load_spec(spec), steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed)
-    with clipping_progress() as on_progress:
-        report = compare_clipping(run_spec, chosen, on_progress=on_progress)
+
+    def work():
+        run_spec = apply_overrides(load_spec(spec), steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed)
+        with clipping_progress() as on_progress:
+            return compare_clipping(run_spec, chosen, on_progress=on_progress)
+
+    report = outcome(work, lambda: stopped_before_training(spec, chosen))
     writes = [lambda: plot_strategies(report, plot)] if plot is not None else []
     return deliver(lambda console: render_clipping_report(report, console), report.to_json, json_out,
                    report.exit_code(), writes=writes)

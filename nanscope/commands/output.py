@@ -3,6 +3,30 @@
 from nanscope import interrupt
 
 
+def outcome(work, fallback):
+    """What `work()` returns, or `fallback()` when a signal stops it first; no later signal interrupts the command.
+
+    The library turns a signal during training into a report of the steps done; a signal
+    during start-up (loading the spec, the data, the model) stops `work` before it has a
+    report, and `fallback` makes the empty one, so the JSON is written either way. The
+    first signal is the only one that raises (`nanscope.interrupt`), so once it is caught
+    here nothing can cut the report short.
+
+    Args:
+        work: callable() -> report. The command's library call.
+        fallback: callable() -> report. The report of a run stopped before it began.
+    """
+    result = None
+    try:
+        result = work()
+        interrupt.defer_from_now()
+    except KeyboardInterrupt:
+        interrupt.defer_from_now()
+        if result is None:
+            result = fallback()
+    return result
+
+
 def console_for(json_out):
     """The console for the human report: stderr when the JSON goes to stdout."""
     from rich.console import Console

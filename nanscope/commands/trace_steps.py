@@ -1,6 +1,6 @@
 """`nanscope trace-steps`: run instrumented steps, then report where the first NaN/Inf appeared and why."""
 
-from nanscope.commands.output import deliver
+from nanscope.commands.output import deliver, outcome
 from nanscope.outpaths import check_output_paths
 
 
@@ -9,7 +9,7 @@ def run(spec, *, steps=None, lr=None, batch_size=None, seed=None, json_out=None,
     """Run trace-steps on the spec file `spec` with the command's options; return the exit code."""
     from nanscope.render.trace_report import render_trace_report
     from nanscope.spec import apply_overrides, load_spec
-    from nanscope.trace import TraceOptions, run_trace
+    from nanscope.trace import TraceOptions, run_trace, stopped_before_training
 
     if plot is not None:
         from nanscope.plotting import require_matplotlib
@@ -17,9 +17,13 @@ def run(spec, *, steps=None, lr=None, batch_size=None, seed=None, json_out=None,
         require_matplotlib()
     check_output_paths(files=[("--json", json_out), ("--trace", trace)], images=[("--plot", plot)],
                        folders=[("--save-repro", save_repro), ("--tensorboard", tensorboard)])
-    run_spec = apply_overrides(load_spec(spec), steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed)
     options = TraceOptions(trace_path=trace, keep_going=keep_going, save_repro=save_repro, verify=verify,
                            tensorboard=tensorboard, plot=plot, unsafe=unsafe)
-    report = run_trace(run_spec, options)
+
+    def work():
+        run_spec = apply_overrides(load_spec(spec), steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed)
+        return run_trace(run_spec, options)
+
+    report = outcome(work, lambda: stopped_before_training(spec))
     return deliver(lambda console: render_trace_report(report, console), report.to_json, json_out,
                    report.exit_code(strict=strict))

@@ -87,6 +87,9 @@ def _took_effect(run):
 
 
 def _verdict(report):
+    if report.recommended is None and report.interrupted and not report.runs:
+        return Panel(Text("interrupted before any strategy finished", style="red"),
+                     title=Text("verdict: none", style="bold red"), title_align="left")
     if report.recommended is None:
         return Panel(Text(report.diagnosis or "no strategy stayed finite", style="red"),
                      title=Text("verdict: no clipping strategy fixes this run", style="bold red"), title_align="left")
