@@ -47,11 +47,18 @@ def test_healthy_run_exits_0_and_overrides_apply(tmp_path):
 
 
 def test_report_redraws_from_the_trace(tmp_path):
-    trace = tmp_path / "t.jsonl"
-    runner.invoke(app, ["trace-steps", str(CONFIGS / "exploding-regression.yaml"), "--trace", str(trace)])
-    result = runner.invoke(app, ["report", str(trace), "--json", "-"])
+    trace, original = tmp_path / "t.jsonl", tmp_path / "r.json"
+    first = runner.invoke(app, ["trace-steps", str(CONFIGS / "exploding-regression.yaml"), "--trace", str(trace),
+                                "--json", str(original)])
+    assert first.exit_code == 1, first.output
+    redrawn_out = tmp_path / "redrawn.json"
+    result = runner.invoke(app, ["report", str(trace), "--json", str(redrawn_out)])
     assert result.exit_code == 1
     assert "first non-finite" in result.output
+    expected, redrawn = json.loads(original.read_text()), json.loads(redrawn_out.read_text())
+    # The redrawn report is the original one, except where it says which trace it was redrawn from.
+    assert redrawn.pop("trace") == str(trace) and expected.pop("trace") == str(trace)
+    assert redrawn == expected
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):

@@ -85,7 +85,11 @@ def test_an_input_far_from_unit_scale_is_found_and_standardised_by_verify(tmp_pa
     found = next(r for r in report.recommendations if r.id == "normalize-inputs")
     assert "x['tokens'][0]" in found.evidence[0]
     assert found.data["features"][:3] == ["x['tokens'][0]", "x['tokens'][1]", "x['tokens'][2]"]
-    assert found.verified is not None
+    # Unfixed, the run goes non-finite at step 2; on standardised inputs all 6 steps stay finite.
+    assert report.first_nonfinite is not None and report.first_nonfinite.step < 6
+    assert found.verified is True
+    (row,) = found.verification
+    assert row["fix"] == "standardise x" and row["finite"] and row["steps_run"] == 6 and row["helped"]
 
 
 def test_a_repro_of_a_mapping_of_inputs_replays(tmp_path):
