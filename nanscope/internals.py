@@ -48,3 +48,105 @@ def overridden(hooks):
     finally:
         for one in reversed(saved):
             restore(one)
+
+
+# --- Keras: the model's layers and the losses they own ------------------------------------------------
+
+
+def flatten_layers(model):
+    """Every layer of `model`, nested ones included, the model itself excluded (Keras' `_flatten_layers`)."""
+    return list(model._flatten_layers(include_self=False, recursive=True))
+
+
+def own_losses(layer, regularizers=True):
+    """The loss terms `layer` itself owns: its `add_loss` terms (`_get_own_losses`) and, with `regularizers`,
+    its weight regularizers applied to its own variables (`_trainable_variables`)."""
+    own = list(layer._get_own_losses())
+    if regularizers:
+        own += [v.regularizer(v) for v in getattr(layer, "_trainable_variables", [])
+                if getattr(v, "regularizer", None)]
+    return own
+
+
+# --- Keras: the compiled loss (CompileLoss) -----------------------------------------------------------
+
+
+def compile_loss(model):
+    """The model's CompileLoss (`_compile_loss`), or None before compile() or for a model without one."""
+    return getattr(model, "_compile_loss", None)
+
+
+def compiled_loss_weights(model):
+    """`compile(loss_weights=...)` as the model was given it: Keras keeps it only on its CompileLoss."""
+    return getattr(compile_loss(model), "_user_loss_weights", None)
+
+
+def compiled_output_losses(model):
+    """One entry per output loss of the compiled model, once built (`CompileLoss._flat_losses`); [] before.
+
+    Each entry has `name`, `path` (where its target and prediction sit), `loss` and `loss_weights`.
+    """
+    return list(getattr(compile_loss(model), "_flat_losses", None) or [])
+
+
+def compiled_structures(model):
+    """(y_true structure, y_pred structure) the CompileLoss was built on (`_y_true_build_structure`, ...)."""
+    built = compile_loss(model)
+    return built._y_true_build_structure, built._y_pred_build_structure
+
+
+# --- Keras: the optimizer ------------------------------------------------------------------------------
+
+# The optimizer method that applies clipnorm / global_clipnorm / clipvalue to the gradients
+# (keras/src/optimizers/base_optimizer.py); the callback wraps it to see the clipped gradients.
+CLIP_GRADIENTS = "_clip_gradients"
+
+
+def clip_gradients_hook(optimizer, wrap):
+    """The `overridden` entry that wraps the optimizer's clipping step with `wrap`."""
+    return optimizer, CLIP_GRADIENTS, wrap
+
+
+# --- TensorFlow: op callbacks and the gradient tape ----------------------------------------------------
+
+
+@contextlib.contextmanager
+def op_callback(callback):
+    """Call `callback(op_type, inputs, attrs, outputs, op_name=None, graph=None)` for every op run eagerly in
+    the block (`tensorflow.python.framework.op_callbacks`); always removed."""
+    from tensorflow.python.framework import op_callbacks
+
+    op_callbacks.add_op_callback(callback)
+    try:
+        yield
+    finally:
+        op_callbacks.remove_op_callback(callback)
+
+
+# The tape's function that computes one op's gradient (tensorflow/python/eager/backprop.py); its
+# locals name the forward op being differentiated.
+GRADIENT_FUNCTION = "_gradient_function"
+
+
+def differentiated_op(frame):
+    """(op type, inputs, outputs) of the forward op whose gradient is being computed, found in the frames
+    from `frame` outward (TensorFlow's `_gradient_function` locals); (None, [], []) outside a gradient."""
+    while frame is not None:
+        if frame.f_code.co_name == GRADIENT_FUNCTION and "op_name" in frame.f_locals:
+            local = frame.f_locals
+            return local["op_name"], list(local.get("inputs") or ()), list(local.get("outputs") or ())
+        frame = frame.f_back
+    return None, [], []
+
+
+# --- Keras: the functional graph ------------------------------------------------------------------------
+
+
+def inputs_struct(model):
+    """The structure the model's inputs were declared in (`_inputs_struct`): a dict for named inputs, else None."""
+    return getattr(model, "_inputs_struct", None)
+
+
+def inbound_tensors(layer):
+    """The tensors fed to `layer` in the functional graph, over all its calls (`_inbound_nodes`)."""
+    return [tensor for node in getattr(layer, "_inbound_nodes", []) for tensor in getattr(node, "input_tensors", [])]

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from nanscope.data import inputs
 from nanscope.errors import DataError, ModelError, first_line
 from nanscope.factory import call_factory, load_callable
+from nanscope.internals import compiled_loss_weights
 from nanscope.runtime import tensorflow
 
 
@@ -113,7 +114,7 @@ def from_keras(model, description):
         keras_model=model,
         compiled_loss=getattr(model, "loss", None) if compiled else None,
         compiled_optimizer=getattr(model, "optimizer", None) if compiled else None,
-        compiled_loss_weights=_compiled_loss_weights(model) if compiled else None,
+        compiled_loss_weights=compiled_loss_weights(model) if compiled else None,
     )
 
 
@@ -153,11 +154,6 @@ def _expected_input(keras_model):
         return tuple(shape[1:]) if isinstance(shape, tuple) else shape
     except Exception:
         return None
-
-
-def _compiled_loss_weights(model):
-    # Keras keeps `compile(loss_weights=...)` only on its CompileLoss.
-    return getattr(getattr(model, "_compile_loss", None), "_user_loss_weights", None)
 
 
 def _from_saved_model(spec, path):

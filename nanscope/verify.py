@@ -19,6 +19,7 @@ import numpy as np
 
 from nanscope.data import inputs
 from nanscope.experiment import Change, run_experiment
+from nanscope.internals import flatten_layers
 from nanscope.runtime import tensorflow
 
 # Lower the learning rate by these factors (one experiment each).
@@ -188,7 +189,7 @@ def relu6_model(loaded):
 
 
 def _has_relu(model):
-    for layer in model._flatten_layers(include_self=False, recursive=True):
+    for layer in flatten_layers(model):
         config = layer.get_config() if hasattr(layer, "get_config") else {}
         if config.get("activation") == "relu" or type(layer).__name__ == "ReLU":
             return True

@@ -4,9 +4,20 @@ A failure here names the hook and the installed versions: a Keras or TensorFlow
 upgrade changed something nanscope relies on, and this is the one place to adapt.
 """
 
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np
 import pytest
 
+from nanscope import internals
 from nanscope.internals import override, overridden, restore
+from nanscope.runtime import tensorflow
+
+tf, keras = tensorflow()
+VERSIONS = f"tensorflow {tf.__version__}, keras {keras.__version__}"
 
 
 class Owner:
@@ -31,3 +42,157 @@ def test_overridden_restores_even_when_the_block_raises():
         assert owner.greet() == "CLASS"
         raise RuntimeError
     assert owner.greet() == "class" and "greet" not in owner.__dict__
+
+
+# --- canaries: one per private Keras or TensorFlow hook ---------------------------------------------------
+
+def canary(hook, check):
+    """Run `check`; a failure says which private hook changed and under which versions."""
+    try:
+        problem = check()
+    except Exception as exc:  # the hook is gone or changed shape: that is what a canary reports
+        problem = f"{type(exc).__name__}: {exc}"
+    if problem:
+        pytest.fail(f"private hook {hook} no longer works as nanscope/internals.py expects under {VERSIONS}: "
+                    f"{problem}", pytrace=False)
+
+
+def two_heads():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((3,), name="features")
+    hidden = keras.layers.Dense(4, name="hidden", kernel_regularizer=keras.regularizers.L2(0.1))(inputs)
+    model = keras.Model(inputs, {"price": keras.layers.Dense(1, name="price")(hidden),
+                                 "kind": keras.layers.Dense(2, name="kind")(hidden)})
+    model.compile(optimizer=keras.optimizers.SGD(0.01, clipnorm=1.0), loss={"price": "mse", "kind": "mse"},
+                  loss_weights={"price": 2.0, "kind": 0.5})
+    x = np.ones((4, 3), np.float32)
+    model.fit(x, {"price": np.ones((4, 1)), "kind": np.ones((4, 2))}, epochs=1, verbose=0)
+    return model
+
+
+def test_canary_flatten_layers():
+    inner = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2, name="inner_dense")], name="inner")
+    model = keras.Sequential([keras.Input((2,)), inner, keras.layers.Dense(1, name="outer_dense")])
+
+    def check():
+        names = [layer.name for layer in internals.flatten_layers(model) if type(layer).__name__ != "InputLayer"]
+        return None if names == ["inner", "inner_dense", "outer_dense"] else f"got {names}"
+
+    canary("Layer._flatten_layers", check)
+
+
+def test_canary_own_losses():
+    class Penalised(keras.layers.Layer):
+        def call(self, x):
+            self.add_loss(tf.reduce_sum(x))
+            return x
+
+    layer = keras.layers.Dense(1, kernel_initializer="ones", kernel_regularizer=keras.regularizers.L2(0.5))
+    layer.build((None, 2))
+    penalised = Penalised()
+    penalised(tf.ones((1, 3)))
+
+    def check():
+        regularised = [float(t) for t in internals.own_losses(layer)]
+        added = [float(t) for t in internals.own_losses(penalised, regularizers=False)]
+        if regularised != [pytest.approx(1.0)] or added != [pytest.approx(3.0)]:
+            return f"regularizer terms {regularised} (expected [1.0]), add_loss terms {added} (expected [3.0])"
+        return None
+
+    canary("Layer._get_own_losses / Layer._trainable_variables", check)
+
+
+def test_canary_compiled_loss_weights_and_output_losses():
+    model = two_heads()
+
+    def check():
+        weights = internals.compiled_loss_weights(model)
+        entries = {str(e.name): (tuple(e.path), e.loss_weights) for e in internals.compiled_output_losses(model)}
+        if weights != {"price": 2.0, "kind": 0.5}:
+            return f"_user_loss_weights is {weights!r}"
+        if set(entries) != {"price", "kind"} or entries["price"][1] != 2.0:
+            return f"_flat_losses gives {entries!r}"
+        return None
+
+    canary("CompileLoss._user_loss_weights / CompileLoss._flat_losses", check)
+
+
+def test_canary_compiled_structures():
+    model = two_heads()
+
+    def check():
+        y_true, y_pred = internals.compiled_structures(model)
+        if not (isinstance(y_true, dict) and set(y_true) == {"price", "kind"} and isinstance(y_pred, dict)):
+            return f"got {y_true!r}, {y_pred!r}"
+        return None
+
+    canary("CompileLoss._y_true_build_structure / _y_pred_build_structure", check)
+
+
+def test_canary_clip_gradients_is_where_the_optimizer_clips():
+    variable = tf.Variable([0.0, 0.0])
+    optimizer = keras.optimizers.SGD(1.0, clipnorm=1.0)
+    optimizer.build([variable])
+    seen = []
+
+    def wrap(clip):
+        def watched(grads):
+            seen.append([g.numpy().tolist() for g in grads])
+            return clip(grads)
+
+        return watched
+
+    def check():
+        with internals.overridden([internals.clip_gradients_hook(optimizer, wrap)]):
+            optimizer.apply_gradients([(tf.constant([3.0, 4.0]), variable)])
+        if seen != [[[3.0, 4.0]]]:
+            return f"the wrapped method saw {seen}"
+        if not np.allclose(variable.numpy(), [-0.6, -0.8]):
+            return f"the update was {variable.numpy().tolist()}, not the clipped [-0.6, -0.8]"
+        return None
+
+    canary(f"optimizer.{internals.CLIP_GRADIENTS}", check)
+
+
+def test_canary_op_callbacks_and_the_gradient_function_frame():
+    seen, differentiated = [], []
+
+    def callback(op_type, inputs, attrs, outputs, op_name=None, graph=None):
+        seen.append(op_type)
+        forward, _, _ = internals.differentiated_op(sys._getframe(1))
+        if forward is not None:
+            differentiated.append(forward)
+
+    x = tf.Variable([1.0, 2.0])
+
+    def check():
+        with internals.op_callback(callback), tf.GradientTape() as tape:
+            y = tf.reduce_sum(tf.exp(x))
+        with internals.op_callback(callback):
+            tape.gradient(y, x)
+        if "Exp" not in seen:
+            return f"tensorflow.python.framework.op_callbacks saw {seen}, not Exp"
+        if "Exp" not in differentiated:
+            return f"no {internals.GRADIENT_FUNCTION} frame named Exp while its gradient ran (saw {differentiated})"
+        return None
+
+    canary("tensorflow.python.framework.op_callbacks / backprop._gradient_function", check)
+
+
+def test_canary_functional_graph():
+    tokens = keras.Input((3,), name="tokens", dtype="int32")
+    numbers = keras.Input((2,), name="numbers")
+    embedded = keras.layers.Flatten()(keras.layers.Embedding(10, 2, name="embed")(tokens))
+    model = keras.Model({"tokens": tokens, "numbers": numbers},
+                        keras.layers.Dense(1)(keras.layers.Concatenate()([embedded, numbers])))
+    embed = model.get_layer("embed")
+
+    def check():
+        struct = internals.inputs_struct(model)
+        if not (isinstance(struct, dict) and set(struct) == {"tokens", "numbers"}):
+            return f"_inputs_struct is {struct!r}"
+        if [id(t) for t in internals.inbound_tensors(embed)] != [id(struct["tokens"])]:
+            return f"_inbound_nodes gives {internals.inbound_tensors(embed)!r}"
+        return None
+
+    canary("Functional._inputs_struct / Layer._inbound_nodes", check)

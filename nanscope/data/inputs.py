@@ -7,6 +7,7 @@ arrays goes through these functions (which share `targets`' structure handling).
 """
 
 from nanscope.data import targets
+from nanscope.internals import flatten_layers, inbound_tensors, inputs_struct
 
 parts = targets.parts
 take = targets.take
@@ -97,17 +98,16 @@ def _inputs_feeding_id_layers(keras_model):
         return set()
     if not model_inputs:
         return set()
-    struct = getattr(keras_model, "_inputs_struct", None)
+    struct = inputs_struct(keras_model)
     keys = {id(t): k for k, t in struct.items()} if isinstance(struct, dict) else {}
     positions = {id(tensor): index for index, tensor in enumerate(model_inputs)}
     fed = set()
-    for layer in keras_model._flatten_layers(include_self=False, recursive=True):
+    for layer in flatten_layers(keras_model):
         if type(layer).__name__ not in ID_LAYERS:
             continue
-        for node in getattr(layer, "_inbound_nodes", []):
-            for tensor in getattr(node, "input_tensors", []):
-                if id(tensor) in positions:
-                    fed.add((positions[id(tensor)], keys.get(id(tensor), getattr(tensor, "name", None))))
+        for tensor in inbound_tensors(layer):
+            if id(tensor) in positions:
+                fed.add((positions[id(tensor)], keys.get(id(tensor), getattr(tensor, "name", None))))
     return fed
 
 

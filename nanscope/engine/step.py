@@ -23,6 +23,7 @@ from nanscope.engine.probes import LayerRecorder
 from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import OUTPUT, SCALARS, VARIABLE, StepLayout
 from nanscope.errors import ModelError
+from nanscope.internals import flatten_layers, own_losses
 from nanscope.runtime import tensorflow
 
 
@@ -40,7 +41,7 @@ def probed_layers(keras_model):
     if keras_model is None:
         return []
     return [
-        layer for layer in keras_model._flatten_layers(include_self=False, recursive=True)
+        layer for layer in flatten_layers(keras_model)
         if type(layer).__name__ != "InputLayer"
     ]
 
@@ -255,10 +256,7 @@ def layer_loss_terms(layers, keras_model):
         return []
     rows = []
     for layer in [*layers, keras_model]:
-        own = list(layer._get_own_losses())
-        if layer is not keras_model:
-            own += [v.regularizer(v) for v in getattr(layer, "_trainable_variables", [])
-                    if getattr(v, "regularizer", None)]
+        own = own_losses(layer, regularizers=layer is not keras_model)
         rows.append(tf.add_n([tf.cast(tf.reduce_sum(t), tf.float32) for t in own]) if own else tf.constant(0.0))
     return rows
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from nanscope.internals import overridden
+from nanscope.internals import differentiated_op, op_callback, overridden
 from nanscope.runtime import tensorflow
 
 # For these ops the second input is the denominator: that is the operand to describe.
@@ -107,14 +107,9 @@ class OpWatch:
     @contextlib.contextmanager
     def attached(self):
         """Register the op callback and wrap the layers; always undo both."""
-        from tensorflow.python.framework import op_callbacks
-
-        op_callbacks.add_op_callback(self._callback)
-        try:
-            with overridden([(layer, "call", functools.partial(self._wrap, layer)) for layer in self.layers]):
-                yield self
-        finally:
-            op_callbacks.remove_op_callback(self._callback)
+        with op_callback(self._callback), overridden(
+                [(layer, "call", functools.partial(self._wrap, layer)) for layer in self.layers]):
+            yield self
 
     def _wrap(self, layer, call):
         def watched_call(*args, **kwargs):
@@ -211,13 +206,7 @@ def _stack_frames():
 
 def _differentiated_op():
     """(op type, inputs, outputs) of the forward op whose gradient is being computed, from TF's frame."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name == "_gradient_function" and "op_name" in frame.f_locals:
-            local = frame.f_locals
-            return local["op_name"], list(local.get("inputs") or ()), list(local.get("outputs") or ())
-        frame = frame.f_back
-    return None, [], []
+    return differentiated_op(sys._getframe(1))
 
 
 def _library_dirs():

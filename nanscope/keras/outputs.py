@@ -7,6 +7,7 @@ targets with predictions the way `CompileLoss.call` does and evaluates each outp
 loss once more: a few small ops per output, no second forward pass.
 """
 
+from nanscope.internals import compile_loss, compiled_output_losses, compiled_structures
 from nanscope.losses import loss_name, unscaled_for_replicas
 from nanscope.runtime import tensorflow
 
@@ -14,8 +15,7 @@ from nanscope.runtime import tensorflow
 def output_loss_specs(model):
     """[(output name, loss name, weight)] of a compiled multi-output model; [] for one output or before the first
     step."""
-    compile_loss = getattr(model, "_compile_loss", None)
-    flat = getattr(compile_loss, "_flat_losses", None) or []
+    flat = compiled_output_losses(model)
     if len(flat) < 2:
         return []
     return [(str(entry.name), loss_name(entry.loss), 1.0 if entry.loss_weights is None else float(entry.loss_weights))
@@ -29,12 +29,11 @@ def output_terms(model, y, y_pred, sample_weight=None):
     single-output model, or when the targets cannot be paired with the outputs.
     """
     tf, _ = tensorflow()
-    compile_loss = getattr(model, "_compile_loss", None)
-    flat = getattr(compile_loss, "_flat_losses", None) or []
+    flat = compiled_output_losses(model)
     if len(flat) < 2 or y is None or y_pred is None:
         return []
     try:
-        y_true, y_pred = _paired(compile_loss, y, y_pred)
+        y_true, y_pred = _paired(model, y, y_pred)
         terms = []
         for entry in flat:
             target, prediction = _at(entry.path, y_true), _at(entry.path, y_pred)
@@ -47,13 +46,15 @@ def output_terms(model, y, y_pred, sample_weight=None):
         return []
 
 
-def _paired(compile_loss, y, y_pred):
+def _paired(model, y, y_pred):
     """(y_true, y_pred) packed in the structures Keras built its losses on, as `CompileLoss.call` does."""
     tf, _ = tensorflow()
-    if isinstance(y_pred, (list, tuple)) and isinstance(y, dict) and set(y) == set(compile_loss.output_names or []):
-        y = [y[name] for name in compile_loss.output_names]
-    y_true = tf.nest.pack_sequence_as(compile_loss._y_true_build_structure, tf.nest.flatten(y))
-    y_pred = tf.nest.pack_sequence_as(compile_loss._y_pred_build_structure, tf.nest.flatten(y_pred))
+    names = compile_loss(model).output_names or []
+    if isinstance(y_pred, (list, tuple)) and isinstance(y, dict) and set(y) == set(names):
+        y = [y[name] for name in names]
+    true_structure, pred_structure = compiled_structures(model)
+    y_true = tf.nest.pack_sequence_as(true_structure, tf.nest.flatten(y))
+    y_pred = tf.nest.pack_sequence_as(pred_structure, tf.nest.flatten(y_pred))
     return y_true, y_pred
 
 

@@ -20,7 +20,7 @@ from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import OUTPUT, SCALARS, VARIABLE, Columns, StepLayout, join
 from nanscope.engine.step import layer_loss_terms, probed_layers, relative_variable_names
 from nanscope.keras.outputs import output_terms
-from nanscope.internals import override, overridden, restore
+from nanscope.internals import clip_gradients_hook, compile_loss, override, overridden, restore
 from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()
@@ -216,7 +216,7 @@ class StepCapture:
     def attached(self):
         targets = [(self.model, "compute_loss", self._on_compute_loss)]
         if self.optimizer is not None:
-            targets += [(self.optimizer, "apply", self._on_apply), (self.optimizer, "_clip_gradients", self._on_clip)]
+            targets += [(self.optimizer, "apply", self._on_apply), clip_gradients_hook(self.optimizer, self._on_clip)]
         with overridden(targets):
             yield self
 
@@ -341,7 +341,7 @@ def multi_output_names(model):
         count = len(model.outputs or [])
     except (AttributeError, ValueError):
         return []
-    if count < 2 or getattr(model, "_compile_loss", None) is None:
+    if count < 2 or compile_loss(model) is None:
         return []
     names = list(getattr(model, "output_names", None) or [])
     return names if len(names) == count else [f"output_{i}" for i in range(count)]
