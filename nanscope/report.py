@@ -6,6 +6,7 @@ the Rich renderer draws from the same fields. It can be rebuilt from a trace fil
 """
 
 import math
+import os
 from dataclasses import dataclass, field
 
 from nanscope.engine.records import record_from_dict
@@ -84,7 +85,7 @@ class TraceReport:
     trace_path: str | None = None
 
     @property
-    def status(self):
+    def status(self) -> str:
         if self.first_nonfinite is not None:
             return "nonfinite"
         if any(r.severity in ("error", "warning") for r in self.recommendations):
@@ -92,15 +93,15 @@ class TraceReport:
         return "healthy"
 
     @property
-    def output_names(self):
+    def output_names(self) -> list[str]:
         """Names of a multi-output model's outputs (run header `outputs`); one entry for a single output."""
         return [o["name"] for o in self.run.get("outputs") or []]
 
     @property
-    def steps_run(self):
+    def steps_run(self) -> int:
         return len(self.records)
 
-    def exit_code(self, strict=False):
+    def exit_code(self, strict: bool = False) -> int:
         """0 healthy, 1 non-finite (or a warning with `strict`), 130 interrupted."""
         if self.interrupted:
             return EXIT_INTERRUPTED
@@ -108,7 +109,7 @@ class TraceReport:
             return EXIT_PROBLEM
         return EXIT_HEALTHY
 
-    def layer_summaries(self):
+    def layer_summaries(self) -> list[dict]:
         """Per layer over the run: largest finite max |x|, last mean |x|, non-finite steps, first such step."""
         rows = []
         for index, (name, cls) in enumerate(self.layers):
@@ -126,7 +127,7 @@ class TraceReport:
             })
         return rows
 
-    def variable_summaries(self):
+    def variable_summaries(self) -> list[dict]:
         """Per variable over the run: largest and last gradient norm, largest update ratio, non-finite steps."""
         rows = []
         for index, name in enumerate(self.variables):
@@ -144,7 +145,7 @@ class TraceReport:
             })
         return rows
 
-    def output_summaries(self):
+    def output_summaries(self) -> list[dict]:
         """Per output of a multi-output model: its loss and weight, first/last/largest own loss, non-finite steps.
 
         Empty for a single-output model (its loss is the run's data loss).
@@ -164,7 +165,7 @@ class TraceReport:
             })
         return rows
 
-    def to_json(self):
+    def to_json(self) -> dict:
         """The `nanscope.trace/1` document."""
         return jsonable({
             "schema": SCHEMA,
@@ -184,7 +185,7 @@ class TraceReport:
             "trace": self.trace_path,
         })
 
-    def trace_header(self):
+    def trace_header(self) -> dict:
         """The header line of the trace file."""
         return {"run": self.run, "layers": self.layers, "layer_order": self.layer_order, "variables": self.variables}
 
@@ -200,7 +201,8 @@ def step_json(record, output_names=()):
     return row
 
 
-def from_trace(header, step_lines, other_lines, trace_path=None):
+def from_trace(header: dict, step_lines: list[dict], other_lines: list[dict],
+               trace_path: str | os.PathLike | None = None) -> TraceReport:
     """Rebuild a TraceReport from a trace file's lines (see tracefile.read_trace)."""
     records = [record_from_dict(line) for line in step_lines]
     summary = next((line for line in reversed(other_lines) if line.get("kind") == "summary"), {})

@@ -10,6 +10,7 @@ Example:
     spec = apply_overrides(spec, steps=300, learning_rate=1e-3)
 """
 
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -230,7 +231,7 @@ class RunSpec(_Section):
         return p if p.is_absolute() else self.base_dir / p
 
 
-def load_spec(path):
+def load_spec(path: str | os.PathLike) -> RunSpec:
     """Read and validate a YAML run spec.
 
     Args:
@@ -260,7 +261,7 @@ def load_spec(path):
     return parse_spec(document, source=str(path))
 
 
-def parse_spec(document, source="<spec>"):
+def parse_spec(document: dict, source: str = "<spec>") -> RunSpec:
     """Validate an already-parsed YAML document into a RunSpec.
 
     Raises:
@@ -283,7 +284,8 @@ def parse_spec(document, source="<spec>"):
     return spec
 
 
-def apply_overrides(spec, steps=None, learning_rate=None, batch_size=None, seed=None):
+def apply_overrides(spec: RunSpec, steps: int | None = None, learning_rate: float | None = None,
+                    batch_size: int | None = None, seed: int | None = None) -> RunSpec:
     """Return a copy of `spec` with the CLI's overrides applied (None leaves a field as is).
 
     Raises:

@@ -7,9 +7,13 @@ non-finite value to a phase and a layer or variable, and asks the rule catalogue
 what it means.
 """
 
+from __future__ import annotations
+
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nanscope import interrupt
 from nanscope.attribution import StepNames, attribute_from_record, describe_bad_batch
@@ -22,6 +26,9 @@ from nanscope.report import TraceReport
 from nanscope.rules.diagnose import diagnose
 from nanscope.session import open_session
 from nanscope.tracefile import TraceWriter, step_fields, step_line, summary_fields, summary_line
+
+if TYPE_CHECKING:
+    from nanscope.spec import RunSpec
 
 DEFAULT_RUNS_DIR = Path("nanscope-runs")
 # Shorter runs take one compiled call per step instead of chunks of steps (engine/chunk.py):
@@ -59,7 +66,7 @@ class TraceOptions:
     plot: Path | None = None
 
 
-def run_trace(spec, options=None):
+def run_trace(spec: RunSpec, options: TraceOptions | None = None) -> TraceReport:
     """Run trace-steps for a validated RunSpec and return its TraceReport.
 
     A run that finds NaN is a result, not an error. Ctrl-C stops the loop; the
@@ -97,7 +104,7 @@ def run_trace(spec, options=None):
     return report
 
 
-def stopped_before_training(spec_source):
+def stopped_before_training(spec_source: str | os.PathLike) -> TraceReport:
     """The report of a run that a signal stopped during start-up (spec, data, model), before its first step."""
     return TraceReport(run={"spec": str(spec_source)}, layers=[], layer_order=[], variables=[], records=[],
                        interrupted=True, notes=[STOPPED_BEFORE_TRAINING])

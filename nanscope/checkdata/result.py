@@ -89,7 +89,7 @@ class DataScan:
     label_checks: list = field(default_factory=list)
 
     @property
-    def status(self):
+    def status(self) -> str:
         """"problems" when a rule fired at error or warning level, else "clean"."""
         return "problems" if any(r.severity in PROBLEM_SEVERITIES for r in self.recommendations) else "clean"
 
@@ -98,11 +98,11 @@ class DataScan:
         """True when only a sample of the rows was scanned (`--sample`)."""
         return self.scanned_rows < self.rows
 
-    def exit_code(self):
+    def exit_code(self) -> int:
         """0 when clean, 1 when problems were found."""
         return EXIT_PROBLEM if self.status == "problems" else EXIT_HEALTHY
 
-    def to_json(self):
+    def to_json(self) -> dict:
         """The `nanscope.data/1` document (NaN/Inf as strings)."""
         def column(c):
             entry = jsonable(c)

@@ -10,6 +10,8 @@ Example:
     scan.status, scan.exit_code()
 """
 
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -33,7 +35,9 @@ CLASS_HINTS = ("classes", "num_classes", "n_classes")
 CLASS_KINDS = ("sparse", "onehot")
 
 
-def scan_data(source, target=None, loss=None, classes=None, sample=None, chunk_rows=None, on_progress=None):
+def scan_data(source: str | os.PathLike, target: str | None = None, loss: str | None = None,
+              classes: int | None = None, sample: int | None = None, chunk_rows: int | None = None,
+              on_progress: Callable[..., None] | None = None) -> DataScan:
     """Scan a dataset for NaN/Inf, scale and label problems.
 
     Args:

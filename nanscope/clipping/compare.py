@@ -7,7 +7,12 @@ unclipped run goes first: its healthy steps give the thresholds of strategies na
 without one. Each run stops at its first non-finite step.
 """
 
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from nanscope.clipping.effect import OptimizerCheck, StepEffect, clip_overrides, step_effect, verify_optimizer_clip
 from nanscope.clipping.strategies import Strategy, parse_strategies
@@ -17,6 +22,9 @@ from nanscope import interrupt
 from nanscope.errors import EXIT_INTERRUPTED
 from nanscope.experiment import Change, run_experiment
 from nanscope.session import open_session
+
+if TYPE_CHECKING:
+    from nanscope.spec import RunSpec
 
 
 @dataclass
@@ -65,19 +73,21 @@ class ClippingReport:
     notes: list = field(default_factory=list)
     interrupted: bool = False
 
-    def exit_code(self):
+    def exit_code(self) -> int:
         """0 when a strategy is recommended, 1 when none is, 130 when a signal cut the comparison short."""
         if self.interrupted:
             return EXIT_INTERRUPTED
         return 0 if self.recommended is not None else 1
 
-    def to_json(self):
+    def to_json(self) -> dict:
         from nanscope.clipping.report_json import clipping_json
 
         return clipping_json(self)
 
 
-def compare_clipping(spec, strategies=None, steps=None, on_progress=None, unsafe=False):
+def compare_clipping(spec: RunSpec, strategies: str | list[Strategy] | None = None, steps: int | None = None,
+                     on_progress: Callable[[str, int, int], None] | None = None,
+                     unsafe: bool = False) -> ClippingReport:
     """Train `spec` once per clipping strategy from the same start and pick the best.
 
     Args:
@@ -117,7 +127,8 @@ def compare_clipping(spec, strategies=None, steps=None, on_progress=None, unsafe
     return report
 
 
-def stopped_before_training(spec_source, strategies=None):
+def stopped_before_training(spec_source: str | os.PathLike,
+                            strategies: list[Strategy] | None = None) -> ClippingReport:
     """The report of a comparison that a signal stopped during start-up, before any strategy trained."""
     names = [s.name for s in strategies] if strategies else []
     note = "interrupted during start-up (loading the spec, the data or the model): 0 of " \

@@ -5,14 +5,21 @@ it came from, so relative paths still resolve) and `state.npz` (the model's and
 the optimizer's variables as they were before the step, and the batch).
 """
 
+from __future__ import annotations
+
 import json
+import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from nanscope.data import inputs, targets
 from nanscope.errors import NanscopeError
 from nanscope.jsonio import write_text_atomic
+
+if TYPE_CHECKING:
+    from nanscope.report import TraceReport
 
 SCHEMA = "nanscope.repro/1"
 
@@ -64,7 +71,7 @@ def load_repro(directory):
     return document, arrays
 
 
-def replay_repro(directory):
+def replay_repro(directory: str | os.PathLike) -> TraceReport:
     """Re-run the saved step with the full localization; a TraceReport with its first_nonfinite and findings."""
     from nanscope.forensics.replay import describe_event, replay_step, state_variables
     from nanscope.optimizers import build_optimizer
@@ -119,7 +126,7 @@ def _finite(array):
     return not np.issubdtype(array.dtype, np.floating) or bool(np.isfinite(array).all())
 
 
-def replay_document(report):
+def replay_document(report: TraceReport) -> dict:
     """The `nanscope.replay/1` JSON document of a replayed step."""
     from nanscope.jsonio import jsonable
 
