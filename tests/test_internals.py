@@ -102,6 +102,9 @@ def test_canary_own_losses():
     canary("Layer._get_own_losses / Layer._trainable_variables", check)
 
 
+# Keras 3.3 has no per-output `_flat_losses` nor build structures: the callback then records the total
+# loss only. These two canaries are left out of the oldest-versions smoke run (.ci/run).
+@pytest.mark.per_output_losses
 def test_canary_compiled_loss_weights_and_output_losses():
     model = two_heads()
 
@@ -117,6 +120,7 @@ def test_canary_compiled_loss_weights_and_output_losses():
     canary("CompileLoss._user_loss_weights / CompileLoss._flat_losses", check)
 
 
+@pytest.mark.per_output_losses
 def test_canary_compiled_structures():
     model = two_heads()
 

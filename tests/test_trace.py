@@ -1,5 +1,6 @@
 """trace-steps: the instrumented step against an eager reference, phases, examples, model and data kinds."""
 
+import inspect
 import json
 from pathlib import Path
 
@@ -168,7 +169,9 @@ def test_keras_file_and_saved_model(tmp_path):
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="relu"), keras.layers.Dense(1)])
     model.save(tmp_path / "m.keras")
-    model.export(str(tmp_path / "saved"), format="tf_saved_model", verbose=False)
+    # Keras before 3.4 has no `verbose` here (the oldest-versions smoke run, .ci/run).
+    quiet = {"verbose": False} if "verbose" in inspect.signature(model.export).parameters else {}
+    model.export(str(tmp_path / "saved"), format="tf_saved_model", **quiet)
     data = {"factory": f"{SPECS / 'data_factories.py'}:arrays", "batch_size": 16}
     for path in ("m.keras", "saved"):
         document = {"model": {"path": path}, "data": data, "train": {"loss": "mse", "optimizer": "sgd", "steps": 3}}
