@@ -29,8 +29,16 @@ SAFE_EPSILON = 1e-4
 
 
 def verify_recommendations(session, report):
-    """Run the fix experiments for `report.recommendations` and record the results on each."""
+    """Run the fix experiments for `report.recommendations`, record the results on each, rank by them.
+
+    When every fix that was tried failed on its own, natural combinations of them are tried
+    (`COMBINATIONS`: standardised inputs and targets together, a data fix with a lower
+    learning rate, clipping with a lower learning rate). Afterwards verified fixes rank
+    first, untried ones keep their place below them, and fixes that were tried and failed
+    rank last; within each group the order of the diagnosis stays.
+    """
     baseline = _baseline(report)
+    tried = {}
     for rec in report.recommendations:
         changes = changes_for(rec, session, report)
         if not changes:
@@ -38,8 +46,74 @@ def verify_recommendations(session, report):
         results = [run_experiment(session, change, steps=session.spec.train.steps) for change in changes]
         rec.verification = [_row(result, baseline, change.rescales_loss) for result, change in zip(results, changes)]
         rec.verified = any(row["helped"] for row in rec.verification)
+        tried[rec.id] = (rec, changes)
+    if tried and not any(rec.verified for rec, _ in tried.values()):
+        _verify_combinations(session, tried, baseline)
     session.reset_weights()
+    report.recommendations = ranked_by_verification(report.recommendations)
     return report
+
+
+# Fixes that address different causes and are applied together when each fails alone, as a
+# user would: scale both ends of a regression, or scale the data and slow the steps. At most
+# MAX_COMBINATIONS are run (each is one more training run).
+COMBINATIONS = (
+    ("normalize-inputs", "normalize-targets"),
+    ("normalize-targets", "lower-learning-rate"),
+    ("normalize-inputs", "lower-learning-rate"),
+    ("clip-gradients", "lower-learning-rate"),
+    ("normalize-inputs", "normalize-targets", "lower-learning-rate"),
+)
+MAX_COMBINATIONS = 3
+
+
+def _verify_combinations(session, tried, baseline):
+    runs = 0
+    for ids in COMBINATIONS:
+        if runs == MAX_COMBINATIONS:
+            return
+        if not all(rule_id in tried for rule_id in ids):
+            continue
+        members = [tried[rule_id] for rule_id in ids]
+        change = combined([changes[0] for _, changes in members])
+        runs += 1
+        row = _row(run_experiment(session, change, steps=session.spec.train.steps), baseline, change.rescales_loss)
+        for rec, _ in members:
+            rec.verification.append({**row, "together_with": [other for other in ids if other != rec.id]})
+            if row["helped"]:
+                rec.verified = True
+                rec.data["verified_with"] = [other for other in ids if other != rec.id]
+        if row["helped"]:
+            return
+
+
+def combined(changes):
+    """One Change that applies every change in `changes`: their data changes in turn, their optimizer
+    overrides merged, the first changed model; its loss is rescaled when any member's is."""
+    def data(loaded):
+        for change in changes:
+            if change.data is not None:
+                loaded = change.data(loaded)
+        return loaded
+
+    overrides, params = {}, {}
+    for change in changes:
+        overrides.update(change.optimizer_overrides)
+        params.update(change.params)
+    return Change(
+        " + ".join(change.name for change in changes), params, overrides,
+        grad_transform=next((c.grad_transform for c in changes if c.grad_transform is not None), None),
+        model=next((c.model for c in changes if c.model is not None), None),
+        loss_scaling=next((c.loss_scaling for c in changes if c.loss_scaling is not None), None),
+        data=data if any(c.data is not None for c in changes) else None,
+        rescales_loss=any(c.rescales_loss for c in changes),
+    )
+
+
+def ranked_by_verification(recommendations):
+    """Verified fixes first, then those not tried, then those tried that did not help; stable within each."""
+    rank = {True: 0, None: 1, False: 2}
+    return sorted(recommendations, key=lambda rec: rank[rec.verified])
 
 
 def changes_for(rec, session, report):

@@ -189,7 +189,7 @@ def _verification(rec):
         table.add_column(column, justify="left" if column == "fix" else "right", no_wrap=column == "fix")
     for row in rec.verification:
         finite = "yes" if row["finite"] else f"no (step {row['first_nonfinite_step']})"
-        table.add_row(row["fix"], finite, fmt(row["final_loss"]), fmt(row["best_loss"]),
+        table.add_row(row["fix"] + (" (together)" if row.get("together_with") else ""), finite, fmt(row["final_loss"]), fmt(row["best_loss"]),
                       fmt(row["unfixed_final_loss"]), fmt(row["unfixed_best_loss"]),
                       style="green" if row["helped"] else "red")
     return Padding(table, (0, 0, 0, 3))
@@ -202,6 +202,8 @@ def _recommendations(report):
     for number, rec in enumerate(report.recommendations, start=1):
         verified = {True: "  [verified: the fix stays finite]", False: "  [verified: the fix did NOT help]"}.get(
             rec.verified, "")
+        if rec.verified and rec.data.get("verified_with"):
+            verified = f"  [verified together with {', '.join(rec.data['verified_with'])}: the fixes stay finite]"
         parts.append(Text.assemble(f"{number}. ", (f"[{rec.severity}] ", SEVERITY_STYLE.get(rec.severity, "")),
                                    (rec.title, "bold"), f"  ({rec.id})",
                                    (verified, "green" if rec.verified else "red")))
