@@ -189,8 +189,9 @@ def _verification(rec):
         table.add_column(column, justify="left" if column == "fix" else "right", no_wrap=column == "fix")
     for row in rec.verification:
         finite = "yes" if row["finite"] else f"no (step {row['first_nonfinite_step']})"
-        table.add_row(row["fix"] + (" (together)" if row.get("together_with") else ""), finite, fmt(row["final_loss"]), fmt(row["best_loss"]),
-                      fmt(row["unfixed_final_loss"]), fmt(row["unfixed_best_loss"]),
+        fix = row["fix"] + (" (together)" if row.get("together_with") else "")
+        table.add_row(fix, finite, fmt(row["final_loss"]), fmt(row["best_loss"]), fmt(row["unfixed_final_loss"]),
+                      fmt(row["unfixed_best_loss"]),
                       style="green" if row["helped"] else "red")
     return Padding(table, (0, 0, 0, 3))
 
