@@ -37,4 +37,5 @@ def optional_part(notes, part):
 def failure_note(part, exc):
     """"<part> failed while the report was finished (<Type>: <message>) and is left out"."""
     what = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
-    return f"{part} failed while the report was finished ({what}) and is left out; please report this as a nanscope bug"
+    bug = "" if isinstance(exc, OSError) else "; please report this as a nanscope bug"
+    return f"{part} failed while the report was finished ({what}) and is left out{bug}"

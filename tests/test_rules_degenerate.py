@@ -192,3 +192,26 @@ def test_a_run_whose_rule_raises_still_writes_its_json_and_keeps_its_exit_code(t
     assert any(n.startswith("rule clip-gradients failed while the report was finished (ZeroDivisionError")
                for n in document["notes"])
     assert "rule clip-gradients failed" in " ".join(result.stdout.split())
+
+
+def test_a_report_that_cannot_be_printed_still_writes_its_json_and_keeps_its_exit_code(tmp_path, monkeypatch):
+    import json
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    import nanscope.render.trace_report as renderer
+    from nanscope.cli import app
+
+    def broken(report, console):
+        raise ValueError("a renderer bug")
+
+    monkeypatch.setattr(renderer, "render_trace_report", broken)
+    spec = Path(__file__).parent.parent / "configs" / "exploding-regression.yaml"
+    out = tmp_path / "report.json"
+    result = CliRunner().invoke(app, ["trace-steps", str(spec), "--json", str(out), "--trace", str(tmp_path / "t.jsonl")])
+    assert result.exit_code == 1, result.output
+    assert json.loads(out.read_text())["status"] == "nonfinite"
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "nanscope: the printed report failed while the report was finished (ValueError: a renderer bug)")
+    assert "Traceback" not in result.output

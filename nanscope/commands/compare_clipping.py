@@ -23,7 +23,7 @@ def run(spec, *, steps=None, strategies=None, lr=None, batch_size=None, seed=Non
             return compare_clipping(run_spec, chosen, on_progress=on_progress)
 
     report = outcome(work, lambda: stopped_before_training(spec, chosen))
-    writes = [lambda: plot_strategies(report, plot)] if plot is not None else []
+    writes = [(f"the plot {plot}", lambda: plot_strategies(report, plot))] if plot is not None else []
     return deliver(lambda console: render_clipping_report(report, console), report.to_json, json_out,
                    report.exit_code(), writes=writes)
 

@@ -1,6 +1,9 @@
 """The tail every command ends with: render the report, write its JSON, return the exit code."""
 
+import sys
+
 from nanscope import interrupt
+from nanscope.finishing import optional_part
 
 
 def outcome(work, fallback):
@@ -38,20 +41,29 @@ def deliver(render, document, json_out, exit_code, writes=()):
     """Print the human report, write the other outputs and the JSON, and return the exit code.
 
     A signal that arrives meanwhile is remembered but does not cut the report short.
+    Printing the report or writing a further output that raises (a nanscope bug) does
+    not lose the run: the JSON is still written, the exit code stands, and one line
+    on stderr says which part is missing.
 
     Args:
         render: callable(Console). Prints the human report.
         document: callable() -> dict. The JSON document, built only when `json_out` is set.
         json_out: str or None. The `--json` target ("-" for stdout).
         exit_code: int. Returned unchanged.
-        writes: iterable of callable(). Further outputs (a plot), written after the report.
+        writes: iterable of (str, callable()). Further outputs, each named ("the plot out.png"), written after
+            the report.
     """
+    missing = []
     with interrupt.deferred():
-        render(console_for(json_out))
-        for write in writes:
-            write()
+        with optional_part(missing, "the printed report"):
+            render(console_for(json_out))
+        for part, write in writes:
+            with optional_part(missing, part):
+                write()
         if json_out:
             from nanscope.jsonio import write_json
 
             write_json(json_out, document())
+    for note in missing:
+        print(f"nanscope: {note}", file=sys.stderr)
     return exit_code
