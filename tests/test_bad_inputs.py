@@ -344,6 +344,24 @@ def input_shape_does_not_fit(tmp_path):
 
 
 @case
+def loss_file_missing(tmp_path):
+    return trace(tmp_path, base_spec(train={"loss": "my_losses.py:robust"})), [
+        "spec.yaml", "train.loss", "file not found", "my_losses.py"]
+
+
+@case
+def loss_file_missing_for_one_output(tmp_path):
+    return trace(tmp_path, base_spec(train={"loss": {"price": "mse", "kind": "losses/kind.py:focal"}})), [
+        "spec.yaml", "train.loss.kind", "file not found", "kind.py"]
+
+
+@case
+def data_factory_file_missing(tmp_path):
+    return trace(tmp_path, base_spec(data={"factory": "loaders/no_such.py:load"})), [
+        "spec.yaml", "data.factory", "file not found", "no_such.py"]
+
+
+@case
 def loss_name_unknown(tmp_path):
     return trace(tmp_path, base_spec(train={"loss": "mean_squared_eror"})), [
         "spec.yaml", "train.loss", "Keras has no loss 'mean_squared_eror'", "did you mean"]
@@ -762,6 +780,28 @@ def test_bad_input_is_one_line_and_exit_2(name, tmp_path, monkeypatch):
     assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
     assert_one_line(result.stderr, expected)
     assert not (tmp_path / "run-trace.jsonl").exists(), "a run that failed on bad input left a trace behind"
+
+
+# A file the spec names that does not exist: reported before TensorFlow is imported (TF takes seconds).
+MISSING_FILES = ["model_factory_file_missing", "model_path_missing", "data_path_missing", "data_factory_file_missing",
+                 "npy_targets_missing", "loss_file_missing", "loss_file_missing_for_one_output",
+                 "model_factory_reference_without_function"]
+
+
+@pytest.mark.parametrize("name", MISSING_FILES)
+@pytest.mark.parametrize("command", ["trace-steps", "compare-clipping"])
+def test_missing_files_are_reported_before_tensorflow_loads(name, command, tmp_path):
+    argv, expected = CASES[name](tmp_path)
+    argv = [command, argv[1]]
+    code = ("import sys, time; from typer.testing import CliRunner; from nanscope.cli import app; "
+            f"start = time.perf_counter(); r = CliRunner().invoke(app, {argv!r}); "
+            "print(r.exit_code, 'tensorflow' in sys.modules, round(time.perf_counter() - start, 2)); "
+            "print(r.stderr, file=sys.stderr)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    exit_code, tensorflow_loaded, seconds = result.stdout.split()
+    assert (exit_code, tensorflow_loaded) == ("2", "False"), result.stderr
+    assert float(seconds) < 1.0, seconds
+    assert_one_line(result.stderr, expected)
 
 
 def test_the_corpus_is_large_enough():

@@ -2,6 +2,7 @@
 
 from nanscope.commands.output import deliver, outcome
 from nanscope.outpaths import check_output_paths
+from nanscope.specpaths import check_spec_paths
 
 
 def run(spec, *, steps=None, strategies=None, lr=None, batch_size=None, seed=None, json_out=None, plot=None):
@@ -19,6 +20,7 @@ def run(spec, *, steps=None, strategies=None, lr=None, batch_size=None, seed=Non
 
     def work():
         run_spec = apply_overrides(load_spec(spec), steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed)
+        check_spec_paths(run_spec)  # before TensorFlow loads: a missing file is reported at once
         with clipping_progress() as on_progress:
             return compare_clipping(run_spec, chosen, on_progress=on_progress)
 

@@ -2,6 +2,7 @@
 
 from nanscope.commands.output import deliver, outcome
 from nanscope.outpaths import check_output_paths
+from nanscope.specpaths import check_spec_paths
 
 
 def run(spec, *, steps=None, lr=None, batch_size=None, seed=None, json_out=None, trace=None, keep_going=False,
@@ -22,6 +23,7 @@ def run(spec, *, steps=None, lr=None, batch_size=None, seed=None, json_out=None,
 
     def work():
         run_spec = apply_overrides(load_spec(spec), steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed)
+        check_spec_paths(run_spec)  # before TensorFlow loads: a missing file is reported at once
         return run_trace(run_spec, options)
 
     report = outcome(work, lambda: stopped_before_training(spec))
