@@ -11,6 +11,7 @@ from pathlib import Path
 
 from nanscope.errors import NanscopeError
 from nanscope.runtime import quiet_user_imports
+from nanscope.usercode import where_suffix
 
 
 def load_callable(reference, base_dir, field, error=NanscopeError):
@@ -73,7 +74,7 @@ def _import_file(path, field, error):
         with quiet_user_imports():
             spec.loader.exec_module(module)
     except Exception as exc:  # user code: any failure is the user's input problem
-        raise error(f"{field}: importing {path} failed: {type(exc).__name__}: {exc}") from exc
+        raise error(f"{field}: importing {path} failed: {type(exc).__name__}: {exc}{where_suffix(exc)}") from exc
     finally:
         sys.path.remove(str(path.parent))
     return module
@@ -86,7 +87,7 @@ def _import_module(module_ref, field, error):
     except ModuleNotFoundError as exc:
         raise error(f"{field}: no module named {module_ref!r} ({exc})") from exc
     except Exception as exc:
-        raise error(f"{field}: importing {module_ref} failed: {type(exc).__name__}: {exc}") from exc
+        raise error(f"{field}: importing {module_ref} failed: {type(exc).__name__}: {exc}{where_suffix(exc)}") from exc
 
 
 def call_factory(function, kwargs, field, error=NanscopeError):
@@ -95,7 +96,7 @@ def call_factory(function, kwargs, field, error=NanscopeError):
         return function(**kwargs)
     except Exception as exc:
         call = f"{function.__name__}({_format_kwargs(kwargs)})"
-        raise error(f"{field}: {call} raised {type(exc).__name__}: {exc}") from exc
+        raise error(f"{field}: {call} raised {type(exc).__name__}: {exc}{where_suffix(exc)}") from exc
 
 
 def received(result):

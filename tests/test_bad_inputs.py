@@ -294,6 +294,19 @@ def model_factory_raises(tmp_path):
         "spec.yaml", "model.factory", "raised RuntimeError", "the factory broke"]
 
 
+def line_of(marker):
+    """The line of tests/bad_inputs/factories.py that carries the comment `# raises: marker`."""
+    lines = FACTORIES.read_text().splitlines()
+    return next(i for i, line in enumerate(lines, start=1) if line.endswith(f"# raises: {marker}"))
+
+
+@case
+def model_factory_raises_key_error(tmp_path):
+    return trace(tmp_path, base_spec(model={"factory": f"{FACTORIES}:reads_config"})), [
+        "spec.yaml", "model.factory", "reads_config(features=4) raised KeyError: 'unit'",
+        f"(at {FACTORIES}:{line_of('KeyError')})"]
+
+
 @case
 def model_factory_returns_int(tmp_path):
     return trace(tmp_path, base_spec(model={"factory": f"{FACTORIES}:returns_int", "args": {}})), [
@@ -405,13 +418,15 @@ def model_call_returns_none(tmp_path):
 @case
 def model_call_raises_while_traced(tmp_path):
     return trace(tmp_path, base_spec(model={"factory": f"{FACTORIES}:raises_in_training"})), [
-        "spec.yaml", "model:", "raised RuntimeError while the train step was traced", "not written yet"]
+        "spec.yaml", "model:", "raised RuntimeError while the train step was traced", "not written yet",
+        f"(at {FACTORIES}:{line_of('RuntimeError')})"]
 
 
 @case
 def model_call_raises_while_traced_in_chunks(tmp_path):
     spec = base_spec(model={"factory": f"{FACTORIES}:raises_in_training"}, train={"steps": 600})
-    return trace(tmp_path, spec), ["spec.yaml", "model:", "raised RuntimeError while the train step was traced"]
+    return trace(tmp_path, spec), ["spec.yaml", "model:", "raised RuntimeError while the train step was traced",
+                                   f"factories.py:{line_of('RuntimeError')}"]
 
 
 @case
@@ -819,7 +834,8 @@ def test_real_process_one_line_exit_2(name, tmp_path):
     assert_one_line(result.stderr, expected)
 
 
-@pytest.mark.parametrize("name", ["unknown_data_field", "model_factory_raises"])
+@pytest.mark.parametrize("name", ["unknown_data_field", "model_factory_raises", "model_factory_raises_key_error",
+                                  "model_call_raises_while_traced"])
 def test_debug_variable_shows_the_traceback(name, tmp_path, monkeypatch):
     monkeypatch.setenv("NANSCOPE_DEBUG", "1")
     argv, _expected = CASES[name](tmp_path)

@@ -12,6 +12,7 @@ import re
 
 from nanscope.errors import ModelError, NanscopeError, first_line
 from nanscope.runtime import tensorflow
+from nanscope.usercode import where_suffix
 
 
 @contextlib.contextmanager
@@ -23,7 +24,8 @@ def raised_while_tracing(where):
     except NanscopeError:
         raise
     except Exception as exc:
-        raise ModelError(f"{where}raised {type(exc).__name__} while the train step was traced: {first_line(exc)}",
+        raise ModelError(f"{where}raised {type(exc).__name__} while the train step was traced: {first_line(exc)}"
+                         f"{where_suffix(exc)}",
                          hint="NANSCOPE_DEBUG=1 shows the traceback") from exc
 
 

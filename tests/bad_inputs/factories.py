@@ -31,7 +31,7 @@ class OddModel(keras.Model):
         if training and self.behaviour == "none":
             return None
         if training and self.behaviour == "raise":
-            raise RuntimeError("the training branch is not written yet")
+            raise RuntimeError("the training branch is not written yet")  # raises: RuntimeError
         return out
 
 
@@ -169,3 +169,9 @@ def uncompiled_classifier(features=4, classes=3):
 def negative_log(y_true, y_pred):
     """Unused helper so the module has more than one public function."""
     return ops.mean(-ops.log(y_pred))
+
+
+def reads_config(features=4, config=None):
+    """A factory that reads a setting its config does not have: KeyError, as a new user's first factory did."""
+    config = config or {"units": 3}
+    return keras.Sequential([keras.Input((features,)), keras.layers.Dense(config["unit"])])  # raises: KeyError
