@@ -209,7 +209,8 @@ def test_a_report_that_cannot_be_printed_still_writes_its_json_and_keeps_its_exi
     monkeypatch.setattr(renderer, "render_trace_report", broken)
     spec = Path(__file__).parent.parent / "configs" / "exploding-regression.yaml"
     out = tmp_path / "report.json"
-    result = CliRunner().invoke(app, ["trace-steps", str(spec), "--json", str(out), "--trace", str(tmp_path / "t.jsonl")])
+    argv = ["trace-steps", str(spec), "--json", str(out), "--trace", str(tmp_path / "t.jsonl")]
+    result = CliRunner().invoke(app, argv)
     assert result.exit_code == 1, result.output
     assert json.loads(out.read_text())["status"] == "nonfinite"
     assert result.stderr.strip().splitlines()[-1].startswith(
