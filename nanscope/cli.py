@@ -6,6 +6,8 @@ exit codes.
 Nothing here imports TensorFlow at module level, so `--help` stays fast.
 """
 
+import contextlib
+import logging
 import os
 import sys
 import traceback
@@ -74,14 +76,10 @@ def run_command(body):
     finishes its report for the steps done and exits 130.
     """
     debug = os.environ.get("NANSCOPE_DEBUG") == "1"
-    if debug:  # parts of a report left out on an error (nanscope.finishing) log their traceback here
-        import logging
-
-        logging.getLogger("nanscope").addHandler(logging.StreamHandler(sys.stderr))
-        logging.getLogger("nanscope").setLevel(logging.DEBUG)
     interrupt.install()
     try:
-        code = body()
+        with _debug_log(debug):
+            code = body()
     except NanscopeError as exc:
         if debug:
             traceback.print_exc()
@@ -101,6 +99,24 @@ def run_command(body):
         typer.echo("nanscope: interrupted; the report covers the work done before the signal", err=True)
         raise typer.Exit(EXIT_INTERRUPTED)
     raise typer.Exit(code or 0)
+
+
+@contextlib.contextmanager
+def _debug_log(enabled):
+    """With NANSCOPE_DEBUG=1, the `nanscope` logger's records (the traceback of a part left out of a report,
+    nanscope.finishing) go to stderr for the command's duration."""
+    if not enabled:
+        yield
+        return
+    logger, handler = logging.getLogger("nanscope"), logging.StreamHandler(sys.stderr)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def one_line(exc):
