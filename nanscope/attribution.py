@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nanscope.data import inputs, targets
-from nanscope.engine.records import first_nonfinite_replica
+from nanscope.engine.records import first_nonfinite_replica, first_nonfinite_worker
 from nanscope.report import FirstNonfinite
 
 SHOWN = 8
@@ -43,7 +43,8 @@ def attribute_from_record(record, names):
         names: StepNames. What the record's columns refer to.
     """
     phase = record.phase
-    first = FirstNonfinite(step=record.step, phase=phase, replica=first_nonfinite_replica(record))
+    first = FirstNonfinite(step=record.step, phase=phase, replica=first_nonfinite_replica(record),
+                           worker=first_nonfinite_worker(record))
     output = record.nonfinite_output(phase)
     if output is not None and output < len(names.outputs):
         first.output = names.outputs[output]

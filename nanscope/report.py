@@ -37,6 +37,8 @@ class FirstNonfinite:
         detail: list of str. Further facts (e.g. which features and rows held NaN).
         replica: int or None. Under tf.distribute, the lowest replica id that saw a non-finite
             value in its batch, outputs or gradients at this step; None on one device.
+        worker: int or None. Under MultiWorkerMirroredStrategy, the lowest worker (task) id whose
+            replicas saw one; None otherwise.
         output: str or None. For a multi-output model, the output whose targets (data),
             prediction (forward) or own loss (loss) first held the value; None otherwise.
     """
@@ -52,6 +54,7 @@ class FirstNonfinite:
     detail: list = field(default_factory=list)
     replica: int | None = None
     output: str | None = None
+    worker: int | None = None
 
 
 @dataclass
@@ -70,6 +73,10 @@ class TraceReport:
         interrupted: bool. The run was stopped by a signal before its step limit.
         notes: list of str. What the report cannot show and why.
         trace_path: str. The JSON-lines trace file.
+        stopped: str or None. Why the run ended before its step limit other than by a signal:
+            a worker of a multi-worker run went missing. The run's exit code is then 1.
+        cluster: Cluster or None. Under `train.distribute: multi_worker`, the worker that made this
+            report (only the chief's is written). Not serialised.
     """
 
     run: dict
@@ -83,6 +90,8 @@ class TraceReport:
     interrupted: bool = False
     notes: list = field(default_factory=list)
     trace_path: str | None = None
+    stopped: str | None = None
+    cluster: object | None = None
 
     @property
     def status(self) -> str:
@@ -102,10 +111,10 @@ class TraceReport:
         return len(self.records)
 
     def exit_code(self, strict: bool = False) -> int:
-        """0 healthy, 1 non-finite (or a warning with `strict`), 130 interrupted."""
+        """0 healthy, 1 non-finite, stopped early (or a warning with `strict`), 130 interrupted."""
         if self.interrupted:
             return EXIT_INTERRUPTED
-        if self.status == "nonfinite" or (strict and self.status == "warning"):
+        if self.stopped or self.status == "nonfinite" or (strict and self.status == "warning"):
             return EXIT_PROBLEM
         return EXIT_HEALTHY
 
@@ -172,6 +181,7 @@ class TraceReport:
             "status": self.status,
             "steps_run": self.steps_run,
             "interrupted": self.interrupted,
+            **({"stopped": self.stopped} if self.stopped else {}),
             "run": self.run,
             "first_nonfinite": self.first_nonfinite,
             "steps": [step_json(r, self.output_names) for r in self.records],
@@ -196,6 +206,8 @@ def step_json(record, output_names=()):
     row = {**{f: getattr(record, f) for f in STEP_FIELDS}, "phase": record.phase}
     if record.replica_nonfinite:
         row["replica_nonfinite"] = list(record.replica_nonfinite)
+    if record.worker_nonfinite:
+        row["worker_nonfinite"] = list(record.worker_nonfinite)
     if record.outputs:
         row["outputs"] = {name: vars(stats) for name, stats in zip(output_names, record.outputs)}
     return row
@@ -217,6 +229,7 @@ def from_trace(header: dict, step_lines: list[dict], other_lines: list[dict],
         recommendations=[Recommendation(**r) for r in summary.get("recommendations", [])],
         validation_loss=summary.get("validation_loss"),
         interrupted=bool(summary.get("interrupted", not summary)),  # no summary: the run was killed mid-way
+        stopped=summary.get("stopped"),
         notes=summary.get("notes", []) + _trace_end_notes(summary, other_lines),
         trace_path=str(trace_path) if trace_path else None,
     )

@@ -21,9 +21,17 @@ import warnings
 _modules = None
 
 
-def tensorflow():
-    """Return (tf, keras), importing them quietly on first use."""
+def tensorflow(before_devices=None):
+    """Return (tf, keras), importing them quietly on first use.
+
+    Args:
+        before_devices: callable(tf), optional. Run once TensorFlow is imported and before it
+            starts its devices (MultiWorkerMirroredStrategy must be created then); its stderr
+            is not silenced. Given after TensorFlow has started, it raises RuntimeError.
+    """
     global _modules
+    if _modules is not None and before_devices is not None:
+        raise RuntimeError("TensorFlow has started its devices already")
     if _modules is None:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         warnings.filterwarnings("ignore", module=r"(tensorflow|keras)")
@@ -33,6 +41,9 @@ def tensorflow():
             import tensorflow as tf
 
             _split_cpu(tf, os.environ.get("NANSCOPE_CPU_REPLICAS"))
+        if before_devices is not None:
+            before_devices(tf)
+        with _silenced_stderr_fd() if quiet else contextlib.nullcontext():
             tf.config.list_logical_devices()
         tf.get_logger().setLevel(logging.ERROR)
         logging.getLogger("absl").setLevel(logging.ERROR)

@@ -8,7 +8,9 @@ run with other optimizer settings.
 
 With `train.distribute: mirrored` the session holds a MirroredStrategy: the model
 and every optimizer are created under its scope, and `instrumented_step` returns a
-`DistributedStep` (nanscope/engine/distributed.py); otherwise nothing changes.
+`DistributedStep` (nanscope/engine/distributed.py); otherwise nothing changes. With
+`multi_worker` it holds a MultiWorkerMirroredStrategy, created before anything else
+starts TensorFlow, and the `Cluster` it spans (nanscope/engine/cluster.py).
 """
 
 import contextlib
@@ -41,6 +43,7 @@ class Session:
         loss: Loss.
         unsafe: bool. Whether `.keras` files may be loaded without safe mode.
         strategy: tf.distribute.Strategy or None. Set by `train.distribute`.
+        cluster: Cluster or None. Under `train.distribute: multi_worker`, the workers and this one's task.
         output_names: list of str. The model's outputs, flattened (one name for a single output).
     """
 
@@ -54,6 +57,7 @@ class Session:
     unsafe: bool = False
     strategy: Any = None
     output_names: list = field(default_factory=list)
+    cluster: Any = None
 
     def batch(self, step):
         """(x, y) of the batch drawn at `step`."""
@@ -86,8 +90,9 @@ class Session:
         with self.strategy.scope():
             optimizer = build_optimizer(self.spec, model, optimizer_overrides)
         x, y = self.batch(0)
+        workers = len(self.cluster.workers) if self.cluster is not None else 1
         return DistributedStep(self.strategy, model, self.loss, optimizer, x, y, grad_transform=grad_transform,
-                               source=self.spec.source)
+                               source=self.spec.source, workers=workers)
 
     def next_records(self, engine, runner, step, total, stop_on_nonfinite):
         """(records, None) of the next step, or of the next chunk of steps when `runner` is set.
@@ -145,15 +150,20 @@ class Session:
 
 
 def open_session(spec, unsafe=False):
-    """Load data, model and loss for `spec`, seeding everything from `train.seed`."""
+    """Load data, model and loss for `spec`, seeding everything from `train.seed`.
+
+    Under `multi_worker`, a collective that fails while the model is built (a worker that
+    left) raises ClusterError, exit 2.
+    """
+    strategy, cluster = distribution_strategy(spec)  # a multi-worker strategy must come before TensorFlow starts
     _, keras = tensorflow()
     keras.utils.set_random_seed(spec.train.seed)
     loaded = load_data(spec)
     train, validation = split_validation(loaded, spec.data.validation.fraction)
     order = BatchOrder(train.rows, spec.data.batch_size, spec.data.shuffle, spec.train.seed)
-    strategy = distribution_strategy(spec)
     keras.utils.set_random_seed(spec.train.seed)
-    with dtype_policy(spec.train.mixed_precision), strategy.scope() if strategy else contextlib.nullcontext():
+    with start_up_failures(cluster), dtype_policy(spec.train.mixed_precision), \
+            strategy.scope() if strategy else contextlib.nullcontext():
         model = load_model(spec, unsafe=unsafe)
         output = build_model(model, batch(train, order, 0)[0], source=spec.source)
         names = output_names(model, output)
@@ -164,25 +174,49 @@ def open_session(spec, unsafe=False):
             part.y = targets.arrange(part.y, names, f"{spec.source}: data")
     check_labels_fit(spec, loss, output, loaded.y)
     initial = [v.numpy() for v in _state_variables(model)]
-    return Session(spec, train, validation, order, model, loss, initial, unsafe, strategy, names)
+    return Session(spec, train, validation, order, model, loss, initial, unsafe, strategy, names, cluster)
 
 
 def distribution_strategy(spec):
-    """The tf.distribute strategy `train.distribute` asks for, or None; contradicting settings are bad input."""
-    if spec.train.distribute is None:
-        return None
+    """(strategy, cluster) that `train.distribute` asks for, or (None, None); contradicting settings are bad input."""
+    kind = spec.train.distribute
+    if kind is None:
+        return None, None
     for name, value, clash in (("mixed_precision", spec.train.mixed_precision == "mixed_float16", "mixed_float16"),
                                ("jit_compile", spec.train.jit_compile, True)):
         if value:
-            raise SpecError(f"{spec.source}: train.{name}: {clash} is not supported with train.distribute: mirrored",
+            raise SpecError(f"{spec.source}: train.{name}: {clash} is not supported with train.distribute: {kind}",
                             hint=f"remove train.{name} or train.distribute")
-    from nanscope.engine.distributed import mirrored_strategy
+    cluster = None
+    if kind == "multi_worker":
+        from nanscope.engine.cluster import multi_worker_strategy, read_tf_config
 
-    strategy = mirrored_strategy()
+        cluster = read_tf_config(spec.source, spec.train.distribute_timeout_s)
+        strategy = multi_worker_strategy(cluster)
+    else:
+        from nanscope.engine.distributed import mirrored_strategy
+
+        strategy = mirrored_strategy()
     if spec.data.batch_size < strategy.num_replicas_in_sync:
         raise SpecError(f"{spec.source}: data.batch_size: {spec.data.batch_size} is smaller than the "
-                        f"{strategy.num_replicas_in_sync} replicas of train.distribute: mirrored")
-    return strategy
+                        f"{strategy.num_replicas_in_sync} replicas of train.distribute: {kind}")
+    return strategy, cluster
+
+
+@contextlib.contextmanager
+def start_up_failures(cluster):
+    """Under multi_worker, turn a collective that fails before the first step into ClusterError (exit 2)."""
+    if cluster is None:
+        yield
+        return
+    from nanscope.engine.cluster import ClusterError, collective_failure_message, is_collective_failure
+
+    try:
+        yield
+    except Exception as exc:
+        if not is_collective_failure(exc):
+            raise
+        raise ClusterError(collective_failure_message(cluster, exc, None)) from exc
 
 
 @contextlib.contextmanager

@@ -189,8 +189,11 @@ class TrainSpec(_Section):
     jit_compile: bool = False
     expect_nonfinite: list[str] = Field(default_factory=list)
     mixed_precision: Literal["mixed_float16", "mixed_bfloat16"] | None = None
-    # "mirrored": tf.distribute.MirroredStrategy over every GPU (every logical CPU without one); docs/distribute.md.
-    distribute: Literal["mirrored"] | None = None
+    # "mirrored": tf.distribute.MirroredStrategy over every GPU (every logical CPU without one); "multi_worker":
+    # MultiWorkerMirroredStrategy over the workers TF_CONFIG names; docs/distribute.md.
+    distribute: Literal["mirrored", "multi_worker"] | None = None
+    # multi_worker: how long a worker waits for a missing or silent one before it stops.
+    distribute_timeout_s: float = Field(60.0, gt=0)
 
     @field_validator("optimizer", mode="before")
     @classmethod

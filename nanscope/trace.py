@@ -9,22 +9,26 @@ what it means.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nanscope import interrupt
 from nanscope.attribution import StepNames, attribute_from_record, describe_bad_batch
-from nanscope.data import inputs
+from nanscope.data import inputs, targets
 from nanscope.engine.failures import step_failure
+from nanscope.engine.cluster import collective_failure_message, is_collective_failure
+from nanscope.engine.records import expected_layer_indices, first_nonfinite_worker
+from nanscope.errors import SpecError
 from nanscope.finishing import optional_part
-from nanscope.engine.records import expected_layer_indices
 from nanscope.optimizers import optimizer_settings
 from nanscope.report import TraceReport
 from nanscope.rules.diagnose import diagnose
-from nanscope.session import open_session
+from nanscope.runtime import tensorflow
+from nanscope.session import open_session, start_up_failures
 from nanscope.tracefile import TraceWriter, step_fields, step_line, summary_fields, summary_line
 
 if TYPE_CHECKING:
@@ -73,8 +77,13 @@ def run_trace(spec: RunSpec, options: TraceOptions | None = None) -> TraceReport
     report then covers the steps done and says it was interrupted.
     """
     options = options or TraceOptions()
+    if spec.train.distribute == "multi_worker" and options.verify:
+        raise SpecError(f"{spec.source}: train.distribute: multi_worker: --verify is not supported",
+                        hint="run --verify on one machine (train.distribute: mirrored)")
     session = open_session(spec, unsafe=options.unsafe)
-    engine = session.instrumented_step()
+    options = _for_this_worker(options, session.cluster)
+    with start_up_failures(session.cluster):
+        engine = session.instrumented_step()
     expected = expected_layer_indices(spec.train.expect_nonfinite, [info.name for info in engine.layer_info])
     # Either way the step is traced once: here in the chunk, or for the report's layer order.
     runner = session.chunk_runner(engine, expected) if spec.train.steps >= CHUNK_MIN_STEPS else None
@@ -85,9 +94,11 @@ def run_trace(spec: RunSpec, options: TraceOptions | None = None) -> TraceReport
         variables=engine.variable_names,
         records=[],
         trace_path=str(options.trace_path or default_trace_path(spec)),
+        cluster=session.cluster,
     )
     report.notes.extend(session.model.notes + run_notes(spec))
-    with TraceWriter(report.trace_path, report.trace_header()) as writer:
+    writes = session.cluster is None or session.cluster.is_chief
+    with TraceWriter(report.trace_path, report.trace_header()) if writes else _NoTrace() as writer:
         try:
             _run_steps(session, engine, runner, report, writer, options, expected)
         except KeyboardInterrupt:
@@ -110,11 +121,37 @@ def stopped_before_training(spec_source: str | os.PathLike) -> TraceReport:
                        interrupted=True, notes=[STOPPED_BEFORE_TRAINING])
 
 
+def _for_this_worker(options, cluster):
+    """The options a worker other than the chief runs with: it writes nothing and replays nothing."""
+    if cluster is None or cluster.is_chief:
+        return options
+    return replace(options, tensorboard=None, plot=None, save_repro=None, forensics=False)
+
+
+class _NoTrace:
+    """The trace of a worker other than the chief: only the chief writes one."""
+
+    path = None
+
+    def write(self, line):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
 def _run_steps(session, engine, runner, report, writer, options, expected):
     report.notes.extend(_expected_notes(session.spec.train.expect_nonfinite, engine, expected))
     board = _open_board(options.tensorboard, report)
+    # Every worker takes part in every step's collectives: a signal must not stop one worker
+    # between steps on its own. It rides the next step's all-gather instead (DistributedStep).
+    together = session.cluster is not None
     try:
-        _run_step_loop(session, engine, runner, report, writer, options, expected, board)
+        with interrupt.deferred() if together else contextlib.nullcontext():
+            _run_step_loop(session, engine, runner, report, writer, options, expected, board)
     finally:
         if board is not None:
             board.close()
@@ -139,9 +176,15 @@ def _expected_notes(patterns, engine, expected):
 
 def _run_step_loop(session, engine, runner, report, writer, options, expected, board):
     step, total = 0, session.spec.train.steps
+    cluster = session.cluster
     while step < total:
-        interrupt.check()
+        if cluster is None:
+            interrupt.check()
         records, failure = session.next_records(engine, runner, step, total, report.first_nonfinite is None)
+        if failure is not None and cluster is not None and is_collective_failure(failure):
+            report.stopped = collective_failure_message(cluster, failure, step)
+            writer.write({"kind": "error", "step": step, "message": report.stopped})
+            return
         for record in records:
             record.expected_nonfinite = list(expected)
             # The trace line first: a signal landing between these two lines must not leave a step out of the trace.
@@ -156,6 +199,11 @@ def _run_step_loop(session, engine, runner, report, writer, options, expected, b
                 report.first_nonfinite = locate_first_nonfinite(record, engine, session, x, y, options)
                 if not options.keep_going:
                     return
+        if cluster is not None and engine.stop_requested_by:
+            report.interrupted = True
+            report.notes.append(f"stopped after step {step} by a signal to "
+                                f"{', '.join(cluster.describe(w) for w in engine.stop_requested_by)}")
+            return
         step += len(records)
         if failure is not None:
             _raise_step_failure(failure, step, session.spec, writer)
@@ -198,13 +246,16 @@ def locate_first_nonfinite(record, engine, session, x, y, options=None):
     the value; an eager forensic replay of this one step (`nanscope.forensics`) then
     names the op that produced it, its inputs and its source line.
     """
-    first = _attribute(record, engine, session, x, y)
+    x, y, rows, part = _worker_part(record, engine, session, x, y)
+    first = _attribute(record, engine, session, x, y, rows)
     options = options or TraceOptions()
     state_before = None
     if first.phase != "data" and options.forensics:
         from nanscope.forensics import describe_event, localize_step
 
         found = localize_step(engine, x, y)
+        if part:
+            first.detail.append(f"the forensic replay ran on the chief over {part}")
         describe_event(first, found.event, first.phase)
         if first.phase == "loss" and first.layer is None and first.op is not None:
             loss = _loss_of(engine.loss, first.output)
@@ -226,10 +277,24 @@ def step_names(engine):
                      variables=engine.variable_names, outputs=[o.name for o in engine.loss.outputs])
 
 
-def _attribute(record, engine, session, x, y):
+def _worker_part(record, engine, session, x, y):
+    """(x, y, dataset rows, description) of the part of the batch that the first worker with a non-finite count
+    trained on; the whole batch (description None) unless several workers trained."""
+    rows = session.order.indices(record.step)
+    worker = first_nonfinite_worker(record)
+    if worker is None:
+        return x, y, rows, None
+    start, end = engine.worker_rows(len(rows), worker)
+    part = slice(start, end)
+    described = f"worker {worker}'s part of the batch (batch rows {start}-{end - 1})"
+    return targets.take(x, part), targets.take(y, part), rows[part], described
+
+
+def _attribute(record, engine, session, x, y, rows=None):
     first = attribute_from_record(record, step_names(engine))
     if first.phase == "data":
-        first.detail = describe_bad_batch(x, y, session.order.indices(record.step), session.train.feature_names,
+        rows = session.order.indices(record.step) if rows is None else rows
+        first.detail = describe_bad_batch(x, y, rows, session.train.feature_names,
                                           session.train.target_names, [o.name for o in engine.loss.outputs])
     return first
 
@@ -288,7 +353,12 @@ def _distribution(engine):
     strategy = getattr(engine, "strategy", None)
     if strategy is None:
         return {}
-    return {"distribute": {"strategy": type(strategy).__name__, "replicas": strategy.num_replicas_in_sync}}
+    tf, _ = tensorflow()
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):  # its class is CollectiveAllReduceStrategy
+        return {"distribute": {"strategy": "MultiWorkerMirroredStrategy", "replicas": strategy.num_replicas_in_sync,
+                               "workers": engine.workers, "replicas_per_worker": engine.local_replicas}}
+    described = {"strategy": type(strategy).__name__, "replicas": strategy.num_replicas_in_sync}
+    return {"distribute": described}
 
 
 def run_notes(spec):
@@ -296,7 +366,11 @@ def run_notes(spec):
     notes = []
     if not spec.train.jit_compile:
         notes.append("the traced step runs without XLA (jit_compile: false) so every layer output can be probed")
-    if spec.train.distribute:
+    if spec.train.distribute == "multi_worker":
+        notes.append("train.distribute: multi_worker: each worker takes its part of the batch and its replicas split "
+                     "it; the forensic replay of a non-finite step runs on the chief, eagerly on one device, over the "
+                     "part of the batch of the first worker that saw the value, without the strategy")
+    elif spec.train.distribute:
         notes.append("train.distribute: the batch is split over the replicas; the forensic replay of a non-finite "
                      "step runs eagerly on one device over the whole batch, without the strategy")
     return notes

@@ -70,6 +70,7 @@ def summary_fields(report):
         "validation_loss": report.validation_loss,
         "interrupted": report.interrupted,
         "notes": report.notes,
+        **({"stopped": report.stopped} if getattr(report, "stopped", None) else {}),
     })
 
 

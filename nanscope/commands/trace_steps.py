@@ -1,5 +1,7 @@
 """`nanscope trace-steps`: run instrumented steps, then report where the first NaN/Inf appeared and why."""
 
+import sys
+
 from nanscope.commands.output import deliver, outcome
 from nanscope.outpaths import check_output_paths
 from nanscope.specpaths import check_spec_paths
@@ -27,5 +29,33 @@ def run(spec, *, steps=None, lr=None, batch_size=None, seed=None, json_out=None,
         return run_trace(run_spec, options)
 
     report = outcome(work, lambda: stopped_before_training(spec))
-    return deliver(lambda console: render_trace_report(report, console), report.to_json, json_out,
+    if report.cluster is not None and not report.cluster.is_chief:
+        return _worker_exit(report, strict)
+    code = deliver(lambda console: render_trace_report(report, console), report.to_json, json_out,
                    report.exit_code(strict=strict))
+    if report.stopped:
+        print(f"nanscope: error: {report.stopped}; the report covers the steps before it", file=sys.stderr)
+    if report.cluster is not None:
+        from nanscope.engine.cluster import publish_exit_code
+
+        publish_exit_code(code)
+    return code
+
+
+def _worker_exit(report, strict):
+    """A worker other than the chief: one line naming its role; the chief's exit code (its own if the chief is gone)."""
+    from nanscope.engine.cluster import chief_exit_code
+
+    cluster = report.cluster
+    if report.stopped:
+        print(f"nanscope: error: {report.stopped}", file=sys.stderr)
+        return report.exit_code(strict=strict)
+    code = chief_exit_code(cluster)
+    if code is None:
+        code = report.exit_code(strict=strict)
+        print(f"nanscope: {cluster.role}: the chief did not report its exit code; exit {code} from this worker's "
+              "records", file=sys.stderr)
+    else:
+        print(f"nanscope: {cluster.role}: the chief (task 0) writes the report; exit {code} (the chief's)",
+              file=sys.stderr)
+    return code

@@ -11,10 +11,18 @@ optimizer (the others hand zeros), because Keras' optimizer sums the replicas'
 gradients once more. Each replica returns its own reductions; `combine_replicas`
 merges them into one `StepRecord` on the host and keeps, per replica, how many
 non-finite values its batch, its outputs and its own gradients held.
+
+Under `MultiWorkerMirroredStrategy` (W workers, R replicas each) every worker holds
+the whole batch: worker `w` takes rows `[n * w // W, n * (w + 1) // W)` and its
+replicas split that range as above. A worker sees only its own replicas' results, so
+each replica all-gathers its scalars, layer rows and counts (one small all-gather per
+step) and every worker builds the same record of the whole step. The gathered counts
+also carry each worker's stop request (Ctrl-C), so every worker stops after the same step.
 """
 
 import numpy as np
 
+from nanscope import interrupt
 from nanscope.data import inputs
 from nanscope.engine.variable_stats import any_nonfinite_count
 from nanscope.engine.records import StepRecord
@@ -46,6 +54,8 @@ class DistributedStep(InstrumentedStep):
         sample_y: np.ndarray. The matching targets.
         grad_transform: callable(list of grads) -> list of grads, optional. Applied to the
             whole batch's gradients, on every replica.
+        workers: int, default 1. Workers of a MultiWorkerMirroredStrategy, each with the same
+            number of replicas.
 
     Example:
         with strategy.scope():
@@ -58,9 +68,16 @@ class DistributedStep(InstrumentedStep):
     # Each step goes through `strategy.run` with host-split batches: one call per step.
     chunkable = False
 
-    def __init__(self, strategy, model, loss, optimizer, sample_x, sample_y, grad_transform=None, source=None):
+    def __init__(self, strategy, model, loss, optimizer, sample_x, sample_y, grad_transform=None, source=None,
+                 workers=1):
+        tf, _ = tensorflow()
         self.strategy = strategy
         self.replicas = strategy.num_replicas_in_sync
+        self.workers = workers
+        self.local_replicas = self.replicas // workers
+        # 1.0 when this worker was asked to stop; gathered with the counts (multi-worker only).
+        self._stop = tf.Variable(0.0, trainable=False, name="nanscope_stop") if workers > 1 else None
+        self.stop_requested_by = []  # the workers whose stop request the last step carried
         # The optimizer's slots and the snapshot must be mirrored variables.
         with strategy.scope():
             super().__init__(model, loss, optimizer, sample_x, sample_y, jit_compile=False,
@@ -71,7 +88,20 @@ class DistributedStep(InstrumentedStep):
         self._recorder.begin()
         self._snapshot.take()
         per_replica = self.strategy.run(self._replica_step, args=(x, y))
+        if self.workers > 1:  # every replica holds the gathered rows: this worker's first one's are enough
+            return tuple(self.strategy.experimental_local_results(part)[0] for part in per_replica)
         return tuple(tf.stack(self.strategy.experimental_local_results(part)) for part in per_replica)
+
+    def replica_rows(self, rows, replica):
+        """(start, end) of `replica`'s rows in a batch of `rows`: its worker's range, split over its replicas."""
+        worker, local = divmod(replica, self.local_replicas)
+        first, last = self.worker_rows(rows, worker)
+        share, count = last - first, self.local_replicas
+        return first + share * local // count, first + share * (local + 1) // count
+
+    def worker_rows(self, rows, worker):
+        """(start, end) of `worker`'s rows in a batch of `rows`: `[n * w // W, n * (w + 1) // W)`."""
+        return rows * worker // self.workers, rows * (worker + 1) // self.workers
 
     def _replica_step(self, x, y):
         tf, _ = tensorflow()
@@ -79,7 +109,7 @@ class DistributedStep(InstrumentedStep):
         replica = int(tf.get_static_value(context.replica_id_in_sync_group))
         self._recorder.begin_replica(replica)
         rows = tf.shape(tf.nest.flatten(x)[0])[0]
-        start, end = rows * replica // self.replicas, rows * (replica + 1) // self.replicas
+        start, end = self.replica_rows(rows, replica)
         x, y = (tf.nest.map_structure(lambda t: t[start:end], part) for part in (x, y))
         share = tf.cast(end - start, tf.float32) / tf.cast(rows, tf.float32)
         with tf.GradientTape() as tape:
@@ -106,12 +136,32 @@ class DistributedStep(InstrumentedStep):
             x, y, y_pred, total, data_loss, grads, applied, None, output_losses)
         local_nonfinite = tf.add_n([any_nonfinite_count(g) for g in local]) if local else tf.constant(0.0)
         counts = tf.stack([tf.cast(end - start, tf.float32), local_nonfinite])
-        return scalars, layer_stats, layer_terms, var_stats, counts
+        if self.workers == 1:
+            return scalars, layer_stats, layer_terms, var_stats, counts
+        # The one all-gather: what the other workers' replicas measured, for every worker's record.
+        row = tf.concat([scalars, tf.reshape(layer_stats, [-1]), counts, tf.reshape(self._stop, [1])], axis=0)
+        return context.all_gather(row[None], axis=0), layer_terms, var_stats
 
     def run(self, step, x, y):
         """Run one train step on a batch split over the replicas and return its StepRecord."""
+        if self.workers > 1:
+            return self._run_gathered(step, x, y)
         scalars, layer_stats, layer_terms, var_stats, counts = (t.numpy() for t in self._traced()(x, y))
         return combine_replicas(step, inputs.rows(x), scalars, layer_stats, layer_terms, var_stats, counts)
+
+    def _run_gathered(self, step, x, y):
+        self._stop.assign(1.0 if interrupt.requested() else 0.0)
+        gathered, layer_terms, var_stats = (t.numpy() for t in self._traced()(x, y))
+        width = self.layout.scalar_width
+        layers = (gathered.shape[1] - width - 3) // len(LAYER)
+        scalars, layer_stats = gathered[:, :width], gathered[:, width:width + layers * len(LAYER)]
+        counts, stops = gathered[:, -3:-1], gathered[:, -1]
+        record = combine_replicas(step, inputs.rows(x), scalars, layer_stats.reshape(len(gathered), layers, len(LAYER)),
+                                  layer_terms[None], var_stats[None], counts)
+        per_worker = [slice(w * self.local_replicas, (w + 1) * self.local_replicas) for w in range(self.workers)]
+        record.worker_nonfinite = [int(sum(record.replica_nonfinite[part])) for part in per_worker]
+        self.stop_requested_by = [w for w, part in enumerate(per_worker) if stops[part].any()]
+        return record
 
 
 # Non-finite counts of a replica's own share of the step: its batch and its model outputs.

@@ -76,6 +76,9 @@ class StepRecord:
             intended (an attention mask's -inf): reported, but they do not make a step non-finite.
         replica_nonfinite: list of int. Under tf.distribute, per replica: non-finite entries in
             its share of the batch, its model outputs and its own gradients. Empty on one device.
+            Replica ids are global: worker w's replicas follow worker w-1's.
+        worker_nonfinite: list of int. Under MultiWorkerMirroredStrategy, per worker: the sum of
+            its replicas' `replica_nonfinite`. Empty otherwise.
         outputs: list of OutputStats. Per output of a multi-output model, in output order; empty
             for a single-output model, whose `data_loss` is its output's loss.
     """
@@ -99,6 +102,7 @@ class StepRecord:
     loss_scale: float | None = None
     update_skipped: bool = False
     replica_nonfinite: list = field(default_factory=list)
+    worker_nonfinite: list = field(default_factory=list)
     outputs: list = field(default_factory=list)
 
     @classmethod
@@ -213,6 +217,11 @@ def expected_layer_indices(patterns, layer_names):
 def first_nonfinite_replica(record):
     """The lowest replica id whose batch, outputs or gradients held a non-finite value; None on one device."""
     return next((replica for replica, count in enumerate(record.replica_nonfinite) if count), None)
+
+
+def first_nonfinite_worker(record):
+    """The lowest worker id whose replicas saw a non-finite value; None unless several workers trained."""
+    return next((worker for worker, count in enumerate(record.worker_nonfinite) if count), None)
 
 
 def record_from_dict(line):

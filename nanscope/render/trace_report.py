@@ -51,10 +51,11 @@ def _header(report):
         ("loss", run.get("loss")),
         ("optimizer", f"{run.get('optimizer')}({optimizer})" + _loss_scale_text(report)),
         ("steps", f"{report.steps_run} of {run.get('steps_requested')}"
-                  + (" (interrupted)" if report.interrupted else "")),
+                  + (" (interrupted)" if report.interrupted else "")
+                  + (f" (stopped: {report.stopped})" if report.stopped else "")),
     ]
     if run.get("distribute"):
-        rows.append(("distribute", f"{run['distribute']['strategy']}, {run['distribute']['replicas']} replicas"))
+        rows.append(("distribute", _distribution_text(run["distribute"])))
     if report.validation_loss is not None:
         rows.append(("validation loss", fmt(report.validation_loss)))
     for key, value in rows:
@@ -149,9 +150,9 @@ def _first_nonfinite(report):
     grid.add_column(style="bold")
     grid.add_column()
     layer = f"{first.layer} ({first.layer_class})" if first.layer_class else first.layer
-    for key, value in (("step", first.step), ("phase", first.phase), ("replica", _replica_text(report)),
-                       ("output", first.output), ("layer", layer), ("variable", first.variable), ("op", first.op),
-                       ("source", first.source)):
+    for key, value in (("step", first.step), ("phase", first.phase), ("worker", _worker_text(report)),
+                       ("replica", _replica_text(report)), ("output", first.output), ("layer", layer),
+                       ("variable", first.variable), ("op", first.op), ("source", first.source)):
         if value is not None:
             grid.add_row(key, str(value))
     if first.inputs:
@@ -164,6 +165,14 @@ def _first_nonfinite(report):
     return Panel(grid, title="first non-finite value", title_align="left", border_style="red")
 
 
+def _distribution_text(distribute):
+    """"MirroredStrategy, 2 replicas" or "MultiWorkerMirroredStrategy, 2 workers x 2 replicas"."""
+    if distribute.get("workers"):
+        workers, replicas = distribute["workers"], distribute["replicas_per_worker"]
+        return f"{distribute['strategy']}, {workers} workers x {replicas} replicas"
+    return f"{distribute['strategy']}, {distribute['replicas']} replicas"
+
+
 def _replica_text(report):
     """"1 (non-finite values per replica: 0, 12)" under tf.distribute; None on one device."""
     first = report.first_nonfinite
@@ -172,6 +181,16 @@ def _replica_text(report):
     record = next((r for r in report.records if r.step == first.step), None)
     counts = f" (non-finite values per replica: {', '.join(map(str, record.replica_nonfinite))})" if record else ""
     return f"{first.replica}{counts}"
+
+
+def _worker_text(report):
+    """"1 (non-finite values per worker: 0, 12)" under MultiWorkerMirroredStrategy; None otherwise."""
+    first = report.first_nonfinite
+    if getattr(first, "worker", None) is None:
+        return None
+    record = next((r for r in report.records if r.step == first.step), None)
+    counts = f" (non-finite values per worker: {', '.join(map(str, record.worker_nonfinite))})" if record else ""
+    return f"{first.worker}{counts}"
 
 
 def render_replay(report, console):

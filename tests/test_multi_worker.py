@@ -1,0 +1,154 @@
+"""train.distribute: multi_worker and the callback under MultiWorkerMirroredStrategy, with real worker processes.
+
+Each test starts two worker processes on 127.0.0.1 (free ports, CPU only), each with its
+own TF_CONFIG, as a launcher would. They are kept few and small: each pair costs a few
+seconds of TensorFlow start-up.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nanscope.spec import parse_spec
+from nanscope.trace import TraceOptions, run_trace
+
+SPECS = Path(__file__).parent / "specs" / "multi_worker"
+
+
+def free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def tf_config(ports, task):
+    return json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+                       "task": {"type": "worker", "index": task}})
+
+
+def start_workers(args, folder, ports, tasks=None, replicas=1):
+    """One process per task, each with its own TF_CONFIG and its own output names (w0.json, w1.json...)."""
+    processes = []
+    for task in tasks if tasks is not None else range(len(ports)):
+        env = {**os.environ, "TF_CONFIG": tf_config(ports, task), "TF_CPP_MIN_LOG_LEVEL": "3",
+               "NANSCOPE_CPU_REPLICAS": str(replicas)}
+        command = [sys.executable, *[a.format(task=task) for a in args]]
+        processes.append(subprocess.Popen(command, cwd=folder, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+    return processes
+
+
+def trace_args(spec):
+    return ["-m", "nanscope", "trace-steps", str(SPECS / spec), "--json", "w{task}.json", "--trace", "w{task}.jsonl"]
+
+
+def finish(processes, timeout=120):
+    done = []
+    for process in processes:
+        out, err = process.communicate(timeout=timeout)
+        done.append((process.returncode, out, err))
+    return done
+
+
+def test_nan_on_worker_1_is_found_by_the_chief(tmp_path):
+    (chief, _, chief_err), (worker, _, worker_err) = finish(
+        start_workers(trace_args("nan-on-worker-1.yaml"), tmp_path, free_ports(2)))
+    assert (chief, worker) == (1, 1), chief_err[-2000:] + worker_err[-2000:]
+    report = json.loads((tmp_path / "w0.json").read_text())
+    assert report["run"]["distribute"] == {"strategy": "MultiWorkerMirroredStrategy", "replicas": 2, "workers": 2,
+                                           "replicas_per_worker": 1}
+    first = report["first_nonfinite"]
+    assert (first["step"], first["phase"], first["worker"], first["replica"]) == (1, "data", 1, 1)
+    assert "dataset rows 29" in first["detail"][0]  # step 1's batch is rows 16-31; worker 1 takes 24-31
+    assert report["steps"][0]["worker_nonfinite"] == [0, 0]
+    healthy, bad = report["steps"][1]["worker_nonfinite"]
+    assert healthy == 0 and bad > 0
+    # Only the chief writes; the other worker says what it is in one line.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w0.json", "w0.jsonl"]
+    assert worker_err.strip().splitlines() == ["nanscope: worker task 1 of 2: the chief (task 0) writes the report; "
+                                               "exit 1 (the chief's)"]
+
+
+def test_healthy_run_trains_as_one_process_does(tmp_path):
+    (chief, chief_out, chief_err), (worker, _, worker_err) = finish(
+        start_workers(trace_args("healthy.yaml"), tmp_path, free_ports(2), replicas=2))
+    assert (chief, worker) == (0, 0), chief_err[-2000:] + worker_err[-2000:]
+    assert "MultiWorkerMirroredStrategy, 2 workers x 2 replicas" in chief_out
+    report = json.loads((tmp_path / "w0.json").read_text())
+    assert all(step["replica_nonfinite"] == [0, 0, 0, 0] for step in report["steps"])
+
+    document = yaml.safe_load((SPECS / "healthy.yaml").read_text())
+    document["train"].pop("distribute")
+    spec = parse_spec(document, source=str(SPECS / "healthy.yaml"))
+    single = run_trace(spec, TraceOptions(trace_path=tmp_path / "single.jsonl")).to_json()
+    # Same initial weights and batches; global_clipnorm acts on the whole batch's gradient: the same training.
+    for several, alone in zip(report["steps"], single["steps"], strict=True):
+        assert several["loss"] == pytest.approx(alone["loss"], rel=1e-5, abs=1e-6)
+        assert several["grad_global_norm"] == pytest.approx(alone["grad_global_norm"], rel=1e-5, abs=1e-6)
+
+
+def wait_for_steps(trace, count, process, deadline=90):
+    started = time.monotonic()
+    while time.monotonic() - started < deadline:
+        if trace.exists() and trace.read_text().count('"kind": "step"') >= count:
+            return
+        if process.poll() is not None:
+            raise AssertionError(process.communicate()[1][-2000:])
+        time.sleep(0.1)
+    raise AssertionError("the chief wrote no steps")
+
+
+def test_a_killed_worker_stops_the_chief_within_the_timeout(tmp_path):
+    chief, worker = start_workers([*trace_args("long.yaml")], tmp_path, free_ports(2))
+    wait_for_steps(tmp_path / "w0.jsonl", 3, chief)
+    worker.kill()
+    killed = time.monotonic()
+    _, err = chief.communicate(timeout=60)
+    assert time.monotonic() - killed < 20  # train.distribute_timeout_s in long.yaml
+    worker.communicate()
+    assert chief.returncode == 1
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("nanscope: error: train.distribute: multi_worker: worker task 1 (127.0.0.1:")
+    report = json.loads((tmp_path / "w0.json").read_text())
+    assert report["stopped"] == line.removeprefix("nanscope: error: ").removesuffix(
+        "; the report covers the steps before it")
+    assert report["steps_run"] >= 3 and report["first_nonfinite"] is None
+
+
+def test_ctrl_c_on_a_worker_ends_the_run_everywhere(tmp_path):
+    chief, worker = start_workers([*trace_args("long.yaml")], tmp_path, free_ports(2))
+    wait_for_steps(tmp_path / "w0.jsonl", 3, chief)
+    worker.send_signal(signal.SIGINT)
+    (chief_code, _, chief_err), (worker_code, _, worker_err) = finish([chief, worker], timeout=60)
+    assert (chief_code, worker_code) == (130, 130), chief_err[-2000:] + worker_err[-2000:]
+    report = json.loads((tmp_path / "w0.json").read_text())
+    assert report["interrupted"] and 3 <= report["steps_run"] < 100000
+    assert any("by a signal to worker task 1" in note for note in report["notes"])
+
+
+def test_a_worker_that_never_joins_stops_the_other_at_start_up(tmp_path):
+    ports = free_ports(2)
+    document = yaml.safe_load((SPECS / "healthy.yaml").read_text())
+    document["train"]["distribute_timeout_s"] = 3
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump({**document, "model": {"factory": str(SPECS / "models.py:mlp")},
+                                                        "data": {**document["data"],
+                                                                 "factory": str(SPECS / "models.py:regression")}}))
+    started = time.monotonic()
+    [(code, _, err)] = finish(start_workers(["-m", "nanscope", "trace-steps", "spec.yaml"], tmp_path, ports, tasks=[0]))
+    assert code == 2
+    assert time.monotonic() - started < 60
+    assert err.strip().splitlines() == [
+        f"nanscope: error: train.distribute: multi_worker: worker task 1 (127.0.0.1:{ports[1]}) did not join within "
+        "3 s (train.distribute_timeout_s); every worker must run the same command with its own TF_CONFIG"]
