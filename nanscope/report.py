@@ -41,6 +41,11 @@ class FirstNonfinite:
             replicas saw one; None otherwise.
         output: str or None. For a multi-output model, the output whose targets (data),
             prediction (forward) or own loss (loss) first held the value; None otherwise.
+        loss: str or None. The loss the producing op belongs to (an op of the loss, or its gradient);
+            `layer` is then None.
+        context: dict. What the replay found around the producing op: fully masked softmax rows
+            (`masked_rows`, `softmax_rows`, `batch_rows`), the tf.where that threw the op's forward
+            value away (`discarded_by`: op and source, `forward_nonfinite`).
     """
 
     step: int
@@ -55,6 +60,8 @@ class FirstNonfinite:
     replica: int | None = None
     output: str | None = None
     worker: int | None = None
+    loss: str | None = None
+    context: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -256,10 +256,7 @@ def locate_first_nonfinite(record, engine, session, x, y, options=None):
         found = localize_step(engine, x, y)
         if part:
             first.detail.append(f"the forensic replay ran on the chief over {part}")
-        describe_event(first, found.event, first.phase)
-        if first.phase == "loss" and first.layer is None and first.op is not None:
-            loss = _loss_of(engine.loss, first.output)
-            first.detail.append(f"{first.op} is part of the loss {loss}, outside any layer")
+        describe_event(first, found.event, first.phase, loss_name=_loss_of(engine.loss, first.output))
         first.detail.append(f"forensic replay of step {record.step}: {found.seconds:.3f} s")
         state_before = found.state_before
     if options.save_repro is not None:

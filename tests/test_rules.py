@@ -17,7 +17,7 @@ MODELS = "tests/specs/models.py"
 REPO = Path(__file__).parent.parent
 RULE_IDS = ("clean-input-data", "normalize-inputs", "normalize-targets", "lower-learning-rate", "clip-gradients",
             "bounded-activation", "stable-log", "stable-exp", "safe-division", "safe-sqrt", "loss-scaling",
-            "optimizer-epsilon", "weight-constraint", "fix-labels", "drop-constant-features")
+            "optimizer-epsilon", "weight-constraint", "fix-labels", "drop-constant-features", "masked-softmax")
 
 
 def producer_line(tag):

@@ -69,6 +69,7 @@ def _run_phases(watch, model, loss, optimizer, trainable, x, y, grad_transform):
         extra = list(model.keras_model.losses) if model.keras_model is not None else []
         if extra:
             total = total + tf.add_n([tf.cast(tf.reduce_sum(t), tf.float32) for t in extra])
+        watch.settle([y_pred, total])
     if watch.first is not None:
         return
     watch.phase = "backward"
@@ -107,24 +108,53 @@ def localize_step(engine, x, y):
             variable.assign(value)
 
 
-def describe_event(first, event, record_phase=None):
-    """Fill a FirstNonfinite with what the replay found about the producing op."""
+def describe_event(first, event, record_phase=None, loss_name=None):
+    """Fill a FirstNonfinite with what the replay found about the producing op.
+
+    An op of the loss (or the gradient of one) belongs to no layer: `first.layer` is then
+    None and `first.loss` names the loss (`loss_name`, e.g. "mse"), whatever layer the
+    compiled step's per-variable attribution pointed at.
+    """
     if event is None:
         first.detail.append("the eager replay of this step stayed finite: the value was a reduction nanscope took "
                             "(e.g. the gradient norm overflowing) or came from a non-deterministic op (dropout)")
         return first
-    if event.layer is not None:
+    if "loss" in (event.phase, event.forward_phase):
+        first.layer, first.layer_class, first.loss = None, None, loss_name or "the loss"
+        first.detail.append(f"{event.forward_op or event.op} is part of the loss {first.loss}, outside any layer")
+    elif event.layer is not None:
         first.layer, first.layer_class = event.layer, event.layer_class
     first.op, first.source = event.op, event.source
     if event.inputs:
         described = {"op": event.forward_op or event.op, "operand": event.operand, "dtype": event.dtype}
         first.inputs = {**described, **event.inputs}
+    first.context = dict(event.context)
     if event.forward_op:
         first.detail.append(f"backward pass: {event.op} is the gradient of {event.forward_op}")
+    first.detail.extend(_context_lines(event))
     if record_phase is not None and event.phase != record_phase:
         first.detail.append(f"the eager replay first went non-finite in phase {event.phase}, "
                             f"the compiled step in {record_phase}")
     return first
+
+
+def _context_lines(event):
+    context, lines = event.context, []
+    if "masked_rows" in context:
+        lines.append(f"{context['masked_rows']} of {context['softmax_rows']} softmax rows are masked at every "
+                     f"position (batch rows {_listed(context['batch_rows'])})")
+    where = context.get("discarded_by")
+    if where is not None:
+        at = f" at {where['source']}" if where.get("source") else ""
+        lines.append(f"a tf.where ({where['op']}{at}) threw away the forward value of {event.forward_op or event.op}"
+                     + (f" ({context['forward_nonfinite']} non-finite)" if context.get("forward_nonfinite") else ""))
+    if not event.introduced:
+        lines.append(f"{event.op} passed on a non-finite operand it was given; no op made the value from finite ones")
+    return lines
+
+
+def _listed(values, shown=8):
+    return ", ".join(map(str, values[:shown])) + (" ..." if len(values) > shown else "")
 
 
 def state_before_step(engine):

@@ -107,7 +107,8 @@ def replay_repro(directory: str | os.PathLike) -> TraceReport:
         if found.event is None:
             report.notes.append(f"the replay of step {step} stayed finite (a non-deterministic op, e.g. dropout?)")
         else:
-            report.first_nonfinite = describe_event(FirstNonfinite(step, found.event.phase), found.event)
+            report.first_nonfinite = describe_event(FirstNonfinite(step, found.event.phase), found.event,
+                                                    loss_name=session.loss.name)
     report.recommendations = diagnose(report, session)
     return report
 

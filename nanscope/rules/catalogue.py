@@ -119,6 +119,15 @@ RULES = {
             "y = a / (b + 1e-7)  # or tf.math.divide_no_nan(a, b); tf.math.rsqrt(v + 1e-7)",
         ),
         Rule(
+            "masked-softmax",
+            "Fill masked positions with a finite value and zero the rows with nothing to attend to",
+            "A softmax over a row masked at every position (a -inf fill, an additive -inf mask, or a hand-written "
+            "exp(x) * mask / sum) gives 0/0 = NaN.",
+            "scores = tf.where(mask, scores, -1e9)  # float16: half the dtype's minimum, -32752\n"
+            "weights = tf.nn.softmax(scores, axis=-1)\n"
+            "weights = tf.where(tf.reduce_any(mask, axis=-1, keepdims=True), weights, 0.0)",
+        ),
+        Rule(
             "safe-sqrt",
             "Keep sqrt() away from zero and negatives",
             "Sqrt of 0 (its gradient 0.5/sqrt(x) is infinite) or of negative values (NaN).",

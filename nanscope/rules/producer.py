@@ -20,6 +20,11 @@ EXP_OVERFLOW = {name: math.log(float(np.finfo(name).max)) for name in ("float16"
 EXP_OVERFLOW["bfloat16"] = EXP_OVERFLOW["float32"]
 # Largest finite float16 (numpy.finfo(float16).max).
 FLOAT16_MAX = float(np.finfo(np.float16).max)
+# A masked position's fill: finite, so a row with no valid position stays finite, and far below any
+# score. Half the dtype's most negative value, so that adding a score to it cannot overflow; float32
+# and bfloat16 take the usual -1e9, which is far inside their range.
+MASK_FILL = {"float16": float(np.finfo(np.float16).min) / 2}
+DEFAULT_MASK_FILL = -1e9
 
 
 def producer_findings(report, session, healthy):
@@ -30,6 +35,9 @@ def producer_findings(report, session, healthy):
     inputs = first.inputs or {}
     op = inputs.get("op") or first.op
     where = _where(first)
+    context = first.context or {}
+    if context.get("masked_rows"):
+        return [(1.0, _masked_softmax(first, where, context, _dataset_rows(session, first.step)))]
     found = []
     if inputs.get("dtype") == "float16" and first.phase != "update":
         found.append((0.95, _loss_scaling(first, where, inputs)))
@@ -69,6 +77,50 @@ def _source_fix(first, snippet):
 
 def _data(first, inputs):
     return {"step": first.step, "op": first.op, "layer": first.layer, "source": first.source, **inputs}
+
+
+def _masked_softmax(first, where, context, dataset_rows):
+    masked, total, batch_rows = context["masked_rows"], context["softmax_rows"], context.get("batch_rows", [])
+    evidence = [f"{where}: {first.op} turned {masked} of {total} softmax rows into NaN: every position of those "
+                f"rows is masked, and a softmax over no position is 0/0"]
+    if batch_rows:
+        rows = [dataset_rows[i] for i in batch_rows if i < len(dataset_rows)] if dataset_rows is not None else []
+        evidence.append(f"fully masked in {len(batch_rows)} batch row(s): {_listed(batch_rows)}"
+                        + (f" (dataset rows {_listed(rows)})" if rows else "")
+                        + "; empty sequences, padding-only rows or a causal mask that masks every key")
+    if context.get("positions"):
+        shown = ", ".join(str(tuple(p)) if len(p) > 1 else str(p[0]) for p in context["positions"])
+        evidence.append(f"inside a batch row, the fully masked softmax rows are at index {shown} "
+                        f"(after the batch axis: heads, queries)")
+    mask_op = context.get("fill") or {}
+    if mask_op.get("source"):
+        evidence.append(f"the masked values come from {mask_op['op']} at {mask_op['source']}")
+    dtype = (first.inputs or {}).get("dtype", "float32")
+    fill = MASK_FILL.get(dtype, DEFAULT_MASK_FILL)
+    lines = [f"# {mask_op['source']}: the mask" if mask_op.get("source") else None,
+             f"# {first.source}: the softmax" if first.source else None,
+             f"scores = tf.where(mask, scores, {fill:g})  # a finite fill, not -inf ({dtype})",
+             "weights = tf.nn.softmax(scores, axis=-1)",
+             "weights = tf.where(tf.reduce_any(mask, axis=-1, keepdims=True), weights, 0.0)"
+             "  # rows with no valid position give 0"]
+    fix = "\n".join(line for line in lines if line)
+    data = {**_data(first, first.inputs or {}), "masked_rows": masked, "softmax_rows": total,
+            "batch_rows": batch_rows, "fill": fill}
+    if dataset_rows is not None:
+        data["dataset_rows"] = [dataset_rows[i] for i in batch_rows if i < len(dataset_rows)]
+    return recommend("masked-softmax", "error", evidence, fix, data)
+
+
+def _dataset_rows(session, step):
+    """The dataset rows of `step`'s batch, as ints, when the run knows its batch order."""
+    order = getattr(session, "order", None)
+    if order is None:
+        return None
+    return [int(i) for i in order.indices(step)]
+
+
+def _listed(values, shown=8):
+    return ", ".join(map(str, values[:shown])) + (" ..." if len(values) > shown else "")
 
 
 def _stable_log(first, where, inputs):
