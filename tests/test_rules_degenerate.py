@@ -85,6 +85,10 @@ def firsts(value):
                 inputs = {"op": op, "dtype": dtype, **operand} if dtype else {}
                 found.append(FirstNonfinite(step=0, phase=phase, layer="hidden", layer_class="Dense", op=op,
                                             inputs=inputs, source="model.py:3" if op else None))
+        masked = {"masked_rows": 1, "softmax_rows": 1, "batch_rows": [0, 99], "positions": [[0]],
+                  "fill": {"op": "SelectV2", "source": None}}
+        found.append(FirstNonfinite(step=0, phase=phase, op="Softmax", inputs={"dtype": "float16", **operand},
+                                    context=masked))
     return found
 
 

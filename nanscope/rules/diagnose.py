@@ -76,8 +76,8 @@ def detectors():
     """(rule ids it can fire, detector) for every detector, in the order their findings tie-break."""
     return (
         (("clean-input-data",), _bad_data),
-        (("stable-log", "stable-exp", "safe-division", "safe-sqrt", "loss-scaling", "optimizer-epsilon"),
-         producer_findings),
+        (("masked-softmax", "stable-log", "stable-exp", "safe-division", "safe-sqrt", "loss-scaling",
+          "optimizer-epsilon"), producer_findings),
         (("loss-scaling",), precision_findings),
         (("clip-gradients",), _gradient_growth),
         (("lower-learning-rate",), _update_ratio),
