@@ -14,8 +14,11 @@ starts TensorFlow, and the `Cluster` it spans (nanscope/engine/cluster.py).
 """
 
 import contextlib
+import math
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from nanscope.data import targets
 from nanscope.data.batches import BatchOrder, batch
@@ -140,6 +143,14 @@ class Session:
         model = model or self.model
         for variable, value in zip(_state_variables(model), self.initial_weights):
             variable.assign(value)
+
+    def initial_weight_norm(self):
+        """The L2 norm of the trainable weights before the first step (from the initial values kept)."""
+        trainable = {id(v) for v in self.model.trainable_variables}
+        squares = [float(np.sum(np.square(value, dtype=np.float64)))
+                   for variable, value in zip(_state_variables(self.model), self.initial_weights)
+                   if id(variable) in trainable]
+        return math.sqrt(sum(squares))
 
     def evaluate(self, step_engine, data=None):
         """Mean data loss of `data` (default: the validation rows) under the step's current weights, or None."""

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from nanscope.clipping.baseline import Baseline, trivial_baseline
 from nanscope.clipping.effect import OptimizerCheck, StepEffect, clip_overrides, step_effect, verify_optimizer_clip
 from nanscope.clipping.strategies import Strategy, parse_strategies
 from nanscope.clipping.thresholds import derive_thresholds
@@ -62,6 +63,8 @@ class ClippingReport:
         recommended: str or None. Name of the recommended strategy.
         recommendations: list of dict. Every strategy that stayed finite, best first, with why and the fix.
         diagnosis: str or None. Why no strategy helps, when none does.
+        baseline: Baseline or None. The loss of the trivial constant prediction a strategy must beat.
+        hides_problem: bool. Some strategy stayed finite but none beat the baseline: clipping only hides it.
     """
 
     run: dict
@@ -72,6 +75,8 @@ class ClippingReport:
     diagnosis: str | None = None
     notes: list = field(default_factory=list)
     interrupted: bool = False
+    baseline: Baseline | None = None
+    hides_problem: bool = False
 
     def exit_code(self) -> int:
         """0 when a strategy is recommended, 1 when none is, 130 when a signal cut the comparison short."""
@@ -110,18 +115,20 @@ def compare_clipping(spec: RunSpec, strategies: str | list[Strategy] | None = No
     steps = steps or spec.train.steps
     session = open_session(spec, unsafe=unsafe)
     ordered, notes = _unclipped_first(strategies)
+    baseline = _baseline(session, notes)
     progress = _Progress(on_progress, steps * len(ordered))
     runs, thresholds, interrupted = [], {}, False
     try:
         for strategy in ordered:
             if strategy.kind != "none" and strategy.threshold is None:
-                thresholds = derive_thresholds(ordered, runs[0].result, _learning_rate(spec), session.model.param_count)
+                thresholds = derive_thresholds(ordered, runs[0].result, _learning_rate(spec), session.model.param_count,
+                                               session.initial_weight_norm())
             runs.append(_run_strategy(session, strategy, steps, progress))
     except KeyboardInterrupt:
         interrupted = True
         notes.append(f"interrupted: {len(runs)} of {len(ordered)} strategies finished; the verdict covers those")
     report = ClippingReport(run=_describe(session, steps), runs=runs, thresholds=thresholds, notes=notes,
-                            interrupted=interrupted)
+                            interrupted=interrupted, baseline=baseline)
     with interrupt.deferred():
         decide(report)
     return report
@@ -134,6 +141,20 @@ def stopped_before_training(spec_source: str | os.PathLike,
     note = "interrupted during start-up (loading the spec, the data or the model): 0 of " \
            f"{len(names)} strategies finished" + (f" ({', '.join(names)})" if names else "")
     return ClippingReport(run={"spec": str(spec_source)}, runs=[], thresholds={}, notes=[note], interrupted=True)
+
+
+def _baseline(session, notes):
+    """The trivial baseline, or None with a note: a loss nanscope has no constant for is compared without one."""
+    try:
+        baseline = trivial_baseline(session)
+    except Exception as exc:  # a baseline is evidence, not a reason to stop the comparison
+        notes.append(f"no trivial baseline: computing it failed ({type(exc).__name__}); strategies are ranked "
+                     "without it")
+        return None
+    if baseline is None:
+        notes.append(f"no trivial baseline for the loss {session.loss.name!r}: strategies that stay finite are "
+                     "ranked without checking that they learn")
+    return baseline
 
 
 def _unclipped_first(strategies):

@@ -15,6 +15,8 @@ def clipping_json(report):
         "recommended": report.recommended,
         "recommendations": report.recommendations,
         "diagnosis": report.diagnosis,
+        "baseline": report.baseline.to_json() if report.baseline is not None else None,
+        "hides_problem": report.hides_problem,
         "interrupted": report.interrupted,
         "notes": report.notes,
     })

@@ -22,7 +22,7 @@ from nanscope.rules.diagnose import CLIP_PERCENTILE, clip_threshold, round_thres
 FALLBACK_THRESHOLD = 1.0
 
 
-def derive_thresholds(strategies, unclipped, learning_rate, parameter_count):
+def derive_thresholds(strategies, unclipped, learning_rate, parameter_count, weight_norm=None):
     """Set the threshold of every strategy that has none, from the unclipped run's records.
 
     Args:
@@ -30,13 +30,15 @@ def derive_thresholds(strategies, unclipped, learning_rate, parameter_count):
         unclipped: ExperimentResult. The `none` run.
         learning_rate: float or None. The optimizer's learning rate.
         parameter_count: int. Trainable parameters of the model.
+        weight_norm: float, optional. Norm of the trainable weights before the first step (the learning-rate
+            bound is a fraction of it); default: the norm after the first healthy step.
 
     Returns:
         dict: how the thresholds were chosen, for the report.
     """
     healthy = [r for r in unclipped.records if r.phase is None and math.isfinite(r.grad_global_norm)]
     if healthy:
-        bound, how = clip_threshold(healthy, learning_rate)
+        bound, how = clip_threshold(healthy, learning_rate, weight_norm)
         norms = np.array([r.grad_global_norm for r in healthy])
         auto = round_threshold(float(np.percentile(norms, CLIP_PERCENTILE)))
         auto_how = (f"AutoClip: the {CLIP_PERCENTILE}th percentile of the global gradient norms of the unclipped "

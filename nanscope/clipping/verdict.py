@@ -1,10 +1,12 @@
 """The verdict: which strategy to use, why, and the YAML or code that sets it.
 
-A strategy qualifies when its run stayed finite and its clipping was not shown to
-be ignored. Qualifying strategies are ranked by validation loss after the last
-step (training loss at the last step when the spec has no validation part). When
-none qualifies, the verdict says why clipping cannot help and points to
-trace-steps' diagnosis.
+A strategy qualifies when its run stayed finite, its clipping was not shown to be
+ignored, and it learned: its loss ends below the trivial baseline (the loss of a
+constant prediction, `clipping/baseline.py`). Qualifying strategies are ranked by
+validation loss after the last step (training loss at the last step when the spec
+has no validation part). When none qualifies, the verdict says why clipping cannot
+help (or, when strategies stayed finite without learning, that clipping only hides
+the problem) and points to trace-steps' diagnosis.
 """
 
 import math
@@ -15,16 +17,28 @@ BEFORE_GRADIENTS = ("data", "forward", "loss")
 
 
 def decide(report):
-    """Fill `recommended`, `recommendations` and `diagnosis` of a ClippingReport."""
-    ranked = sorted((run for run in report.runs if _qualifies(run)), key=_score)
+    """Fill `recommended`, `recommendations`, `diagnosis` and `hides_problem` of a ClippingReport."""
+    finite = [run for run in report.runs if _stays_finite(run)]
+    ranked = sorted((run for run in finite if _learns(run, report.baseline)), key=_score)
     report.recommendations = [_recommendation(run, report, rank) for rank, run in enumerate(ranked)]
     report.recommended = ranked[0].strategy.name if ranked else None
-    if not ranked and not report.interrupted:
+    report.hides_problem = bool(finite) and not ranked
+    if ranked:
+        return
+    if report.hides_problem:
+        report.diagnosis = _clipping_hides_it(report, finite)
+    elif report.interrupted:
+        report.diagnosis = _interrupted(report)
+    else:
         report.diagnosis = _why_nothing_helps(report)
 
 
-def _qualifies(run):
+def _stays_finite(run):
     return run.result.finite and run.took_effect is not False and bool(run.result.records)
+
+
+def _learns(run, baseline):
+    return baseline is None or baseline.beaten_by(_metric(run)[1])
 
 
 def _metric(run):
@@ -45,6 +59,9 @@ def _recommendation(run, report, rank):
     unclipped = next((r for r in report.runs if r.strategy.kind == "none"), None)
     why = [f"stayed finite for all {len(run.result.records)} steps; {metric} {value:.4g}"
            + (" (lowest of the strategies that stayed finite)" if rank == 0 else "")]
+    if report.baseline is not None:
+        why.append(f"it learned: below the trivial baseline {report.baseline.value:.4g} ({report.baseline.how}, "
+                   f"{report.baseline.rows} rows)")
     if unclipped is not None and not unclipped.result.finite and strategy.kind != "none":
         why.append(f"without clipping the run went non-finite at step {unclipped.result.first_nonfinite_step}")
     if strategy.kind == "none":
@@ -89,6 +106,25 @@ def fix_snippets(strategy, optimizer):
     else:
         code = f"optimizer = keras.optimizers.{cls}({keras_args + ', ' if keras_args else ''}{option}={threshold})"
     return yaml_text, code
+
+
+def _clipping_hides_it(report, finite):
+    best = min(finite, key=_score)
+    metric, value = _metric(best)
+    baseline, spec = report.baseline, report.run.get("spec") or "SPEC"
+    return (
+        f"{len(finite)} strateg{'y' if len(finite) == 1 else 'ies'} stayed finite, but none learned: the best, "
+        f"{best.strategy.name}, ended with {metric} {value:.4g}, no better than the trivial baseline "
+        f"{baseline.value:.4g} ({baseline.how}). Clipping only hides the problem here: it keeps the weights finite "
+        f"while the model learns nothing. Run `nanscope trace-steps {spec}` for the diagnosis "
+        "(e.g. scale the targets or the inputs, lower the learning rate, repair bad rows)."
+    )
+
+
+def _interrupted(report):
+    finished = sum(1 for run in report.runs if run.result.records)
+    return (f"interrupted before a strategy could be recommended: {finished} strateg"
+            f"{'y' if finished == 1 else 'ies'} ran, none finished finite; no verdict on the others")
 
 
 def _why_nothing_helps(report):

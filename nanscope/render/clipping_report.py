@@ -33,6 +33,9 @@ def render_clipping_report(report, console):
     _print_unwrapped(console, _strategies_table(report))
     console.print(Text("took effect: on every step where the threshold bit, the gradient the update used was within "
                        "it; Δw: the optimizer's real first update matched Keras' documented clipping", style="dim"))
+    if report.baseline is not None:
+        console.print(Text(f"trivial baseline: {fmt(report.baseline.value)} on the {report.baseline.rows} rows, "
+                           f"{report.baseline.how}; a strategy must end below it to be recommended", style="dim"))
     if report.thresholds:
         console.print(Text(f"thresholds not given: G = {report.thresholds['global_norm_bound']:g}, "
                            f"{report.thresholds['how']}; see the why of each strategy", style="dim"))
@@ -91,8 +94,11 @@ def _verdict(report):
         return Panel(Text("interrupted before any strategy finished", style="red"),
                      title=Text("verdict: none", style="bold red"), title_align="left")
     if report.recommended is None:
+        title = ("verdict: clipping only hides the problem" if report.hides_problem
+                 else "verdict: interrupted, no strategy to recommend" if report.interrupted
+                 else "verdict: no clipping strategy fixes this run")
         return Panel(Text(report.diagnosis or "no strategy stayed finite", style="red"),
-                     title=Text("verdict: no clipping strategy fixes this run", style="bold red"), title_align="left")
+                     title=Text(title, style="bold red"), title_align="left")
     best = report.recommendations[0]
     parts = [Text.assemble(("use ", "bold"), (best["name"], "bold green"))]
     parts.extend(Text(f"  - {line}") for line in best["why"])

@@ -113,7 +113,9 @@ def _gradient_growth(report, session, healthy):
     last = healthy[-1]
     start_norm = next(r.grad_global_norm for r in healthy if r.step == onset)
     overflow_step = projected_overflow_step(last.step, last.grad_global_norm, rate)
-    threshold, how = clip_threshold(healthy, report.run.get("optimizer_config", {}).get("learning_rate"))
+    initial = getattr(session, "initial_weight_norm", None)  # a run seen only through fit keeps no initial weights
+    threshold, how = clip_threshold(healthy, report.run.get("optimizer_config", {}).get("learning_rate"),
+                                    initial() if initial is not None else None)
     evidence = [
         f"gradient norm grew {rate:.2f}x per step from step {onset} "
         f"({start_norm:.3g} -> {last.grad_global_norm:.3g} at step {last.step})",
@@ -138,20 +140,23 @@ def projected_overflow_step(step, norm, rate):
     return step + steps_left if math.isfinite(steps_left) else None
 
 
-def clip_threshold(healthy, lr):
+def clip_threshold(healthy, lr, weight_norm=None):
     """A clipping threshold from the healthy steps, and how it was chosen.
 
     Args:
         healthy: list of StepRecord. Steps with no non-finite value.
         lr: float or None. The optimizer's learning rate; bounds the threshold so one step moves the weights
             by at most CLIP_UPDATE_FRACTION of their norm.
+        weight_norm: float, optional. The norm of the trainable weights before the first step. Default: the
+            norm after the first healthy step, which a first step that blew the weights up makes far too large.
 
     Returns:
         (float, str): the threshold, rounded to one significant digit, and why.
     """
     norms = np.array([r.grad_global_norm for r in healthy if math.isfinite(r.grad_global_norm)])
     percentile = float(np.percentile(norms, CLIP_PERCENTILE)) if len(norms) else 1.0
-    weight_norm = math.sqrt(sum(v.weight_norm ** 2 for v in healthy[0].variables)) if healthy else 0.0
+    if weight_norm is None:
+        weight_norm = math.sqrt(sum(v.weight_norm ** 2 for v in healthy[0].variables)) if healthy else 0.0
     if lr and weight_norm > 0:
         update_bound = CLIP_UPDATE_FRACTION * weight_norm / lr
         if update_bound < percentile:
