@@ -49,15 +49,17 @@ def trivial_baseline(session):
     """The Baseline of a session's loss and data, or None for a loss whose constant nanscope does not know."""
     tf, _ = tensorflow()
     losses = [o.loss for o in session.loss.outputs] if session.loss.multi_output else [session.loss]
+    names = [f"{o.name}: " for o in session.loss.outputs] if session.loss.multi_output else [""]
     data, rows = (session.validation, "validation") if session.validation is not None else (session.train, "training")
     widths = _output_widths(session)
     predictions, hows = [], []
-    for loss, y_train, y_eval, width in zip(losses, targets.parts(session.train.y), targets.parts(data.y), widths):
+    for name, loss, y_train, y_eval, width in zip(names, losses, targets.parts(session.train.y),
+                                                  targets.parts(data.y), widths):
         constant = _constant(loss, np.asarray(y_train), len(y_eval), width)
         if constant is None:
             return None
         predictions.append(constant[0])
-        hows.append(constant[1])
+        hows.append(name + constant[1])
     y = data.y if session.loss.multi_output else targets.parts(data.y)[0]
     y_pred = tuple(predictions) if session.loss.multi_output else predictions[0]
     with np.errstate(all="ignore"):
