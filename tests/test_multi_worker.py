@@ -152,3 +152,23 @@ def test_a_worker_that_never_joins_stops_the_other_at_start_up(tmp_path):
     assert err.strip().splitlines() == [
         f"nanscope: error: train.distribute: multi_worker: worker task 1 (127.0.0.1:{ports[1]}) did not join within "
         "3 s (train.distribute_timeout_s); every worker must run the same command with its own TF_CONFIG"]
+
+
+def test_callback_in_a_two_worker_fit(tmp_path):
+    done = finish(start_workers([str(SPECS / "fit_callback.py"), str(tmp_path)], tmp_path, free_ports(2)))
+    for code, _, err in done:
+        assert code == 0, err[-2000:]
+    seen = [json.loads(out.strip().splitlines()[-1]) for _, out, _ in done]
+    # Every worker recorded the same steps and per-worker counts; worker 1's rows held the NaN.
+    bad = seen[0]["worker_nonfinite"][1][1]
+    assert bad > 0
+    for task, worker in enumerate(seen):
+        assert worker == {"task": task, "steps": [0, 1], "worker_nonfinite": [[0, 0], [0, bad]],
+                          "first": {"step": 1, "worker": 1}}
+    # Only the chief wrote its report, trace and TensorBoard log.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w0"]
+    assert sorted(p.name for p in (tmp_path / "w0").iterdir()) == ["fit.json", "fit.jsonl", "tb"]
+    report = json.loads((tmp_path / "w0" / "fit.json").read_text())
+    assert report["run"]["distribute"] == {"strategy": "MultiWorkerMirroredStrategy", "replicas": 2, "workers": 2,
+                                           "replicas_per_worker": 1}
+    assert (report["first_nonfinite"]["worker"], report["first_nonfinite"]["replica"]) == (1, 1)

@@ -4,6 +4,7 @@ from pathlib import Path
 
 from nanscope.keras.fitlog import FitLog
 from nanscope.keras.probe import StepProbe
+from nanscope.keras.workers import worker_role
 from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()
@@ -22,6 +23,8 @@ class NanScope(keras.callbacks.Callback):
         report: str or Path, default None. Write the JSON report here.
         stop_on_nonfinite: bool, default True. Stop training after the first non-finite step.
         verbose: int, default 1. 0 prints nothing; 1 prints the Rich report when training ends.
+            Under MultiWorkerMirroredStrategy only the chief prints, and only the chief writes
+            `report`, `trace` and `tensorboard`; every worker's `callback.report` holds the records.
         console: rich.console.Console, default None. Where to print (default: stderr).
         tensorboard: str or Path, default None. Write per-step scalars to this TensorBoard log folder.
         trace: str or Path, default None. Write every step's record to this JSON-lines trace.
@@ -51,7 +54,7 @@ class NanScope(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._probe = StepProbe(self.model)
-        self._log = FitLog(self, self._probe)
+        self._log = FitLog(self, self._probe, worker_role(self.model.distribute_strategy))
         self._probe.attach()
 
     def on_train_batch_end(self, batch, logs=None):

@@ -1,7 +1,8 @@
 """The host side of NanScope: records as they arrive, the first non-finite step, the report."""
 
-from nanscope.engine.records import expected_layer_indices, first_nonfinite_replica
+from nanscope.engine.records import expected_layer_indices, first_nonfinite_replica, first_nonfinite_worker
 from nanscope.engine.step import LayerInfo
+from nanscope.keras.workers import WorkerRole, describe_strategy
 from nanscope.optimizers import optimizer_settings
 from nanscope.report import FirstNonfinite, TraceReport
 
@@ -12,20 +13,23 @@ class FitLog:
     Args:
         callback: NanScope. Its options (stop, verbose, console, outputs, expected layers).
         probe: StepProbe. The attached probe, for names and buffer rows.
+        role: WorkerRole, default one worker. Under MultiWorkerMirroredStrategy, only the chief
+            prints and writes the report, the trace and the TensorBoard log.
     """
 
-    def __init__(self, callback, probe):
+    def __init__(self, callback, probe, role=None):
         self.callback, self.probe = callback, probe
+        self.role = role or WorkerRole()
         self.model = callback.model
         self.records, self.first_nonfinite, self.dropped = [], None, 0
         self.last_epoch_logs = {}
         self.expected = expected_layer_indices(callback.expect_nonfinite, [layer.name for layer in probe.layers])
         self.report = TraceReport(
-            run=describe_fit(self.model, callback.params or {}, probe), records=self.records,
+            run=describe_fit(self.model, callback.params or {}, probe, self.role), records=self.records,
             layers=[(layer.name, type(layer).__name__) for layer in probe.layers], layer_order=[],
             variables=probe.variable_names, trace_path=str(callback.trace) if callback.trace else None,
         )
-        self.board = self._open_board() if callback.tensorboard else None
+        self.board = self._open_board() if callback.tensorboard and self.role.chief else None
         self.writer = None
 
     def _open_board(self):
@@ -42,6 +46,7 @@ class FitLog:
                 continue
             record = self.probe.record(step, row)
             record.expected_nonfinite = list(self.expected)
+            record.worker_nonfinite = self.role.per_worker(record.replica_nonfinite)
             self.records.append(record)
             self._write(record)
             if record.phase is not None and self.first_nonfinite is None:
@@ -50,7 +55,7 @@ class FitLog:
     def _write(self, record):
         if self.board is not None:
             self.board.write(record)
-        if self.callback.trace:
+        if self.callback.trace and self.role.chief:
             from nanscope.trace import _record_json
             from nanscope.tracefile import TraceWriter
 
@@ -65,7 +70,7 @@ class FitLog:
         if record.phase == "data":
             detail = [f"{name}: {count} non-finite value(s) in the batch"
                       for name, count in (("x", record.x_nonfinite), ("y", record.y_nonfinite)) if count]
-            return FirstNonfinite(step=record.step, phase="data", detail=detail,
+            return FirstNonfinite(step=record.step, phase="data", detail=detail, worker=first_nonfinite_worker(record),
                                   replica=first_nonfinite_replica(record))
         return _attribute_from_record(record, _Layout(self.probe), None, None, None)
 
@@ -83,13 +88,13 @@ class FitLog:
         report.notes.extend(self._notes())
         report.recommendations = diagnose(report, FitEvidence(report.run["loss"], self.model))
         self._close(report)
-        if self.callback.verbose:
+        if self.callback.verbose and self.role.chief:
             from rich.console import Console
 
             from nanscope.render.trace_report import render_trace_report
 
             render_trace_report(report, self.callback.console or Console(stderr=True, soft_wrap=False))
-        if self.callback.report_path is not None:
+        if self.callback.report_path is not None and self.role.chief:
             from nanscope.jsonio import write_json
 
             write_json(str(self.callback.report_path), report.to_json())
@@ -156,7 +161,7 @@ class _ModelView:
         self.keras_model = keras_model
 
 
-def describe_fit(model, params, probe):
+def describe_fit(model, params, probe, role=None):
     """The run header of a `fit` run, with the fields trace-steps' header has where they are known."""
     optimizer_name, optimizer_config = optimizer_settings(model.optimizer)
     epochs, steps = params.get("epochs"), params.get("steps")
@@ -177,7 +182,7 @@ def describe_fit(model, params, probe):
         "seed": None,
         "jit_compile": bool(model.jit_compile),
         "steps_per_execution": probe.per_execution,
-        **({"distribute": {"strategy": type(probe.strategy).__name__, "replicas": probe.replicas}}
+        **({"distribute": describe_strategy(probe.strategy, probe.replicas, role or WorkerRole())}
            if probe.replicas > 1 else {}),
     }
 
