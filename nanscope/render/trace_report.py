@@ -151,8 +151,8 @@ def _first_nonfinite(report):
     grid.add_column()
     layer = f"{first.layer} ({first.layer_class})" if first.layer_class else first.layer
     for key, value in (("step", first.step), ("phase", first.phase), ("worker", _worker_text(report)),
-                       ("replica", _replica_text(report)), ("output", first.output), ("layer", layer),
-                       ("variable", first.variable), ("op", first.op), ("source", first.source)):
+                       ("replica", _replica_text(report)), ("output", first.output), ("loss", first.loss),
+                       ("layer", layer), ("variable", first.variable), ("op", first.op), ("source", first.source)):
         if value is not None:
             grid.add_row(key, str(value))
     if first.inputs:

@@ -58,6 +58,8 @@ def _where(first):
     parts = [f"step {first.step}, {first.phase} pass"]
     if first.layer:
         parts.append(f"layer {first.layer}" + (f" ({first.layer_class})" if first.layer_class else ""))
+    if getattr(first, "loss", None):
+        parts.append(f"loss {first.loss}")
     if getattr(first, "output", None):
         parts.append(f"output {first.output!r}")
     if first.source:
