@@ -67,6 +67,8 @@ def flag(name, text):
 
 
 StrictOpt = Annotated[bool, flag("--strict", "Exit 1 on warning-level findings too.")]
+AllOpt = Annotated[bool, flag("--all", "Show every row of the layer and variable tables (default: the largest "
+                                       "and those the findings name).")]
 
 
 def run_command(body):
@@ -137,6 +139,7 @@ def trace_steps(
     ] = None,
     keep_going: Annotated[bool, flag("--keep-going", "Continue past the first non-finite step.")] = False,
     strict: StrictOpt = False,
+    show_all: AllOpt = False,
     save_repro: Annotated[
         Path | None, typer.Option("--save-repro",
                                   help="Save the first non-finite step to DIR for `nanscope replay DIR`.")
@@ -162,8 +165,9 @@ def trace_steps(
     from nanscope.commands import trace_steps as command
 
     run_command(lambda: command.run(spec, steps=steps, lr=lr, batch_size=batch_size, seed=seed, json_out=json_out,
-                                    trace=trace, keep_going=keep_going, strict=strict, save_repro=save_repro,
-                                    verify=verify, tensorboard=tensorboard, plot=plot, unsafe=unsafe))
+                                    trace=trace, keep_going=keep_going, strict=strict, show_all=show_all,
+                                    save_repro=save_repro, verify=verify, tensorboard=tensorboard, plot=plot,
+                                    unsafe=unsafe))
 
 
 @app.command("replay", cls=Command)
@@ -195,12 +199,13 @@ def check_data(
     sample: Annotated[
         int | None, typer.Option("--sample", min=1, help="Scan a uniform sample of N rows instead of all.")
     ] = None,
+    show_all: Annotated[bool, flag("--all", "Show every column (default: the flagged ones first, up to 40).")] = False,
 ):
     """Scan the training data for NaN/Inf, bad scales and labels that do not fit the loss."""
     from nanscope.commands import check_data as command
 
     run_command(lambda: command.run(source, json_out=json_out, target=target, loss=loss, classes=classes,
-                                    sample=sample))
+                                    sample=sample, show_all=show_all))
 
 
 @app.command("compare-clipping", cls=Command)
@@ -238,11 +243,12 @@ def report(
     trace: Annotated[Path, typer.Argument(help="A JSON-lines trace written by trace-steps.")],
     json_out: JsonOpt = None,
     strict: StrictOpt = False,
+    show_all: AllOpt = False,
 ):
     """Redraw a trace-steps report from its trace file, without rerunning training."""
     from nanscope.commands import report as command
 
-    run_command(lambda: command.run(trace, json_out=json_out, strict=strict))
+    run_command(lambda: command.run(trace, json_out=json_out, strict=strict, show_all=show_all))
 
 
 def main():

@@ -125,6 +125,22 @@ class TraceReport:
             return EXIT_PROBLEM
         return EXIT_HEALTHY
 
+    def named_in_findings(self) -> tuple[set, set]:
+        """(layer names, variable names) that the first non-finite value and the findings name.
+
+        A report that shortens its tables keeps these rows whatever their rank.
+        """
+        layers, variables = set(), set()
+        first = self.first_nonfinite
+        if first is not None:
+            layers.update(name for name in (first.layer,) if name)
+            variables.update(name for name in (first.variable,) if name)
+        for rec in self.recommendations:
+            data = rec.data or {}
+            layers.update(name for name in (data.get("layer"),) if isinstance(name, str))
+            variables.update(name for name in (data.get("variable"),) if isinstance(name, str))
+        return layers, variables
+
     def layer_summaries(self) -> list[dict]:
         """Per layer over the run: largest finite max |x|, last mean |x|, non-finite steps, first such step."""
         rows = []

@@ -4,7 +4,7 @@ from nanscope.commands.output import deliver
 from nanscope.outpaths import check_output_paths
 
 
-def run(trace, *, json_out=None, strict=False):
+def run(trace, *, json_out=None, strict=False, show_all=False):
     """Rebuild the report of the trace file `trace`; return the exit code."""
     from nanscope.render.trace_report import render_trace_report
     from nanscope.report import from_trace
@@ -12,5 +12,5 @@ def run(trace, *, json_out=None, strict=False):
 
     check_output_paths(files=[("--json", json_out)])
     rebuilt = from_trace(*read_trace(trace), trace_path=trace)
-    return deliver(lambda console: render_trace_report(rebuilt, console), rebuilt.to_json, json_out,
+    return deliver(lambda console: render_trace_report(rebuilt, console, show_all), rebuilt.to_json, json_out,
                    rebuilt.exit_code(strict=strict))

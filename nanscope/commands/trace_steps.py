@@ -8,7 +8,7 @@ from nanscope.specpaths import check_spec_paths
 
 
 def run(spec, *, steps=None, lr=None, batch_size=None, seed=None, json_out=None, trace=None, keep_going=False,
-        strict=False, save_repro=None, verify=False, tensorboard=None, plot=None, unsafe=False):
+        strict=False, show_all=False, save_repro=None, verify=False, tensorboard=None, plot=None, unsafe=False):
     """Run trace-steps on the spec file `spec` with the command's options; return the exit code."""
     from nanscope.render.trace_report import render_trace_report
     from nanscope.spec import apply_overrides, load_spec
@@ -31,7 +31,7 @@ def run(spec, *, steps=None, lr=None, batch_size=None, seed=None, json_out=None,
     report = outcome(work, lambda: stopped_before_training(spec))
     if report.cluster is not None and not report.cluster.is_chief:
         return _worker_exit(report, strict)
-    code = deliver(lambda console: render_trace_report(report, console), report.to_json, json_out,
+    code = deliver(lambda console: render_trace_report(report, console, show_all), report.to_json, json_out,
                    report.exit_code(strict=strict))
     if report.stopped:
         print(f"nanscope: error: {report.stopped}; the report covers the steps before it", file=sys.stderr)

@@ -7,6 +7,7 @@ files (the `--plot` image is drawn by `nanscope.plotting`).
 
 from contextlib import contextmanager
 
+from rich import box
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -14,11 +15,9 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from nanscope.render.format import fmt, sparkline
+from nanscope.render.format import fmt, hanging, sparkline
 
-CURVE_WIDTH = 20
-# Tables are not wrapped when the output is not a terminal (a pipe, a file, a test).
-PIPE_WIDTH = 160
+CURVE_WIDTH = 16
 
 
 def render_clipping_report(report, console):
@@ -30,7 +29,8 @@ def render_clipping_report(report, console):
         f"batch {run.get('batch_size')}, "
         f"same initial weights and batch order for all",
     ))
-    _print_unwrapped(console, _strategies_table(report))
+    console.print(_outcome_table(report))
+    console.print(_clipping_table(report))
     console.print(Text("took effect: on every step where the threshold bit, the gradient the update used was within "
                        "it; Δw: the optimizer's real first update matched Keras' documented clipping", style="dim"))
     if report.baseline is not None:
@@ -41,39 +41,47 @@ def render_clipping_report(report, console):
                            f"{report.thresholds['how']}; see the why of each strategy", style="dim"))
     console.print(_verdict(report))
     for note in report.notes:
-        console.print(Text(f"note: {note}", style="dim"))
+        console.print(hanging("note: ", note, style="dim"))
 
 
-def _print_unwrapped(console, renderable):
-    """Print at least PIPE_WIDTH wide when the output is not a terminal, so a table keeps its columns."""
-    if console.is_terminal or console.width >= PIPE_WIDTH:
-        console.print(renderable)
-        return
-    width = console.width
-    console.width = PIPE_WIDTH
-    try:
-        console.print(renderable)
-    finally:
-        console.width = width
+def _table(title):
+    """A table that fits 80 columns: thin gaps, headers on two lines, names that fold, numbers that never do."""
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
 
 
-def _strategies_table(report):
-    table = Table(title="strategies (loss curve: log scale, x = non-finite)", title_justify="left", show_edge=False)
-    for column in ("strategy", "threshold", "NaN at", "final loss", "best loss", "val loss", "clipped",
-                   "removed", "took effect", "loss curve"):
-        table.add_column(column, justify="left" if column in ("strategy", "loss curve", "took effect") else "right",
-                         no_wrap=True)
+def _name_cell(run, report):
+    recommended = run.strategy.name == report.recommended
+    return Text(run.strategy.name + (" *" if recommended else ""), style="bold green" if recommended else None)
+
+
+def _outcome_table(report):
+    """Per strategy: where it went non-finite, its losses and its loss curve."""
+    table = _table("strategies (* recommended; loss curve: log scale, x = non-finite)")
+    table.add_column("strategy", overflow="fold", min_width=12)
+    for header in ("NaN\nat", "final\nloss", "best\nloss", "val\nloss"):
+        table.add_column(header, justify="right", no_wrap=True)
+    table.add_column("loss curve", no_wrap=True)
     for run in report.runs:
-        result, effect = run.result, run.effect
-        recommended = run.strategy.name == report.recommended
+        result = run.result
         table.add_row(
-            Text(run.strategy.name + (" *" if recommended else ""), style="bold green" if recommended else None),
-            fmt(run.strategy.threshold),
-            Text(fmt(result.first_nonfinite_step), style="red") if not result.finite else "-",
+            _name_cell(run, report), Text(fmt(result.first_nonfinite_step), style="red") if not result.finite else "-",
             fmt(result.final_loss), fmt(result.best_loss), fmt(result.val_loss),
-            _percent(effect.clipped_fraction), _percent(effect.norm_removed),
-            _took_effect(run), sparkline(result.losses, width=CURVE_WIDTH),
+            sparkline(result.losses, width=CURVE_WIDTH),
         )
+    return table
+
+
+def _clipping_table(report):
+    """Per strategy: its threshold, how often it clipped, how much it removed, and whether it took effect."""
+    table = _table("clipping (clipped: share of steps; removed: share of the gradient norm)")
+    table.add_column("strategy", overflow="fold", min_width=12)
+    for header in ("threshold", "clipped", "removed"):
+        table.add_column(header, justify="right", no_wrap=True)
+    table.add_column("took\neffect", no_wrap=True)
+    for run in report.runs:
+        effect = run.effect
+        table.add_row(_name_cell(run, report), fmt(run.strategy.threshold), _percent(effect.clipped_fraction),
+                      _percent(effect.norm_removed), _took_effect(run))
     return table
 
 
@@ -101,7 +109,7 @@ def _verdict(report):
                      title=Text(title, style="bold red"), title_align="left")
     best = report.recommendations[0]
     parts = [Text.assemble(("use ", "bold"), (best["name"], "bold green"))]
-    parts.extend(Text(f"  - {line}") for line in best["why"])
+    parts.extend(hanging("  - ", line) for line in best["why"])
     parts.append(Text("run spec:", style="bold"))
     parts.append(Syntax(best["yaml"], "yaml", theme="ansi_dark", background_color="default", word_wrap=True))
     if best.get("code"):

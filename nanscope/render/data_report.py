@@ -17,14 +17,18 @@ SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 MAX_ROWS_SHOWN = 40
 
 
-def render_data_report(scan, console):
-    """Print a DataScan: header, one table per array, the label check of each output, recommendations, status line."""
+def render_data_report(scan, console, show_all=False):
+    """Print a DataScan: header, one table per array, the label check of each output, recommendations, status line.
+
+    A table of more than MAX_ROWS_SHOWN columns shows the flagged ones first and says how
+    many more there are, flagged or not; `show_all` (`--all`) shows every column.
+    """
     sampled = f" (sample of {scan.scanned_rows})" if scan.sampled else ""
     console.print(f"check-data {scan.source}: {scan.description}{sampled}", style="bold", markup=False)
     for role, columns in (("input", scan.inputs), ("target", scan.targets)):
         for array in dict.fromkeys(c.array for c in columns):
             in_array = [c for c in columns if c.array == array]
-            console.print(_column_table(_array_title(role, array, in_array[0].output), in_array))
+            console.print(_column_table(_array_title(role, array, in_array[0].output), in_array, show_all))
     for labels in scan.label_checks or ([scan.labels] if scan.labels is not None else []):
         _print_labels(labels, console)
     for rec in scan.recommendations:
@@ -43,22 +47,41 @@ def _array_title(role, array, output):
     return f"{role} {array} (output {output})"
 
 
-def _column_table(title, columns):
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
-    table.add_column("column", no_wrap=True)
-    for header in ("NaN", "+Inf", "-Inf", "min", "max", "mean", "std", "zeros"):
+def _column_table(title, columns, show_all=False):
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1),
+                  collapse_padding=True)
+    # Numbers never wrap or get cut; names and notes fold, so the table fits 80 columns.
+    table.add_column("column", overflow="fold", min_width=6)
+    for header in ("NaN/\n+Inf/\n-Inf", "min", "max", "mean", "std", "zeros"):
         table.add_column(header, justify="right", no_wrap=True)
-    table.add_column("notes", overflow="fold", min_width=10, ratio=1)
-    shown = _worth_showing(columns)
+    table.add_column("notes", overflow="fold", min_width=11)
+    shown = columns if show_all else _worth_showing(columns)
     for c in shown:
         style = "red" if c.is_problem else "yellow" if c.scale else "dim" if c.constant or c.allowed_nonfinite else ""
         table.add_row(
-            c.name, str(c.nan), str(c.posinf), str(c.neginf), _num(c.min), _num(c.max), _num(c.mean),
+            c.name, f"{c.nan}/{c.posinf}/{c.neginf}", _num(c.min), _num(c.max), _num(c.mean),
             _num(c.std), f"{c.zeros:.0%}", _notes(c), style=style,
         )
-    if len(shown) < len(columns):
-        table.caption = f"{len(columns) - len(shown)} more columns without problems not shown (see --json)"
+    table.caption = _hidden_caption([c for c in columns if c not in shown])
     return table
+
+
+def _hidden_caption(hidden):
+    """What the columns left out hold, as the JSON does: "24 more columns, 24 of them flagged (large scale) (--all)"."""
+    if not hidden:
+        return None
+    tests = {"non-finite": lambda c: c.is_problem, "large scale": lambda c: c.scale == "large",
+             "small scale": lambda c: c.scale == "small", "constant": lambda c: c.constant}
+    kinds = {kind: sum(1 for c in hidden if test(c)) for kind, test in tests.items()}
+    flagged = sum(1 for c in hidden if _flagged(c))
+    if not flagged:
+        return f"{len(hidden)} more columns without problems (--all)"
+    what = ", ".join(f"{n} {kind}" for kind, n in kinds.items() if n)
+    return f"{len(hidden)} more columns, {flagged} of them flagged: {what} (--all)"
+
+
+def _flagged(column):
+    return bool(column.nonfinite or column.scale or column.constant)
 
 
 def _notes(column):
@@ -76,7 +99,7 @@ def _notes(column):
 def _worth_showing(columns):
     if len(columns) <= MAX_ROWS_SHOWN:
         return columns
-    flagged = [c for c in columns if c.nonfinite or c.scale or c.constant]
+    flagged = sorted((c for c in columns if _flagged(c)), key=lambda c: not c.is_problem)  # problems first
     rest = [c for c in columns if c not in flagged]
     return (flagged + rest)[:MAX_ROWS_SHOWN]
 

@@ -61,3 +61,19 @@ def selected_steps(records, first_nonfinite_step, head=3, middle=6):
         if index is not None:
             picks.update({index, max(0, index - 1)})
     return [records[i] for i in sorted(picks)]
+
+
+def hanging(marker, text, style=None):
+    """`marker` then `text`, whose wrapped lines line up under its first word, not flush left.
+
+    Example: hanging("   - ", "a long evidence line ...") prints
+        "   - a long evidence line that goes on"
+        "     and wraps here"
+    """
+    from rich.table import Table
+
+    grid = Table.grid()
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")
+    grid.add_row(marker, text, style=style)
+    return grid

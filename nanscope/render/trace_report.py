@@ -9,15 +9,19 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from nanscope.render.format import fmt, selected_steps, sparkline
+from nanscope.render.format import fmt, hanging, selected_steps, sparkline
 
 STATUS_STYLE = {"healthy": "bold green", "warning": "bold yellow", "nonfinite": "bold red"}
 SEVERITY_STYLE = {"error": "red", "warning": "yellow", "info": "cyan"}
 WORST_SHOWN = 6
 
 
-def render_trace_report(report, console):
-    """Print the whole report to a Rich console."""
+def render_trace_report(report, console, show_all=False):
+    """Print the whole report to a Rich console.
+
+    The layer and variable tables show the WORST_SHOWN first rows and every row the
+    findings name, and say how many more there are; `show_all` (`--all`) shows every row.
+    """
     console.print(_header(report))
     if report.records:
         console.print(_curves(report))
@@ -26,13 +30,13 @@ def render_trace_report(report, console):
     if outputs:
         console.print(_outputs_table(outputs))
     if report.layers:
-        console.print(_layers_table(report))
-    console.print(_variables_table(report))
+        console.print(_layers_table(report, show_all))
+    console.print(_variables_table(report, show_all))
     if report.first_nonfinite is not None:
         console.print(_first_nonfinite(report))
     console.print(_recommendations(report))
     for note in report.notes:
-        console.print(Text(f"note: {note}", style="dim"))
+        console.print(hanging("note: ", note, style="dim"))
     if report.trace_path:
         console.print(Text(f"trace: {report.trace_path}", style="dim"))
 
@@ -111,17 +115,32 @@ def _outputs_table(outputs):
     return table
 
 
-def _layers_table(report):
+def _shown(rows, named, show_all):
+    """The rows to print, in their order: the first WORST_SHOWN and every named one (all with `show_all`)."""
+    if show_all:
+        return rows
+    return [row for rank, row in enumerate(rows) if rank < WORST_SHOWN or row["name"] in named]
+
+
+def _caption(table, rows, shown, what):
+    if len(shown) < len(rows):
+        table.caption = f"{len(rows) - len(shown)} more {what} (--all)"
+        table.caption_justify = "left"
+
+
+def _layers_table(report, show_all=False):
     rows = sorted(report.layer_summaries(), key=lambda r: (-r["nonfinite_steps"], -(r["max_abs"] or 0)))
-    table = Table(title="layers (largest outputs first; mean |x|, zeros: last step)", title_justify="left",
-                  show_edge=False)
+    shown = _shown(rows, report.named_in_findings()[0], show_all)
+    table = Table(title="layers (non-finite first, then largest max |x|; mean |x|, zeros: last step)",
+                  title_justify="left", show_edge=False)
+    _caption(table, rows, shown, "layers")
     mixed = any(row.get("dtype") not in (None, "float32") for row in rows)
     columns = ("layer", "class") + (("dtype",) if mixed else ()) + ("max |x|", "mean |x|", "zeros", "loss term",
                                                                      "NaN steps")
     for column in columns:
         table.add_column(column, justify="left" if column in ("layer", "class", "dtype") else "right",
                          overflow="fold", min_width=12 if column == "layer" else None)
-    for row in rows[:WORST_SHOWN]:
+    for row in shown:
         style = "red" if row["nonfinite_steps"] else None
         zeros = "" if row["zero_fraction_last"] is None else f"{row['zero_fraction_last']:.0%}"
         cells = [row["name"], row["class"]] + ([row.get("dtype") or "-"] if mixed else [])
@@ -130,14 +149,16 @@ def _layers_table(report):
     return table
 
 
-def _variables_table(report):
+def _variables_table(report, show_all=False):
     rows = sorted(report.variable_summaries(), key=lambda r: (-r["nonfinite_steps"], -(r["max_grad_norm"] or 0)))
-    table = Table(title="variables (largest gradient norms first; |w|: last step)", title_justify="left",
+    shown = _shown(rows, report.named_in_findings()[1], show_all)
+    table = Table(title="variables (non-finite first, then largest max grad; |w|: last step)", title_justify="left",
                   show_edge=False)
+    _caption(table, rows, shown, "variables")
     for column in ("variable", "max grad", "last grad", "max |dw|/|w|", "|w|", "NaN steps"):
         table.add_column(column, justify="left" if column == "variable" else "right",
                          overflow="fold", min_width=16 if column == "variable" else None)
-    for row in rows[:WORST_SHOWN]:
+    for row in shown:
         style = "red" if row["nonfinite_steps"] else None
         table.add_row(row["name"], fmt(row["max_grad_norm"]), fmt(row["last_grad_norm"]), fmt(row["max_update_ratio"]),
                       fmt(row["weight_norm_last"]), str(row["nonfinite_steps"]), style=style)
@@ -199,7 +220,7 @@ def render_replay(report, console):
         console.print(_first_nonfinite(report))
     console.print(_recommendations(report))
     for note in report.notes:
-        console.print(Text(f"note: {note}", style="dim"))
+        console.print(hanging("note: ", note, style="dim"))
 
 
 def _verification(rec):
@@ -227,8 +248,7 @@ def _recommendations(report):
         parts.append(Text.assemble(f"{number}. ", (f"[{rec.severity}] ", SEVERITY_STYLE.get(rec.severity, "")),
                                    (rec.title, "bold"), f"  ({rec.id})",
                                    (verified, "green" if rec.verified else "red")))
-        for line in rec.evidence:
-            parts.append(Text(f"   - {line}"))
+        parts.extend(hanging("   - ", line) for line in rec.evidence)
         if rec.verification:
             parts.append(_verification(rec))
         parts.append(Syntax(rec.fix, "yaml" if rec.fix.lstrip().startswith(("train:", "data:", "model:")) else "python",
