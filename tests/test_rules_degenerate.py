@@ -207,7 +207,7 @@ def test_a_report_that_cannot_be_printed_still_writes_its_json_and_keeps_its_exi
     import nanscope.render.trace_report as renderer
     from nanscope.cli import app
 
-    def broken(report, console):
+    def broken(report, console, show_all=False):
         raise ValueError("a renderer bug")
 
     monkeypatch.setattr(renderer, "render_trace_report", broken)
