@@ -88,3 +88,20 @@ def test_the_check_data_report_fits_80_columns(tmp_path):
     numbers = [f"{c.min:.3g}" for c in scan.inputs if np.isfinite(c.min)] + [f"{c.std:.3g}" for c in scan.inputs]
     assert_readable(text, numbers)
     assert "large scale" in text and "constant" in text
+
+
+def test_the_callback_header_states_rows_and_batch_size_instead_of_none():
+    from nanscope.keras import NanScope
+    from nanscope.render.trace_report import render_trace_report
+    from nanscope.runtime import tensorflow
+
+    _, keras = tensorflow()
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.random.default_rng(0).standard_normal((100, 4)).astype(np.float32)
+    scope = NanScope(console=Console(file=io.StringIO()))
+    model.fit(x, x[:, :1], batch_size=16, epochs=2, verbose=0, callbacks=[scope])
+    assert (scope.report.run["train_rows"], scope.report.run["batch_size"]) == (100, 16)  # 6 batches of 16 and one of 4
+    header = rendered(render_trace_report, scope.report).split("over steps")[0]
+    assert "train 100 rows" in header and "batch 16" in header and "None" not in header

@@ -9,6 +9,7 @@ being turned into a note.
 
 import math
 import os
+import re
 from types import SimpleNamespace
 
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
@@ -34,6 +35,8 @@ DEGENERATE = {
     "inf": math.inf,
 }
 STEP_COUNTS = (1, 2, 12)
+# A statistic quoted as evidence must be a number: "std nan" or "mean |y| inf" says nothing.
+QUOTED_NONFINITE = re.compile(r"\b(std|mean \|y\|) -?(nan|inf)\b")
 CHECK_DATA_RULES = {"fix-labels", "drop-constant-features"}  # fired by check-data's scan, tested below
 
 
@@ -109,6 +112,7 @@ def test_every_detector_survives_a_degenerate_history(name, value, steps, nan_co
             for _, detector in detectors():
                 for score, rec in detector(report, session, healthy):  # raises: the test fails
                     assert math.isfinite(score) and rec.id in RULES
+                    assert not any(QUOTED_NONFINITE.search(line) for line in rec.evidence), rec.evidence
 
 
 def test_every_catalogue_rule_is_run_here_or_by_check_data():
@@ -220,3 +224,19 @@ def test_a_report_that_cannot_be_printed_still_writes_its_json_and_keeps_its_exi
     assert result.stderr.strip().splitlines()[-1].startswith(
         "nanscope: the printed report failed while the report was finished (ValueError: a renderer bug)")
     assert "Traceback" not in result.output
+
+
+def test_scale_rules_quote_the_spread_of_the_finite_values_never_nan():
+    session = session_of(1.0)
+    y = np.full((8, 1), 500.0, dtype=np.float32)
+    y[::2] = -500.0
+    y[0], y[1] = np.inf, np.nan  # clean-input-data's evidence, not a scale
+    session.train.y = y
+    session.train.x = np.where(np.arange(3) == 0, np.inf, 200.0 * (np.arange(24).reshape(8, 3) % 2)).astype(np.float64)
+    report = report_of([record(s, 1.0) for s in range(3)])
+    found = {rec.id: rec for rec in diagnose(report, session)}
+    assert found["normalize-targets"].data["y_std"] == pytest.approx(500.0)
+    assert "std 500" in found["normalize-targets"].evidence[0]
+    assert "b (std 100)" in found["normalize-inputs"].evidence[0]  # feature a holds only Inf: no scale to quote
+    session.train.y = np.full((8, 1), np.nan, dtype=np.float32)  # no finite target at all
+    assert "normalize-targets" not in [rec.id for rec in diagnose(report_of([record(0, 1.0)]), session)]

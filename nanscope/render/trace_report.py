@@ -50,8 +50,7 @@ def _header(report):
     rows = [
         ("spec", run.get("spec")),
         ("model", f"{run.get('model')}, {run.get('parameters', 0):,} parameters"),
-        ("data", f"{run.get('data')}; train {run.get('train_rows')} rows, validation {run.get('validation_rows')}, "
-                 f"batch {run.get('batch_size')}{', shuffled' if run.get('shuffle') else ''}"),
+        ("data", _data_text(run)),
         ("loss", run.get("loss")),
         ("optimizer", f"{run.get('optimizer')}({optimizer})" + _loss_scale_text(report)),
         ("steps", f"{report.steps_run} of {run.get('steps_requested')}"
@@ -66,6 +65,16 @@ def _header(report):
         grid.add_row(key, str(value))
     title = Text.assemble("nanscope trace-steps  ", (report.status.upper(), STATUS_STYLE[report.status]))
     return Panel(grid, title=title, title_align="left")
+
+
+def _data_text(run):
+    """"<data>; train 500 rows, validation 500, batch 32, shuffled", leaving out what the run does not know."""
+    parts = [f"train {run['train_rows']} rows" if run.get("train_rows") is not None else None,
+             f"validation {run['validation_rows']}" if run.get("validation_rows") is not None else None,
+             f"batch {run['batch_size']}" if run.get("batch_size") is not None else None,
+             "shuffled" if run.get("shuffle") else None]
+    known = ", ".join(part for part in parts if part)
+    return f"{run.get('data')}; {known}" if known else str(run.get("data"))
 
 
 def _loss_scale_text(report):

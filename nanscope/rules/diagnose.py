@@ -210,11 +210,9 @@ def _target_scale(report, session, healthy):
         return []
     found = []
     for name, loss_name, y in _regression_targets(session):
-        with np.errstate(all="ignore"), warnings.catch_warnings():  # overflowing variance is the finding
-            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
-            std, mean = float(np.nanstd(y.astype(np.float64))), float(np.nanmean(np.abs(y.astype(np.float64))))
-        if max(std, mean) <= SCALE_LIMIT:
-            continue
+        std, mean = (float(v) for v in finite_spread(y))
+        if not (math.isfinite(std) and math.isfinite(mean)) or max(std, mean) <= SCALE_LIMIT:
+            continue  # no finite target to measure (clean-input-data's case), or unit scale
         whose = f"regression targets of output {name!r}" if name else "regression targets"
         evidence = [f"{whose} have std {std:.3g} and mean |y| {mean:.3g} under {loss_name} "
                     f"(unit scale: ~1; limit {SCALE_LIMIT:g}); the loss and its gradients scale with y squared"]
@@ -222,6 +220,19 @@ def _target_scale(report, session, healthy):
         score = 0.8 if max(std, mean) > EXTREME_SCALE else 0.7
         found.append((score, recommend("normalize-targets", scale_severity(report, std), evidence, data=data)))
     return found
+
+
+def finite_spread(values, axis=None):
+    """(std, mean |x|) of the finite values, in float64; NaN where there are none.
+
+    A NaN or Inf in the data is clean-input-data's evidence; a scale quoted from it
+    ("std nan") says nothing, so the scale rules measure what is finite.
+    """
+    array = np.asarray(values, dtype=np.float64)
+    array = np.where(np.isfinite(array), array, np.nan)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
+        return np.nanstd(array, axis=axis), np.nanmean(np.abs(array), axis=axis)
 
 
 def scale_severity(report, spread):
@@ -257,11 +268,8 @@ def _input_scale(report, session, healthy):
         if label in ids:
             continue  # token and category ids have no scale to fix
         flat = x.reshape(len(x), -1)
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
-            std = np.nanstd(flat, axis=0)
-            mean = np.nanmean(np.abs(flat), axis=0)
-        far = np.flatnonzero((std > SCALE_LIMIT) | (mean > SCALE_LIMIT))
+        std, mean = finite_spread(flat, axis=0)
+        far = np.flatnonzero(np.isfinite(std) & np.isfinite(mean) & ((std > SCALE_LIMIT) | (mean > SCALE_LIMIT)))
         names = session.train.feature_names if label == "x" else []
         found += [(names[i] if i < len(names) else f"{label}[{i}]", std[i]) for i in far]
         features += far.tolist() if label == "x" else [f"{label}[{i}]" for i in far]
