@@ -496,6 +496,14 @@ def data_factory_returns_int(tmp_path):
 
 
 @case
+def data_endless_dataset_with_validation(tmp_path):
+    data = {"factory": f"{FACTORIES}:endless_dataset", "validation": {"fraction": 0.25}}
+    return trace(tmp_path, base_spec(data=data)), [
+        "spec.yaml", "data.factory", "the dataset is endless (.repeat())",
+        "data.validation.fraction: 0.25 needs its end", "set data.validation.fraction: 0"]
+
+
+@case
 def data_factory_raises(tmp_path):
     return trace(tmp_path, base_spec(data={"factory": f"{FACTORIES}:raises"})), [
         "spec.yaml", "data.factory", "raised RuntimeError"]
@@ -869,3 +877,19 @@ def test_first_line_shows_a_printed_array_as_a_placeholder():
     # Indexes, ranges and shape lists are not arrays.
     for text in ("indices[3] = 9 is not in [0, 10)", "shapes [32, 4] and [8] are incompatible"):
         assert first_line(ValueError(text)) == text
+
+
+@pytest.mark.parametrize("args", [{"batched": True}, {"batched": False}, {"unknown_length": True}])
+def test_an_endless_dataset_trains_on_the_rows_its_steps_need(args, tmp_path, monkeypatch):
+    import nanscope.data.datasets as datasets
+
+    monkeypatch.setattr(datasets, "UNKNOWN_LENGTH_ROWS", 200)  # a filtered endless dataset: read 200 rows, not 1e6
+    spec = base_spec(data={"factory": f"{FACTORIES}:endless_dataset", "args": args}, train={"steps": 5})
+    out = tmp_path / "r.json"
+    result = runner.invoke(app, trace(tmp_path, spec, "--json", str(out)))
+    assert result.exit_code == 0, result.output
+    import json
+
+    document = json.loads(out.read_text())
+    assert document["steps_run"] == 5 and document["run"]["train_rows"] == 5 * 8
+    assert "an endless dataset: its first 40 rows (5 steps x batch 8)" in document["run"]["data"]

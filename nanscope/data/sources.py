@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nanscope.data import inputs, synthetic, targets
+from nanscope.data.datasets import materialize
 from nanscope.errors import DataError, first_line
 from nanscope.factory import call_factory, load_callable, received
 
@@ -201,8 +202,13 @@ def _from_factory(spec):
     function = load_callable(spec.data.factory, spec.base_dir, f"{spec.source}: {field_name}", DataError)
     result = call_factory(function, spec.data.args, f"{spec.source}: {field_name}", DataError)
     if _is_tf_dataset(result):
-        x, y = _materialize(result, spec)
+        where = f"{spec.source}: {field_name}"
+        x, y, endless = materialize(result, spec.train.steps, spec.data.batch_size, spec.data.validation.fraction,
+                                    where)
         rows = inputs.rows(x)
+        if endless:
+            return LoadedData(x, y, f"{spec.data.factory}, an endless dataset: its first {rows} rows "
+                                    f"({spec.train.steps} steps x batch {spec.data.batch_size})")
     elif isinstance(result, (tuple, list)) and len(result) == 2:
         try:
             raw_x, raw_y = result
@@ -224,33 +230,6 @@ def _from_factory(spec):
 
 def _is_tf_dataset(value):
     return type(value).__module__.startswith("tensorflow") and hasattr(value, "element_spec")
-
-
-def _materialize(dataset, spec):
-    """All (x, y) elements of a dataset as two arrays; a batched dataset is unbatched first."""
-    element = dataset.element_spec
-    if not (isinstance(element, tuple) and len(element) == 2):
-        raise DataError(f"{spec.source}: data.factory: the dataset must yield (x, y) pairs. "
-                        f"Received elements of {element}")
-    first = targets.parts(element[0])[0]
-    if first.shape.rank and first.shape[0] is None:
-        dataset = dataset.unbatch()
-    xs, ys = [], []
-    for x, y in dataset.as_numpy_iterator():
-        xs.append(x)
-        ys.append(y)
-    if not xs:
-        raise DataError(f"{spec.source}: data.factory: the dataset is empty")
-    return _stacked(xs), _stacked(ys)
-
-
-def _stacked(elements):
-    """Per-row elements stacked into rows: one array, or one per key (or position) of a mapping or tuple."""
-    if isinstance(elements[0], (dict, tuple, list)):  # one per model input, or per output of a multi-output model
-        keys = list(elements[0]) if isinstance(elements[0], dict) else range(len(elements[0]))
-        stacked = {k: np.stack([e[k] for e in elements]) for k in keys}
-        return stacked if isinstance(elements[0], dict) else tuple(stacked.values())
-    return np.stack(elements)
 
 
 def _checked(loaded, spec):

@@ -175,3 +175,13 @@ def reads_config(features=4, config=None):
     """A factory that reads a setting its config does not have: KeyError, as a new user's first factory did."""
     config = config or {"units": 3}
     return keras.Sequential([keras.Input((features,)), keras.layers.Dense(config["unit"])])  # raises: KeyError
+
+
+def endless_dataset(features=4, batched=True, unknown_length=False):
+    """The tiny arrays as a tf.data.Dataset that never ends (`.repeat()`), batched or not; a filter hides its length."""
+    import tensorflow as tf
+
+    x, y = arrays(features=features)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y))
+    dataset = (dataset.batch(8) if batched else dataset).repeat()
+    return dataset.filter(lambda x, y: True) if unknown_length else dataset
