@@ -145,6 +145,13 @@ def _loss_scaling(rec, session, report):
     return [Change("loss scaling", {"optimizer": "LossScaleOptimizer"}, loss_scaling=True)]
 
 
+def _repair_outliers(rec, session, report):
+    from nanscope.rules.outliers import repaired
+
+    return [Change("repair outlier rows", {"repair": "glitch values -> their column's training median"},
+                   data=repaired(session))]
+
+
 def _bounded_activation(rec, session, report):
     model = relu6_model(session.model)
     return [Change("relu->relu6", {"activation": "relu6"}, model=model)] if model is not None else []
@@ -160,6 +167,7 @@ FIXES = {
     "normalize-targets": lambda rec, session, report: [standardized_targets(session, rec.data.get("output"))],
     "normalize-inputs": lambda rec, session, report: [standardized_inputs(session)],
     "bounded-activation": _bounded_activation,
+    "drop-outlier-rows": _repair_outliers,
 }
 
 

@@ -15,9 +15,10 @@ from nanscope.trace import TraceOptions, run_trace
 SPECS = Path(__file__).parent / "specs"
 MODELS = "tests/specs/models.py"
 REPO = Path(__file__).parent.parent
-RULE_IDS = ("clean-input-data", "normalize-inputs", "normalize-targets", "lower-learning-rate", "clip-gradients",
-            "bounded-activation", "stable-log", "stable-exp", "safe-division", "safe-sqrt", "loss-scaling",
-            "optimizer-epsilon", "weight-constraint", "fix-labels", "drop-constant-features", "masked-softmax")
+RULE_IDS = ("clean-input-data", "drop-outlier-rows", "normalize-inputs", "normalize-targets", "lower-learning-rate",
+            "clip-gradients", "bounded-activation", "stable-log", "stable-exp", "safe-division", "safe-sqrt",
+            "loss-scaling", "optimizer-epsilon", "weight-constraint", "fix-labels", "drop-constant-features",
+            "masked-softmax")
 
 
 def producer_line(tag):

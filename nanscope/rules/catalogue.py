@@ -69,6 +69,14 @@ RULES = {
             "x = np.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)  # or drop the rows: x[np.isfinite(x).all(axis=1)]",
         ),
         Rule(
+            "drop-outlier-rows",
+            "Drop or repair the rows that hold glitches",
+            "A few rows with values far outside their column (a missing-value code such as 9999), "
+            "in a batch whose loss spiked or went non-finite.",
+            "bad = np.abs(y[:, 0] - np.median(y[:, 0])) > 10 * 1.4826 * mad   # robust z > 10\n"
+            "x, y = x[~bad], y[~bad]   # or repair them (y[bad] = np.nan, then impute); do not standardise instead",
+        ),
+        Rule(
             "normalize-inputs",
             "Normalize the input features",
             "Input features far from unit scale.",

@@ -15,6 +15,7 @@ from nanscope.data import inputs
 from nanscope.finishing import optional_part
 from nanscope.rules.catalogue import recommend
 from nanscope.rules.early import early_findings
+from nanscope.rules.outliers import glitch_rows, outlier_findings
 from nanscope.rules.precision import precision_findings
 from nanscope.rules.trends import geometric_growth, global_update_ratio
 from nanscope.rules.producer import producer_findings
@@ -76,6 +77,7 @@ def detectors():
     """(rule ids it can fire, detector) for every detector, in the order their findings tie-break."""
     return (
         (("clean-input-data",), _bad_data),
+        (("drop-outlier-rows",), outlier_findings),
         (("masked-softmax", "stable-log", "stable-exp", "safe-division", "safe-sqrt", "loss-scaling",
           "optimizer-epsilon"), producer_findings),
         (("loss-scaling",), precision_findings),
@@ -210,6 +212,7 @@ def _target_scale(report, session, healthy):
         return []
     found = []
     for name, loss_name, y in _regression_targets(session):
+        y = _without_glitches(y)  # a few glitch rows are drop-outlier-rows' finding, not a scale to standardise
         std, mean = (float(v) for v in finite_spread(y))
         if not (math.isfinite(std) and math.isfinite(mean)) or max(std, mean) <= SCALE_LIMIT:
             continue  # no finite target to measure (clean-input-data's case), or unit scale
@@ -259,6 +262,12 @@ def _regression_targets(session):
             if loss.lower() in MSE_LIKE_LOSSES and np.issubdtype(y.dtype, np.floating)]
 
 
+def _without_glitches(array):
+    """`array` without the rows that hold glitches (`outliers.glitch_rows`): the scale of the real data."""
+    rows = glitch_rows(array)
+    return np.delete(array, sorted(rows), axis=0) if rows else array
+
+
 def _input_scale(report, session, healthy):
     if session.train is None:
         return []
@@ -267,7 +276,7 @@ def _input_scale(report, session, healthy):
     for label, x in inputs.named(session.train.x):
         if label in ids:
             continue  # token and category ids have no scale to fix
-        flat = x.reshape(len(x), -1)
+        flat = _without_glitches(x.reshape(len(x), -1))
         std, mean = finite_spread(flat, axis=0)
         far = np.flatnonzero(np.isfinite(std) & np.isfinite(mean) & ((std > SCALE_LIMIT) | (mean > SCALE_LIMIT)))
         names = session.train.feature_names if label == "x" else []

@@ -13,6 +13,13 @@ def geometric_growth(steps, values, rate_limit, min_steps, min_total):
     exceeds `rate_limit` and over which the value grew more than `min_total` times. All
     fits come from suffix sums in one vectorised pass, so a run of thousands of steps
     costs what a handful of `polyfit` calls would.
+
+    The rise must also be sustained: the median step-to-step factor from the start, and
+    over the first third of the steps from the start, must exceed sqrt(`rate_limit`), and
+    without its largest single jump the value must still grow by sqrt(`min_total`). A
+    value that was flat until one spike fits a steep line over a window that ends at the
+    spike, but it did not grow geometrically from that window's start, and claiming so
+    would send the user after the wrong cause.
     """
     values, steps = np.asarray(values, dtype=np.float64), np.asarray(steps, dtype=np.float64)
     if not len(values) or not (np.isfinite(values[-1]) and values[-1] > 0):
@@ -35,10 +42,21 @@ def geometric_growth(steps, values, rate_limit, min_steps, min_total):
     rate = np.exp(np.clip(slope, -700, 700))
     total = values[-1] / values[starts]
     hits = np.flatnonzero((denominator > 0) & (rate > rate_limit) & (total > min_total))
-    if not len(hits):
-        return None
-    start = starts[hits[0]]
-    return float(rate[hits[0]]), int(steps[start])
+    for hit in hits[::max(1, len(hits) // SUSTAIN_CHECKS)]:
+        start = starts[hit]
+        factors = np.diff(y[start:]) / np.diff(steps[start:])
+        head = factors[:max(2, len(factors) // 3)]
+        jumps = np.diff(y[start:])
+        without_largest = jumps.sum() - jumps.max()
+        if min(np.median(factors), np.median(head)) > 0.5 * math.log(rate_limit) and \
+                without_largest > 0.5 * math.log(min_total):
+            return float(rate[hit]), int(steps[start])
+    return None
+
+
+# At most this many candidate starts are checked for a sustained rise (each check is one pass
+# over the steps after it), spread evenly over the candidates.
+SUSTAIN_CHECKS = 200
 
 
 

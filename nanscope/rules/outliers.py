@@ -1,0 +1,186 @@
+"""Rows that hold a glitch: a missing-value code (a target of 9999) or another value far outside its column.
+
+A value's robust z-score is its distance from its column's median in units of
+1.4826 x the median absolute deviation (MAD), which estimates the standard deviation
+of normal data without being moved by the outliers themselves (Iglewicz and Hoaglin,
+"How to Detect and Handle Outliers", 1993). A few rows far out, in a batch whose loss
+spiked or went non-finite, are the cause to fix: drop or repair those rows. Standardising
+the column instead would divide the real signal by a scale the glitch inflated.
+"""
+
+import math
+import warnings
+
+import numpy as np
+
+from nanscope.data import inputs, targets
+from nanscope.rules.catalogue import recommend
+
+# 1.4826 x MAD estimates the standard deviation of normal data.
+MAD_TO_STD = 1.4826
+# A value this many robust standard deviations from its column's median is a glitch candidate: a
+# normal sample of a billion values stays within about 6.
+EXTREME_Z = 10.0
+# Glitches are rare. More values than this fraction that far out are a heavy tail (a log transform's
+# case), not a few bad rows.
+MAX_FRACTION = 0.01
+# A step whose loss is this many times the median of the steps before it spiked.
+SPIKE_FACTOR = 100.0
+SPIKE_WINDOW = 20
+# Rows named in the evidence.
+SHOWN_ROWS = 5
+
+
+def robust_scale(values):
+    """(median, robust std) per column of a 2-D float array, over its finite values (NaN where none).
+
+    The robust std is 1.4826 x MAD; where the MAD is 0 (a column mostly of one value) it falls
+    back to 1.2533 x the mean absolute deviation from the median, and is 0 when that is 0 too.
+    """
+    with np.errstate(all="ignore"):
+        values = np.where(np.isfinite(values), values, np.nan).astype(np.float64)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
+            median = np.nanmedian(values, axis=0)
+            deviation = np.abs(values - median)
+            scale = MAD_TO_STD * np.nanmedian(deviation, axis=0)
+            mean_dev = 1.2533 * np.nanmean(deviation, axis=0)
+    return median, np.where(scale > 0, scale, mean_dev)
+
+
+def glitch_rows(array):
+    """{row: [(column, value, z)]} of the values over EXTREME_Z robust standard deviations from their
+    column's median; {} when there are none or too many to be glitches (a heavy tail)."""
+    flat = np.asarray(array).reshape(len(array), -1)
+    if not np.issubdtype(flat.dtype, np.floating) or len(flat) < 8:
+        return {}
+    median, scale = robust_scale(flat)
+    with np.errstate(all="ignore"):
+        z = np.abs(flat.astype(np.float64) - median) / scale
+    z = np.where(np.isfinite(z) & (scale > 0), z, 0.0)
+    rows, columns = np.nonzero(z > EXTREME_Z)
+    if len(rows) == 0 or len(np.unique(rows)) > MAX_FRACTION * len(flat):
+        return {}
+    found = {}
+    for row, column in zip(rows.tolist(), columns.tolist()):
+        found.setdefault(row, []).append((column, float(flat[row, column]), float(z[row, column]),
+                                          float(median[column]), float(scale[column])))
+    return found
+
+
+def outlier_findings(report, session, healthy):
+    """(score, Recommendation) pairs for training rows that hold glitches, tied to the step they hit."""
+    if session.train is None or not report.records:
+        return []
+    glitches = _glitches(session)
+    if not glitches:
+        return []
+    rows = sorted({row for found in glitches.values() for row in found})
+    hit = _step_hit(report, session, set(rows))
+    lines = [_row_line(label, row, cells) for label, found in glitches.items() for row, cells in found.items()]
+    evidence = [f"{len(rows)} training row(s) hold values over {EXTREME_Z:g} robust standard deviations from their "
+                f"column's median (median and MAD of the column): " + "; ".join(lines[:SHOWN_ROWS])
+                + (f"; ... and {len(lines) - SHOWN_ROWS} more" if len(lines) > SHOWN_ROWS else "")]
+    severity, score = "info", 0.3
+    data = {"rows": rows[:100], "values": {label: {str(r): [c[1] for c in cells] for r, cells in found.items()}
+                                           for label, found in glitches.items()}}
+    if hit is not None:
+        step, how, batch_rows = hit
+        evidence.insert(0, f"step {step}: {how}; its batch held row(s) {', '.join(map(str, batch_rows))}")
+        # The run went non-finite at that step or after it: the glitch is the first thing that went wrong.
+        severity = "error" if report.first_nonfinite is not None and report.first_nonfinite.step >= step else "warning"
+        score = 0.97
+        data["step"] = step
+    return [(score, recommend("drop-outlier-rows", severity, evidence, _fix(glitches), data))]
+
+
+def _glitches(session):
+    """{array label: glitch_rows} over the float regression targets and the float inputs that are not ids."""
+    ids = inputs.ids_of(session.train, session.model.keras_model)
+    found = {}
+    for label, x in inputs.named(session.train.x):
+        if label not in ids:
+            found[label] = glitch_rows(x)
+    for label, y in targets.named(session.train.y):
+        found[label] = glitch_rows(y)
+    return {label: rows for label, rows in found.items() if rows}
+
+
+def _step_hit(report, session, rows):
+    """(step, what happened, the glitch rows in its batch) for the first step whose batch held glitch rows and
+    whose loss spiked or went non-finite; None when no such step ran."""
+    losses = []
+    first_bad = report.first_nonfinite.step if report.first_nonfinite is not None else None
+    for record in report.records:
+        in_batch = sorted(rows.intersection(session.order.indices(record.step).tolist()))
+        spiked = _spike(record.loss, losses)
+        if in_batch and (spiked or record.step == first_bad):
+            window = min(len(losses), SPIKE_WINDOW)
+            how = (f"the first non-finite value ({report.first_nonfinite.phase} phase)" if record.step == first_bad
+                   else f"the loss spiked to {record.loss:.4g}, {spiked:.3g}x the median of the {window} steps before")
+            return record.step, how, in_batch
+        if math.isfinite(record.loss):
+            losses.append(record.loss)
+    return None
+
+
+def _spike(loss, before):
+    if not before or not math.isfinite(loss):
+        return None
+    median = float(np.median(before[-SPIKE_WINDOW:]))
+    return loss / median if median > 0 and loss > SPIKE_FACTOR * median else None
+
+
+def _row_line(label, row, cells):
+    column, value, z, median, scale = max(cells, key=lambda c: c[2])
+    return f"row {row}: {label}[{column}] = {value:.6g} (robust z {z:.3g}; median {median:.4g}, robust std {scale:.3g})"
+
+
+def _fix(glitches):
+    label, found = next(iter(glitches.items()))
+    column, value, _, median, scale = next(iter(found.values()))[0]
+    array = label.split("[")[0]
+    return (f"# rows {', '.join(map(str, list(found)[:SHOWN_ROWS]))}: {label}[{column}] = {value:.6g} and the like "
+            "(a missing-value code?)\n"
+            f"bad = np.abs({label}[:, {column}] - {median:.4g}) > {EXTREME_Z * scale:.4g}   # robust z>{EXTREME_Z:g}\n"
+            f"x, y = x[~bad], y[~bad]   # drop the rows; or repair: {array}[bad, {column}] = np.nan, then impute\n"
+            "# do not standardise instead: the glitch inflates the std and squashes the real signal")
+
+
+def repaired(session):
+    """A data change for --verify: every glitch value replaced by its column's training median (rows kept, so
+    the batch order stays), in the training and the validation rows alike."""
+    glitches = _glitches(session)
+    thresholds = {}
+    for label, found in glitches.items():
+        for cells in found.values():
+            for column, _, _, median, scale in cells:
+                thresholds[(label, column)] = (median, EXTREME_Z * scale)
+
+    def fix(part, label):
+        mine = {c: t for (name, c), t in thresholds.items() if name == label}
+        if not mine:
+            return part
+        flat = part.reshape(len(part), -1).copy()
+        for column, (median, limit) in mine.items():
+            bad = np.abs(flat[:, column].astype(np.float64) - median) > limit
+            flat[bad, column] = median
+        return flat.reshape(part.shape).astype(part.dtype)
+
+    def change(data):
+        from dataclasses import replace
+
+        x = _relabelled(data.x, "x", fix)
+        y = _relabelled(data.y, "y", fix)
+        return replace(data, x=x, y=y)
+
+    return change
+
+
+def _relabelled(value, label, fix):
+    named = targets.named(value, label)
+    if isinstance(value, dict):
+        return {k: fix(part, name) for k, (name, part) in zip(value, named)}
+    if isinstance(value, (tuple, list)):
+        return tuple(fix(part, name) for name, part in named)
+    return fix(value, label)
