@@ -240,3 +240,28 @@ def test_scale_rules_quote_the_spread_of_the_finite_values_never_nan():
     assert "b (std 100)" in found["normalize-inputs"].evidence[0]  # feature a holds only Inf: no scale to quote
     session.train.y = np.full((8, 1), np.nan, dtype=np.float32)  # no finite target at all
     assert "normalize-targets" not in [rec.id for rec in diagnose(report_of([record(0, 1.0)]), session)]
+
+
+@pytest.mark.parametrize("steps", [1, 6, 600])  # 600: the chunked loop
+def test_a_real_run_that_fits_perfectly_from_the_start_reports_healthy(steps, tmp_path):
+    import json
+    from pathlib import Path
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from nanscope.cli import app
+
+    factories = Path(__file__).parent / "bad_inputs" / "factories.py"
+    spec = {"model": {"factory": f"{factories}:zero_dense"}, "data": {"factory": f"{factories}:zeros", "batch_size": 8,
+            "validation": {"fraction": 0.25}}, "train": {"loss": "mse", "optimizer": {"name": "adam"}, "steps": steps}}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    out = tmp_path / "r.json"
+    argv = ["trace-steps", str(tmp_path / "spec.yaml"), "--json", str(out), "--trace", str(tmp_path / "t.jsonl")]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    document = json.loads(out.read_text())
+    assert document["status"] == "healthy" and document["steps_run"] == steps
+    assert {s["loss"] for s in document["steps"]} == {0.0}
+    assert {s["grad_global_norm"] for s in document["steps"]} == {0.0}
+    assert not [n for n in document["notes"] if "failed while the report was finished" in n], document["notes"]

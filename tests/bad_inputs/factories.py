@@ -185,3 +185,13 @@ def endless_dataset(features=4, batched=True, unknown_length=False):
     dataset = tf.data.Dataset.from_tensor_slices((x, y))
     dataset = (dataset.batch(8) if batched else dataset).repeat()
     return dataset.filter(lambda x, y: True) if unknown_length else dataset
+
+
+def zero_dense(features=4):
+    """A linear model whose weights start at exactly 0: on all-zero data its loss and gradients are exactly 0."""
+    return keras.Sequential([keras.Input((features,)), keras.layers.Dense(1, kernel_initializer="zeros", name="out")])
+
+
+def zeros(rows=32, features=4):
+    """Data the zero model fits perfectly from the first step: x and y all 0."""
+    return np.zeros((rows, features), np.float32), np.zeros((rows, 1), np.float32)
