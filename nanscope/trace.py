@@ -147,7 +147,7 @@ def _run_steps(session, engine, runner, report, writer, options, expected):
     report.notes.extend(_expected_notes(session.spec.train.expect_nonfinite, engine, expected))
     board = _open_board(options.tensorboard, report)
     # Every worker takes part in every step's collectives: a signal must not stop one worker
-    # between steps on its own. It rides the next step's all-gather instead (DistributedStep).
+    # between steps on its own. It rides the next step's all-reduce instead (DistributedStep).
     together = session.cluster is not None
     try:
         with interrupt.deferred() if together else contextlib.nullcontext():

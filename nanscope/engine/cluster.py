@@ -7,7 +7,7 @@ with every wait bounded by `train.distribute_timeout_s`:
 
 - joining: before TensorFlow joins the cluster, each worker listens on its port until every
   other worker's port answers, and otherwise stops (exit 2) naming the ones that did not;
-- each collective (the gradient all-reduce, the per-step all-gather, the variables'
+- each collective (the gradient all-reduce, which also carries the replicas' rows, the variables'
   initial broadcast) fails with DeadlineExceeded after the timeout, or at once with
   Unavailable when a peer's connection drops; `missing_worker` names the task.
 

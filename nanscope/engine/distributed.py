@@ -15,9 +15,11 @@ non-finite values its batch, its outputs and its own gradients held.
 Under `MultiWorkerMirroredStrategy` (W workers, R replicas each) every worker holds
 the whole batch: worker `w` takes rows `[n * w // W, n * (w + 1) // W)` and its
 replicas split that range as above. A worker sees only its own replicas' results, so
-each replica all-gathers its scalars, layer rows and counts (one small all-gather per
-step) and every worker builds the same record of the whole step. The gathered counts
-also carry each worker's stop request (Ctrl-C), so every worker stops after the same step.
+each replica writes what differs between replicas (losses, non-finite counts, layer
+rows) into its own slot of a zero matrix that rides the gradients' all-reduce: the
+gradients and every replica's row cross the cluster in one collective, and every worker
+builds the same record of the whole step. The row also carries each worker's stop
+request (Ctrl-C), so every worker stops after the same step.
 """
 
 import numpy as np
@@ -125,7 +127,16 @@ class DistributedStep(InstrumentedStep):
             objective = data_loss * share + terms / self.replicas
         local = tape.gradient(objective, self.trainable)
         local = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(local, self.trainable)]
-        grads = context.all_reduce(tf.distribute.ReduceOp.SUM, local)
+        local_nonfinite = tf.add_n([any_nonfinite_count(g) for g in local]) if local else tf.constant(0.0)
+        counts = tf.stack([tf.cast(end - start, tf.float32), local_nonfinite])
+        if self.workers > 1:
+            # What differs between replicas rides the gradients' all-reduce, each replica's row in its own slot
+            # of a zero matrix: one collective a step carries the gradients and every replica's row.
+            row = self._replica_row(x, y, y_pred, total, data_loss, output_losses, counts)
+            slotted = tf.scatter_nd([[replica]], row[None], [self.replicas, row.shape[0]])
+            *grads, gathered = context.all_reduce(tf.distribute.ReduceOp.SUM, [*local, slotted])
+        else:
+            grads = context.all_reduce(tf.distribute.ReduceOp.SUM, local)
         applied = self.grad_transform(grads) if self.grad_transform is not None else grads
         handed = applied if replica == 0 else [tf.zeros_like(g) for g in applied]
         with self.raised_by("train.optimizer"):
@@ -134,13 +145,22 @@ class DistributedStep(InstrumentedStep):
         self._loss_terms = own_terms
         scalars, layer_stats, layer_terms, var_stats = self._outputs(
             x, y, y_pred, total, data_loss, grads, applied, None, output_losses)
-        local_nonfinite = tf.add_n([any_nonfinite_count(g) for g in local]) if local else tf.constant(0.0)
-        counts = tf.stack([tf.cast(end - start, tf.float32), local_nonfinite])
         if self.workers == 1:
             return scalars, layer_stats, layer_terms, var_stats, counts
-        # The one all-gather: what the other workers' replicas measured, for every worker's record.
-        row = tf.concat([scalars, tf.reshape(layer_stats, [-1]), counts, tf.reshape(self._stop, [1])], axis=0)
-        return context.all_gather(row[None], axis=0), layer_terms, var_stats
+        return gathered, scalars, layer_terms, var_stats
+
+    def _replica_row(self, x, y, y_pred, total, data_loss, output_losses, counts):
+        """This replica's own measurements, flat: REPLICA_SCALARS, per-output columns, layer stats, counts, stop."""
+        tf, _ = tensorflow()
+        targets = [any_nonfinite_count(t) for t in tf.nest.flatten(y)]
+        predictions = [self._prediction_nonfinite(t) for t in tf.nest.flatten(y_pred)]
+        total = tf.cast(total, tf.float32)
+        own = [total, tf.cast(data_loss, tf.float32), tf.add_n([any_nonfinite_count(t) for t in tf.nest.flatten(x)]),
+               tf.add_n(targets), tf.add_n(predictions), tf.cast(tf.logical_not(tf.math.is_finite(total)), tf.float32)]
+        if self.loss.multi_output:
+            own += [tf.cast(c, tf.float32) for row in zip(output_losses, targets, predictions) for c in row]
+        return tf.concat([tf.stack(own), tf.reshape(self._recorder.stats_matrix(), [-1]), counts,
+                          tf.reshape(self._stop, [1])], axis=0)
 
     def run(self, step, x, y):
         """Run one train step on a batch split over the replicas and return its StepRecord."""
@@ -151,13 +171,17 @@ class DistributedStep(InstrumentedStep):
 
     def _run_gathered(self, step, x, y):
         self._stop.assign(1.0 if interrupt.requested() else 0.0)
-        gathered, layer_terms, var_stats = (t.numpy() for t in self._traced()(x, y))
-        width = self.layout.scalar_width
-        layers = (gathered.shape[1] - width - 3) // len(LAYER)
-        scalars, layer_stats = gathered[:, :width], gathered[:, width:width + layers * len(LAYER)]
+        gathered, scalars, layer_terms, var_stats = (t.numpy() for t in self._traced()(x, y))
+        own = [SCALARS.at(name) for name in REPLICA_SCALARS]
+        if self.loss.multi_output:
+            own += list(range(len(SCALARS), len(SCALARS) + len(OUTPUT) * len(self.loss.outputs)))  # OUTPUT per output
+        per_replica = np.tile(scalars, (len(gathered), 1))  # what the summed gradient gives is the same everywhere
+        per_replica[:, own] = gathered[:, :len(own)]
+        layers = len(self.layers)
+        layer_stats = gathered[:, len(own):len(own) + layers * len(LAYER)].reshape(len(gathered), layers, len(LAYER))
         counts, stops = gathered[:, -3:-1], gathered[:, -1]
-        record = combine_replicas(step, inputs.rows(x), scalars, layer_stats.reshape(len(gathered), layers, len(LAYER)),
-                                  layer_terms[None], var_stats[None], counts)
+        record = combine_replicas(step, inputs.rows(x), per_replica, layer_stats, layer_terms[None], var_stats[None],
+                                  counts)
         per_worker = [slice(w * self.local_replicas, (w + 1) * self.local_replicas) for w in range(self.workers)]
         record.worker_nonfinite = [int(sum(record.replica_nonfinite[part])) for part in per_worker]
         self.stop_requested_by = [w for w, part in enumerate(per_worker) if stops[part].any()]
@@ -166,6 +190,8 @@ class DistributedStep(InstrumentedStep):
 
 # Non-finite counts of a replica's own share of the step: its batch and its model outputs.
 _REPLICA_COUNTS = ("x_nonfinite", "y_nonfinite", "output_nonfinite")
+# The scalars that differ between replicas (the others come from the summed gradient), in `_replica_row`'s order.
+REPLICA_SCALARS = ("loss", "data_loss", "x_nonfinite", "y_nonfinite", "output_nonfinite", "loss_nonfinite")
 
 
 def combine_replicas(step, batch_rows, scalars, layer_stats, layer_terms, var_stats, counts):
