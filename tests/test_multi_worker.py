@@ -172,3 +172,43 @@ def test_callback_in_a_two_worker_fit(tmp_path):
     assert report["run"]["distribute"] == {"strategy": "MultiWorkerMirroredStrategy", "replicas": 2, "workers": 2,
                                            "replicas_per_worker": 1}
     assert (report["first_nonfinite"]["worker"], report["first_nonfinite"]["replica"]) == (1, 1)
+
+
+@pytest.mark.parametrize("tf_config, message", [
+    (None, "TF_CONFIG is not set"),
+    ("{cluster", "TF_CONFIG is not JSON"),
+    (json.dumps({"cluster": {"worker": "a:1"}, "task": {"type": "worker", "index": 0}}), "`cluster.worker` must be"),
+    (json.dumps({"cluster": {"worker": ["a:1"], "chief": ["b:1"]}, "task": {"type": "worker", "index": 0}}),
+     "only `worker` tasks are supported"),
+    (json.dumps({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "ps", "index": 0}}), "`task.type` must be"),
+    (json.dumps({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 2}}),
+     "`task.index` must be a whole number from 0 to 1. Received: index=2"),
+])
+def test_a_bad_tf_config_is_one_line_naming_it(tmp_path, monkeypatch, tf_config, message):
+    from typer.testing import CliRunner
+
+    from nanscope.cli import app
+
+    if tf_config is None:
+        monkeypatch.delenv("TF_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("TF_CONFIG", tf_config)
+    done = CliRunner().invoke(app, ["trace-steps", str(SPECS / "healthy.yaml"), "--trace", str(tmp_path / "t.jsonl")])
+    assert done.exit_code == 2
+    lines = done.output.strip().splitlines()
+    assert len(lines) == 1 and "train.distribute: multi_worker: TF_CONFIG" in lines[0] and message in lines[0]
+    assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_verify_is_refused_before_joining_the_cluster(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from nanscope.cli import app
+
+    monkeypatch.setenv("TF_CONFIG", tf_config(free_ports(2), 0))
+    done = CliRunner().invoke(app, ["trace-steps", str(SPECS / "healthy.yaml"), "--verify",
+                                    "--trace", str(tmp_path / "t.jsonl")])
+    assert done.exit_code == 2
+    assert done.output.strip().splitlines() == [
+        f"nanscope: error: {SPECS / 'healthy.yaml'}: train.distribute: multi_worker: --verify is not supported "
+        "(run --verify on one machine (train.distribute: mirrored))"]
