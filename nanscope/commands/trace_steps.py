@@ -23,14 +23,21 @@ def run(spec, *, steps=None, lr=None, batch_size=None, seed=None, json_out=None,
     options = TraceOptions(trace_path=trace, keep_going=keep_going, save_repro=save_repro, verify=verify,
                            tensorboard=tensorboard, plot=plot, unsafe=unsafe)
 
+    loaded = []
+
     def work():
         run_spec = apply_overrides(load_spec(spec), steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed)
+        loaded.append(run_spec)
         check_spec_paths(run_spec)  # before TensorFlow loads: a missing file is reported at once
         return run_trace(run_spec, options)
 
     report = outcome(work, lambda: stopped_before_training(spec))
     if report.cluster is not None and not report.cluster.is_chief:
         return _worker_exit(report, strict)
+    if report.cluster is None and loaded and _other_worker(loaded[0]):  # stopped by a signal while joining
+        print("nanscope: interrupted during start-up; only the chief (worker task 0) writes a report",
+              file=sys.stderr)
+        return report.exit_code(strict=strict)
     code = deliver(lambda console: render_trace_report(report, console, show_all), report.to_json, json_out,
                    report.exit_code(strict=strict))
     if report.stopped:
@@ -40,6 +47,19 @@ def run(spec, *, steps=None, lr=None, batch_size=None, seed=None, json_out=None,
 
         publish_exit_code(code)
     return code
+
+
+def _other_worker(run_spec):
+    """True for a multi-worker run's worker other than the chief, by its TF_CONFIG (which was read once already)."""
+    if run_spec.train.distribute != "multi_worker":
+        return False
+    from nanscope.engine.cluster import read_tf_config
+    from nanscope.errors import NanscopeError
+
+    try:
+        return not read_tf_config(run_spec.source, run_spec.train.distribute_timeout_s).is_chief
+    except NanscopeError:
+        return False
 
 
 def _worker_exit(report, strict):
