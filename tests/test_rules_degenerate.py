@@ -92,6 +92,8 @@ def firsts(value):
                   "fill": {"op": "SelectV2", "source": None}}
         found.append(FirstNonfinite(step=0, phase=phase, op="Softmax", inputs={"dtype": "float16", **operand},
                                     context=masked))
+        trap = {"discarded_by": {"op": "SelectV2", "source": None}, "forward_nonfinite": None}
+        found.append(FirstNonfinite(step=0, phase=phase, op="RealDiv", inputs={"op": "Log", **operand}, context=trap))
     return found
 
 

@@ -136,6 +136,13 @@ RULES = {
             "weights = tf.where(tf.reduce_any(mask, axis=-1, keepdims=True), weights, 0.0)",
         ),
         Rule(
+            "double-where",
+            "Make the op's input safe inside the tf.where branch (the double where)",
+            "A NaN gradient from an op whose forward value a tf.where threw away (e.g. `total / count` where "
+            "count is 0): the untaken branch gets a zero gradient, and 0 times an infinite derivative is NaN.",
+            "safe = tf.where(count > 0, count, 1.0)\nmean = tf.where(count > 0, total / safe, 0.0)",
+        ),
+        Rule(
             "safe-sqrt",
             "Keep sqrt() away from zero and negatives",
             "Sqrt of 0 (its gradient 0.5/sqrt(x) is infinite) or of negative values (NaN).",

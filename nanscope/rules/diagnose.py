@@ -78,7 +78,7 @@ def detectors():
     return (
         (("clean-input-data",), _bad_data),
         (("drop-outlier-rows",), outlier_findings),
-        (("masked-softmax", "stable-log", "stable-exp", "safe-division", "safe-sqrt", "loss-scaling",
+        (("masked-softmax", "double-where", "stable-log", "stable-exp", "safe-division", "safe-sqrt", "loss-scaling",
           "optimizer-epsilon"), producer_findings),
         (("loss-scaling",), precision_findings),
         (("clip-gradients",), _gradient_growth),

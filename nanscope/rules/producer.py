@@ -38,6 +38,8 @@ def producer_findings(report, session, healthy):
     context = first.context or {}
     if context.get("masked_rows"):
         return [(1.0, _masked_softmax(first, where, context, _dataset_rows(session, first.step)))]
+    if first.phase == "backward" and context.get("discarded_by"):
+        return [(1.0, _double_where(first, where, inputs, context))]
     found = []
     if inputs.get("dtype") == "float16" and first.phase != "update":
         found.append((0.95, _loss_scaling(first, where, inputs)))
@@ -111,6 +113,30 @@ def _masked_softmax(first, where, context, dataset_rows):
     if dataset_rows is not None:
         data["dataset_rows"] = [dataset_rows[i] for i in batch_rows if i < len(dataset_rows)]
     return recommend("masked-softmax", "error", evidence, fix, data)
+
+
+def _double_where(first, where, inputs, context):
+    forward_op = inputs.get("op") or first.op
+    select = context["discarded_by"]
+    at = f" at {select['source']}" if select.get("source") else ""
+    thrown = context.get("forward_nonfinite")
+    evidence = [f"{where}: the gradient of {forward_op} is not finite, though the forward value of that "
+                f"{forward_op} was thrown away by a tf.where ({select['op']}{at})"
+                + (f"; {thrown} of its forward values were non-finite" if thrown else ""),
+                f"{forward_op} fed {_operand(inputs)}; the tf.where passes a zero gradient to the branch it did not "
+                f"take, and 0 times the op's infinite local derivative is NaN"]
+    guard = "count > 0" if forward_op in DIVISION_OPS else "x > 0"
+    if forward_op in DIVISION_OPS:
+        snippet = ("safe = tf.where(count > 0, count, 1.0)  # make the input safe inside the branch first\n"
+                   "mean = tf.where(count > 0, total / safe, 0.0)")
+    else:
+        op_call = {"Log": "tf.math.log", "Sqrt": "tf.sqrt", "Rsqrt": "tf.math.rsqrt"}.get(forward_op, "f")
+        snippet = (f"safe = tf.where({guard}, x, 1.0)  # make the input safe inside the branch first\n"
+                   f"y = tf.where({guard}, {op_call}(safe), 0.0)")
+    lines = [f"# {first.source}: the op" if first.source else None,
+             f"# {select['source']}: the tf.where" if select.get("source") else None, snippet]
+    data = {**_data(first, inputs), "discarded_by": select, "forward_nonfinite": thrown}
+    return recommend("double-where", "error", evidence, "\n".join(line for line in lines if line), data)
 
 
 def _dataset_rows(session, step):
