@@ -105,3 +105,11 @@ def test_the_callback_header_states_rows_and_batch_size_instead_of_none():
     assert (scope.report.run["train_rows"], scope.report.run["batch_size"]) == (100, 16)  # 6 batches of 16 and one of 4
     header = rendered(render_trace_report, scope.report).split("over steps")[0]
     assert "train 100 rows" in header and "batch 16" in header and "None" not in header
+
+
+def test_bullets_are_plain_text_not_rich_markup():
+    from nanscope.render.format import hanging
+
+    console = Console(width=WIDTH, file=io.StringIO(), record=True, color_system=None)
+    console.print(hanging("   - ", "x['numbers'][1] and [bold]y[/bold] and [red]"))
+    assert "x['numbers'][1] and [bold]y[/bold] and [red]" in console.export_text()

@@ -12,6 +12,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
+
+from nanscope.render.format import hanging
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 MAX_ROWS_SHOWN = 40
@@ -35,8 +38,8 @@ def render_data_report(scan, console, show_all=False):
         style = SEVERITY_STYLE.get(rec.severity, "")
         console.print(f"[{style}]{rec.severity}[/{style}] [bold]{rec.id}[/bold]: {rec.title}")
         for line in rec.evidence:
-            console.print(f"    {line}", markup=False, highlight=False)
-        console.print(f"    fix: {rec.fix}", style="dim", markup=False, highlight=False)
+            console.print(hanging("    ", Text(line)))
+        console.print(hanging("    fix: ", Text(rec.fix), style="dim"))
     colour = "green" if scan.status == "clean" else "red"
     console.print(f"status: [{colour}]{scan.status}[/{colour}]")
 

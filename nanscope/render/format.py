@@ -71,8 +71,11 @@ def hanging(marker, text, style=None):
         "     and wraps here"
     """
     from rich.table import Table
+    from rich.text import Text
 
     grid = Table.grid()
+    text = Text(text) if isinstance(text, str) else text  # evidence is plain text: "[x]" is not Rich markup
+    marker = Text(marker)
     grid.add_column(no_wrap=True)
     grid.add_column(overflow="fold")
     grid.add_row(marker, text, style=style)
