@@ -218,7 +218,7 @@ def _raise_step_failure(exc, step, spec, writer):
     if error is None:
         raise exc
     writer.write({"kind": "error", "step": step, "message": str(error)})
-    if step:
+    if step and writer.path is not None:  # a worker other than the chief keeps no trace
         error.message += f"; steps 0-{step - 1} are kept in {writer.path}"
     raise error from exc
 

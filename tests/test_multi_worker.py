@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from nanscope.report import from_trace
 from nanscope.spec import parse_spec
 from nanscope.trace import TraceOptions, run_trace
+from nanscope.tracefile import read_trace
 
 SPECS = Path(__file__).parent / "specs" / "multi_worker"
 
@@ -75,6 +77,9 @@ def test_nan_on_worker_1_is_found_by_the_chief(tmp_path):
     assert report["steps"][0]["worker_nonfinite"] == [0, 0]
     healthy, bad = report["steps"][1]["worker_nonfinite"]
     assert healthy == 0 and bad > 0
+    # `nanscope report` redraws the same findings from the chief's trace, per-worker counts included.
+    redrawn = from_trace(*read_trace(tmp_path / "w0.jsonl")).to_json()
+    assert (redrawn["first_nonfinite"], redrawn["steps"]) == (first, report["steps"])
     # Only the chief writes; the other worker says what it is in one line.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["w0.json", "w0.jsonl"]
     assert worker_err.strip().splitlines() == ["nanscope: worker task 1 of 2: the chief (task 0) writes the report; "
