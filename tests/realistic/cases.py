@@ -1,0 +1,66 @@
+"""The realistic corpus: healthy runs, and runs with one planted bug each and the rule that names it.
+
+Each case is a run spec (as a dict) over `models.py`. A buggy case names the rule that
+must rank in the top 2 at warning or error level; a healthy case must get no finding at
+warning or error level. Whether a case really is healthy or buggy is checked in
+`test_corpus.py` with plain Keras (`model.fit`) and numpy, not with nanscope.
+"""
+
+from pathlib import Path
+
+HERE = Path(__file__).parent
+MODELS, LOSSES = HERE / "models.py", HERE / "losses.py"
+SPARSE = {"name": "sparse_categorical_crossentropy", "from_logits": True}
+
+
+def spec(model, data, loss="mse", optimizer=None, steps=40, model_args=None, data_args=None, **train):
+    return {
+        "model": {"factory": f"{MODELS}:{model}", "args": model_args or {}},
+        "data": {"factory": f"{MODELS}:{data}", "args": data_args or {}, "batch_size": 32, "shuffle": False},
+        "train": {"loss": loss, "optimizer": optimizer or {"name": "adam", "learning_rate": 0.003}, "steps": steps,
+                  "seed": 0, **train},
+    }
+
+
+HEALTHY = {
+    "token-ids-int32": spec("token_classifier", "tokens", SPARSE),
+    "token-ids-float-conv1d": spec("token_conv", "tokens", SPARSE, data_args={"dtype": "float32"}),
+    "cnn-0-1-images": spec("cnn", "images", SPARSE),
+    "cnn-batchnorm-sgd-momentum": spec("cnn", "images", SPARSE, {"name": "sgd", "learning_rate": 0.05, "momentum": 0.9},
+                                       model_args={"batch_norm": True}),
+    "cnn-softmax-onehot": spec("cnn", "images", "categorical_crossentropy", model_args={"softmax": True},
+                               data_args={"onehot": True}),
+    "autoencoder-0-1-images": spec("autoencoder", "images", "binary_crossentropy", {"name": "adam", "learning_rate": 0.01},
+                                   data_args={"autoencode": True}),
+    "tabular-regression-adam": spec("mlp", "tabular"),
+    "tabular-binary-sigmoid": spec("mlp", "tabular", "binary_crossentropy", model_args={"activation": "sigmoid"},
+                                   data_args={"kind": "binary"}),
+    "float16-loss-scaling": spec("mlp", "tabular", mixed_precision="mixed_float16"),
+    "attention-partial-masks": spec("attention", "padded"),
+    "tokens-and-numbers-inputs": spec("tokens_and_numbers_model", "tokens_and_numbers"),
+    "two-heads-regression-and-class": spec("two_heads", "two_targets", {"value": "mse", "kind": SPARSE}),
+    "gru-sequences": spec("gru", "sequences", optimizer={"name": "adam", "learning_rate": 0.01}),
+    "tabular-huber-rmsprop": spec("mlp", "tabular", "huber", {"name": "rmsprop", "learning_rate": 0.001}),
+}
+
+# case: (spec, the rule that must rank in the top 2)
+BUGGY = {
+    "nan-feature-row": (spec("mlp", "tabular", data_args={"nan_rows": [40]}), "clean-input-data"),
+    "missing-value-code-9999": (spec("mlp", "tabular", optimizer={"name": "sgd", "learning_rate": 0.01},
+                                     data_args={"glitch_rows": [200, 205]}), "drop-outlier-rows"),
+    "log-of-softmax-layer": (spec("log_probabilities", "tabular"), "stable-log"),
+    "exp-overflow-layer": (spec("exp_features", "tabular"), "stable-exp"),
+    "share-of-a-zero-total": (spec("share_of_total", "tabular"), "safe-division"),
+    "norm-of-zero-activations": (spec("distance", "tabular"), "safe-sqrt"),
+    "learning-rate-too-high": (spec("mlp", "tabular", optimizer={"name": "sgd", "learning_rate": 3.0}),
+                               "lower-learning-rate"),
+    "unscaled-inputs": (spec("mlp", "tabular", optimizer={"name": "sgd", "learning_rate": 0.01},
+                             data_args={"x_scale": 5000.0}), "normalize-inputs"),
+    "unscaled-targets": (spec("mlp", "tabular", optimizer={"name": "sgd", "learning_rate": 0.01},
+                              data_args={"y_scale": 5000.0}), "normalize-targets"),
+    "float16-overflow-no-loss-scaling": (spec("float16_overflow", "tabular"), "loss-scaling"),
+    "adam-epsilon-zero-dead-relu": (spec("dead_relu", "tabular", optimizer={"name": "adam", "learning_rate": 0.01,
+                                                                           "epsilon": 0.0}), "optimizer-epsilon"),
+    "attention-row-fully-masked": (spec("masked_pooling", "padded", data_args={"empty_rows": [5]}), "masked-softmax"),
+    "loss-file-mean-over-zero-count": (spec("mlp", "tabular", f"{LOSSES}:large_target_mse"), "safe-division"),
+}

@@ -1,0 +1,236 @@
+"""Small real-world models and data for the realistic corpus: healthy ones, and ones with one planted bug each.
+
+Every factory is plain Keras and numpy; the data is seeded. Each bug is one that users
+report: a NaN row, a missing-value code, a log of a softmax, an exp that overflows, a
+division by a count that can be 0, a sqrt of a zero distance, a too-large learning rate,
+unscaled inputs or targets, float16 overflow, Adam's epsilon at 0, a fully masked
+attention row, a division by zero inside a loss file.
+"""
+
+import numpy as np
+
+from nanscope.runtime import tensorflow
+
+tf, keras = tensorflow()
+VOCAB, LENGTH = 200, 12
+
+
+# --- data -------------------------------------------------------------------------------------
+
+
+def tokens(rows=320, seed=0, dtype="int32"):
+    """Token ids in [1, VOCAB); the label is whether the sequence holds more 'low' tokens than 'high' ones."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(1, VOCAB, size=(rows, LENGTH))
+    y = ((x < VOCAB // 2).sum(axis=1) > LENGTH // 2).astype(np.int32)
+    return x.astype(dtype), y
+
+
+def images(rows=256, seed=0, channels=1, side=8, onehot=False, autoencode=False):
+    """0-1 images: class 1 has a bright left half, class 0 a bright right half, on uniform noise."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0.0, 0.5, size=(rows, side, side, channels))
+    y = rng.integers(0, 2, size=rows)
+    x[y == 1, :, : side // 2] += 0.5
+    x[y == 0, :, side // 2:] += 0.5
+    x = x.astype(np.float32)
+    if autoencode:
+        return x, x
+    return x, (np.eye(2, dtype=np.float32)[y] if onehot else y.astype(np.int32))
+
+
+def tabular(rows=320, features=10, seed=0, kind="regression", nan_rows=(), glitch_rows=(), x_scale=1.0,
+            y_scale=1.0, y_shift=0.0):
+    """Standardised features; a regression target (std ~1) or a binary label from a linear score."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, features))
+    score = x @ (rng.standard_normal(features) / np.sqrt(features)) + 0.1 * rng.standard_normal(rows)
+    x = (x_scale * x).astype(np.float32)
+    x[list(nan_rows), 2] = np.nan
+    if kind == "binary":
+        return x, (score > 0).astype(np.float32)[:, None]
+    y = (y_shift + y_scale * score)[:, None]
+    y[list(glitch_rows)] = 9999.0
+    return x, y.astype(np.float32)
+
+
+def sequences(rows=256, steps=10, features=3, seed=0):
+    """Random walks; the target is the mean of the last feature."""
+    rng = np.random.default_rng(seed)
+    x = np.cumsum(rng.standard_normal((rows, steps, features)) * 0.3, axis=1).astype(np.float32)
+    return x, x[:, :, -1].mean(axis=1, keepdims=True).astype(np.float32)
+
+
+def tokens_and_numbers(rows=320, seed=0):
+    """Two inputs by name: token ids and three numeric features; a regression target from both."""
+    x, _ = tokens(rows, seed)
+    rng = np.random.default_rng(seed + 1)
+    numbers = rng.standard_normal((rows, 3)).astype(np.float32)
+    y = ((x < VOCAB // 2).mean(axis=1) + 0.5 * numbers[:, 0]).astype(np.float32)[:, None]
+    return {"tokens": x, "numbers": numbers}, y
+
+
+def two_targets(rows=320, seed=0):
+    """Tabular features with a regression target and a 3-class label."""
+    x, y = tabular(rows, seed=seed)
+    label = np.digitize(y[:, 0], [-0.5, 0.5]).astype(np.int32)
+    return x, {"value": y, "kind": label}
+
+
+def padded(rows=256, seed=0, empty_rows=()):
+    """Token ids with trailing padding (id 0); every row keeps a token unless listed in `empty_rows`."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(1, VOCAB, size=(rows, LENGTH))
+    lengths = rng.integers(2, LENGTH + 1, rows)
+    x[np.arange(LENGTH)[None, :] >= lengths[:, None]] = 0
+    x[list(empty_rows)] = 0
+    y = (((x > 0) & (x < VOCAB // 2)).sum(axis=1) / np.maximum((x > 0).sum(axis=1), 1)).astype(np.float32)
+    return x.astype(np.int32), y[:, None]
+
+
+# --- healthy models ---------------------------------------------------------------------------
+
+
+def token_classifier(dtype="int32"):
+    ids = keras.Input((LENGTH,), dtype=dtype)
+    h = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(VOCAB, 16)(ids))
+    return keras.Model(ids, keras.layers.Dense(2)(keras.layers.Dense(16, activation="relu")(h)))
+
+
+def token_conv():
+    ids = keras.Input((LENGTH,))
+    h = keras.layers.Conv1D(16, 3, activation="relu")(keras.layers.Embedding(VOCAB, 16)(ids))
+    return keras.Model(ids, keras.layers.Dense(2)(keras.layers.GlobalMaxPooling1D()(h)))
+
+
+def cnn(batch_norm=False, channels=1, classes=2, softmax=False):
+    layers = [keras.Input((8, 8, channels)), keras.layers.Conv2D(8, 3, padding="same", activation="relu")]
+    if batch_norm:
+        layers.append(keras.layers.BatchNormalization())
+    layers += [keras.layers.MaxPooling2D(), keras.layers.Conv2D(8, 3, activation="relu"), keras.layers.Flatten(),
+               keras.layers.Dense(classes, activation="softmax" if softmax else None)]
+    return keras.Sequential(layers)
+
+
+def autoencoder():
+    return keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(16, activation="relu"),
+                             keras.layers.Dense(64, activation="sigmoid"), keras.layers.Reshape((8, 8, 1))])
+
+
+def mlp(features=10, outputs=1, activation=None, units=32):
+    return keras.Sequential([keras.Input((features,)), keras.layers.Dense(units, activation="relu"),
+                             keras.layers.Dense(units, activation="relu"),
+                             keras.layers.Dense(outputs, activation=activation, dtype="float32")])
+
+
+def gru():
+    return keras.Sequential([keras.Input((10, 3)), keras.layers.GRU(8), keras.layers.Dense(1)])
+
+
+def attention():
+    """Self-attention over padded tokens with Keras' MultiHeadAttention and a padding mask."""
+    ids = keras.Input((LENGTH,), dtype="int32")
+    h = keras.layers.Embedding(VOCAB, 16)(ids)
+    valid = ids > 0
+    mask = valid[:, None, :] & valid[:, :, None] | tf.eye(LENGTH, dtype=tf.bool)[None]
+    h = keras.layers.MultiHeadAttention(2, 8)(h, h, attention_mask=mask)
+    return keras.Model(ids, keras.layers.Dense(1)(keras.layers.GlobalAveragePooling1D()(h)))
+
+
+def tokens_and_numbers_model():
+    ids, numbers = keras.Input((LENGTH,), name="tokens"), keras.Input((3,), name="numbers")
+    h = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(VOCAB, 8)(ids))
+    h = keras.layers.Concatenate()([h, keras.layers.Dense(8, activation="relu")(numbers)])
+    return keras.Model({"tokens": ids, "numbers": numbers}, keras.layers.Dense(1)(h))
+
+
+def two_heads():
+    x = keras.Input((10,))
+    h = keras.layers.Dense(16, activation="relu")(x)
+    return keras.Model(x, {"value": keras.layers.Dense(1, name="value")(h),
+                           "kind": keras.layers.Dense(3, name="kind")(h)})
+
+
+# --- buggy models -------------------------------------------------------------------------------
+
+
+class LogProbabilities(keras.layers.Layer):
+    """log(softmax(x)) taken in two steps: a probability that underflows to 0 gives -inf."""
+
+    def call(self, x):
+        return tf.math.log(tf.nn.softmax(x * 50.0))
+
+
+class ExpFeatures(keras.layers.Layer):
+    """exp of a linear score with no bound: overflows float32 once the score passes 88.7."""
+
+    def call(self, x):
+        return tf.exp(x)
+
+
+class ShareOfTotal(keras.layers.Layer):
+    """Each activation as a share of the row's total relu activation: 0 / 0 for a row with none."""
+
+    def call(self, x):
+        x = tf.nn.relu(x)
+        return x / tf.reduce_sum(x, axis=-1, keepdims=True)
+
+
+class Distance(keras.layers.Layer):
+    """Euclidean norm of the activations: its gradient is inf x 0 = NaN where every activation is 0."""
+
+    def call(self, x):
+        return tf.sqrt(tf.reduce_sum(tf.square(x), axis=-1, keepdims=True))
+
+
+class FullyMaskedPooling(keras.layers.Layer):
+    """Attention pooling with padding filled by -inf: a padding-only row has no position left."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.embed, self.score = keras.layers.Embedding(VOCAB, 8), keras.layers.Dense(1)
+
+    def call(self, ids):
+        h = self.embed(ids)
+        scores = tf.where(ids > 0, tf.squeeze(self.score(h), -1), float("-inf"))
+        return tf.reduce_sum(tf.nn.softmax(scores, axis=-1)[..., None] * h, axis=1)
+
+
+def log_probabilities():
+    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(4), LogProbabilities(name="log_probs"),
+                             keras.layers.Dense(1)])
+
+
+def exp_features():
+    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(4, kernel_initializer=keras.initializers.Constant(30.0)),
+                             ExpFeatures(name="exp"), keras.layers.Dense(1)])
+
+
+def share_of_total():
+    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(3, bias_initializer=keras.initializers.Constant(-2.0)),
+                             ShareOfTotal(name="share"), keras.layers.Dense(1)])
+
+
+def distance():
+    """A projection that starts at exactly 0 (zero kernel and bias), then its Euclidean norm."""
+    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(3, kernel_initializer="zeros"),
+                             Distance(name="distance"), keras.layers.Dense(1)])
+
+
+def masked_pooling():
+    ids = keras.Input((LENGTH,), dtype="int32")
+    return keras.Model(ids, keras.layers.Dense(1)(FullyMaskedPooling(name="pool")(ids)))
+
+
+def float16_overflow():
+    """A float16 Dense (built without the mixed-precision policy, so nothing scales the loss) whose output
+    passes float16's largest value 65504: its kernel starts at 3e4 per weight."""
+    return keras.Sequential([keras.Input((10,)),
+                             keras.layers.Dense(16, kernel_initializer=keras.initializers.Constant(3e4),
+                                                dtype="mixed_float16"),
+                             keras.layers.Dense(1, dtype="float32")])
+
+
+def dead_relu():
+    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(8, activation="relu", kernel_initializer="zeros"),
+                             keras.layers.Dense(1)])
