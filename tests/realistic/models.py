@@ -202,12 +202,14 @@ def log_probabilities():
 
 
 def exp_features():
-    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(4, kernel_initializer=keras.initializers.Constant(30.0)),
+    large = keras.initializers.Constant(30.0)
+    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(4, kernel_initializer=large),
                              ExpFeatures(name="exp"), keras.layers.Dense(1)])
 
 
 def share_of_total():
-    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(3, bias_initializer=keras.initializers.Constant(-2.0)),
+    negative = keras.initializers.Constant(-2.0)
+    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(3, bias_initializer=negative),
                              ShareOfTotal(name="share"), keras.layers.Dense(1)])
 
 
