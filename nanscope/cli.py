@@ -160,6 +160,18 @@ def trace_steps(
         flag("--unsafe", "Load a .keras file without Keras safe mode (Lambda layers run stored Python "
                          "code): only for files you trust."),
     ] = False,
+    keep_steps: Annotated[
+        int, typer.Option("--keep-steps", min=1, help="Keep every layer's and variable's row for the first N steps, "
+                                                      "the last N and N around the first NaN (default 500).")
+    ] = 500,
+    sample_steps: Annotated[
+        int, typer.Option("--sample-steps", min=2, help="...and for an even sample of N steps in between "
+                                                        "(default 500).")
+    ] = 500,
+    trace_full: Annotated[
+        bool, typer.Option("--trace-full", help="Write every step's full row to the trace (by default: every "
+                                                "step's scalars, full rows of the kept steps).")
+    ] = False,
 ):
     """Run instrumented train steps and report where the first NaN/Inf appears and why."""
     from nanscope.commands import trace_steps as command
@@ -167,7 +179,8 @@ def trace_steps(
     run_command(lambda: command.run(spec, steps=steps, lr=lr, batch_size=batch_size, seed=seed, json_out=json_out,
                                     trace=trace, keep_going=keep_going, strict=strict, show_all=show_all,
                                     save_repro=save_repro, verify=verify, tensorboard=tensorboard, plot=plot,
-                                    unsafe=unsafe))
+                                    unsafe=unsafe, keep_steps=keep_steps, sample_steps=sample_steps,
+                                    trace_full=trace_full))
 
 
 @app.command("replay", cls=Command)

@@ -50,15 +50,17 @@ def plot_trace(report, path):
         path: str or Path. The image file (its suffix picks the format: .png, .svg, .pdf).
     """
     plt = _pyplot()
-    steps = [r.step for r in report.records]
+    # Every step's scalars; the layers' curves are drawn through the kept full rows.
+    history = report.history
+    steps = history.steps().tolist()
     figure, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
-    _curve(axes[0], steps, [r.loss for r in report.records], "loss")
+    _curve(axes[0], steps, history.column("loss").tolist(), "loss")
     for index, name in enumerate(report.output_names if report.output_summaries() else []):
-        _curve(axes[0], steps, [r.outputs[index].loss if index < len(r.outputs) else math.nan for r in report.records],
-               f"output {name}", marks=False)
-    _curve(axes[1], steps, [r.grad_global_norm for r in report.records], "grad global norm")
+        _curve(axes[0], steps, history.column(f"output{index}/loss").tolist(), f"output {name}", marks=False)
+    _curve(axes[1], steps, history.column("grad_global_norm").tolist(), "grad global norm")
+    kept = report.records
     for index, name in worst_layers(report):
-        _curve(axes[2], steps, [_layer_max(r, index) for r in report.records], name, marks=False)
+        _curve(axes[2], [r.step for r in kept], [_layer_max(r, index) for r in kept], name, marks=False)
     axes[2].set_ylabel("layer max |x|")
     if len(axes[2].get_lines()):
         axes[2].legend(fontsize="small", loc="upper left")

@@ -2,15 +2,21 @@
 
 `TraceReport` is plain data. `to_json()` gives the `nanscope.trace/1` document;
 the Rich renderer draws from the same fields. It can be rebuilt from a trace file
-(`from_trace`) without TensorFlow.
+(`load_trace`, streaming, in bounded memory) without TensorFlow.
+
+The steps live in a `StepHistory` (nanscope/history.py): every step's scalars, the
+full rows of the kept steps, and exact per-layer, per-variable and per-output
+aggregates, which the tables below are made of.
 """
 
-import math
 import os
 from dataclasses import dataclass, field
 
-from nanscope.engine.records import record_from_dict
+from nanscope.engine.records import LayerStats, OutputStats, VariableStats
 from nanscope.errors import EXIT_HEALTHY, EXIT_INTERRUPTED, EXIT_PROBLEM
+from nanscope.history import (
+    DEFAULT_KEEP, DEFAULT_SAMPLE, PHASES, LayerAggregate, OutputAggregate, StepHistory, VariableAggregate,
+)
 from nanscope.jsonio import jsonable
 from nanscope.rules.catalogue import Recommendation
 
@@ -73,7 +79,7 @@ class TraceReport:
         layers: list of (name, class) pairs, probe order. Empty for a SavedModel.
         layer_order: list of str. Layer names in execution order.
         variables: list of str. Trainable variable names.
-        records: list of StepRecord.
+        history: StepHistory, optional. The steps: every step's scalars, the kept full rows, the aggregates.
         first_nonfinite: FirstNonfinite or None.
         recommendations: list of Recommendation, most likely cause first.
         validation_loss: float or None. After the last step, when a validation part exists.
@@ -90,7 +96,7 @@ class TraceReport:
     layers: list
     layer_order: list
     variables: list
-    records: list
+    history: StepHistory | None = None
     first_nonfinite: FirstNonfinite | None = None
     recommendations: list = field(default_factory=list)
     validation_loss: float | None = None
@@ -114,8 +120,13 @@ class TraceReport:
         return [o["name"] for o in self.run.get("outputs") or []]
 
     @property
+    def records(self) -> list:
+        """The kept full rows (StepRecord), in step order: every step of a short run."""
+        return self.history.kept() if self.history is not None else []
+
+    @property
     def steps_run(self) -> int:
-        return len(self.records)
+        return self.history.count if self.history is not None else 0
 
     def exit_code(self, strict: bool = False) -> int:
         """0 healthy, 1 non-finite, stopped early (or a warning with `strict`), 130 interrupted."""
@@ -143,37 +154,36 @@ class TraceReport:
 
     def layer_summaries(self) -> list[dict]:
         """Per layer over the run: largest finite max |x|, last mean |x|, non-finite steps, first such step."""
+        aggregates = self.history.layers if self.history is not None else []
         rows = []
-        for index, (name, cls) in enumerate(self.layers):
-            stats = [r.layers[index] for r in self.records if index < len(r.layers) and r.layers[index].called]
-            bad = [r.step for r in self.records if index < len(r.layers) and r.layers[index].nonfinite]
+        for (name, cls), agg in zip(self.layers, aggregates or [LayerAggregate() for _ in self.layers]):
+            last = agg.last
             rows.append({
                 "name": name, "class": cls, "dtype": (self.run.get("layer_dtypes") or {}).get(name),
-                "max_abs": max((s.max_abs for s in stats), default=0.0),
-                "mean_abs_last": stats[-1].mean_abs if stats else None,
-                "zero_fraction_last": stats[-1].zero_fraction if stats else None,
-                "underflow_fraction_max": max((s.underflow_fraction for s in stats), default=0.0),
-                "nonfinite_last": stats[-1].nonfinite if stats else 0,
-                "loss_term_last": stats[-1].loss_term if stats else 0.0,
-                "nonfinite_steps": len(bad), "first_nonfinite_step": bad[0] if bad else None,
+                "max_abs": agg.max_abs,
+                "mean_abs_last": last.mean_abs if last else None,
+                "zero_fraction_last": last.zero_fraction if last else None,
+                "underflow_fraction_max": agg.underflow_max,
+                "nonfinite_last": last.nonfinite if last else 0,
+                "loss_term_last": last.loss_term if last else 0.0,
+                "nonfinite_steps": agg.nonfinite_steps, "first_nonfinite_step": agg.first_nonfinite_step,
             })
         return rows
 
     def variable_summaries(self) -> list[dict]:
         """Per variable over the run: largest and last gradient norm, largest update ratio, non-finite steps."""
+        aggregates = self.history.variables if self.history is not None else []
         rows = []
-        for index, name in enumerate(self.variables):
-            stats = [r.variables[index] for r in self.records if index < len(r.variables)]
-            bad = [r.step for r in self.records if index < len(r.variables) and (
-                r.variables[index].grad_nonfinite or r.variables[index].weight_nonfinite)]
+        for name, agg in zip(self.variables, aggregates or [VariableAggregate() for _ in self.variables]):
+            last = agg.last
             rows.append({
                 "name": name,
-                "max_grad_norm": _finite_max(s.grad_norm for s in stats),
-                "last_grad_norm": stats[-1].grad_norm if stats else None,
-                "max_update_ratio": _finite_max(s.update_ratio for s in stats[1:] or stats),
-                "weight_norm_last": stats[-1].weight_norm if stats else None,
-                "grad_nonfinite_last": stats[-1].grad_nonfinite if stats else 0,
-                "nonfinite_steps": len(bad), "first_nonfinite_step": bad[0] if bad else None,
+                "max_grad_norm": agg.max_grad_norm,
+                "last_grad_norm": last.grad_norm if last else None,
+                "max_update_ratio": agg.max_update_ratio,
+                "weight_norm_last": last.weight_norm if last else None,
+                "grad_nonfinite_last": last.grad_nonfinite if last else 0,
+                "nonfinite_steps": agg.nonfinite_steps, "first_nonfinite_step": agg.first_nonfinite_step,
             })
         return rows
 
@@ -182,18 +192,15 @@ class TraceReport:
 
         Empty for a single-output model (its loss is the run's data loss).
         """
+        aggregates = self.history.outputs if self.history is not None else []
         rows = []
-        for index, spec in enumerate(self.run.get("outputs") or []):
-            stats = [(r.step, r.outputs[index]) for r in self.records if index < len(r.outputs)]
-            if not stats:
+        for spec, agg in zip(self.run.get("outputs") or [], aggregates):
+            if agg.first is None:
                 return []
-            bad = [step for step, o in stats
-                   if not math.isfinite(o.loss) or o.target_nonfinite or o.prediction_nonfinite]
             rows.append({
                 **spec,
-                "first_loss": stats[0][1].loss, "last_loss": stats[-1][1].loss,
-                "max_loss": _finite_max(o.loss for _, o in stats),
-                "nonfinite_steps": len(bad), "first_nonfinite_step": bad[0] if bad else None,
+                "first_loss": agg.first.loss, "last_loss": agg.last.loss, "max_loss": agg.max_loss,
+                "nonfinite_steps": agg.nonfinite_steps, "first_nonfinite_step": agg.first_nonfinite_step,
             })
         return rows
 
@@ -208,6 +215,8 @@ class TraceReport:
             "run": self.run,
             "first_nonfinite": self.first_nonfinite,
             "steps": [step_json(r, self.output_names) for r in self.records],
+            "steps_total": self.steps_run,
+            "steps_sampling": self.history.sampling_note() if self.history is not None else None,
             "outputs": self.output_summaries(),
             "layers": self.layer_summaries(),
             "layer_order": self.layer_order,
@@ -236,30 +245,130 @@ def step_json(record, output_names=()):
     return row
 
 
-def from_trace(header: dict, step_lines: list[dict], other_lines: list[dict],
-               trace_path: str | os.PathLike | None = None) -> TraceReport:
-    """Rebuild a TraceReport from a trace file's lines (see tracefile.read_trace)."""
-    records = [record_from_dict(line) for line in step_lines]
-    summary = next((line for line in reversed(other_lines) if line.get("kind") == "summary"), {})
+def load_trace(path: str | os.PathLike) -> TraceReport:
+    """Rebuild a TraceReport from a trace file, streaming it: memory stays bounded whatever the run's length.
+
+    Raises:
+        NanscopeError: the file is not a readable trace (see tracefile.trace_lines).
+    """
+    from nanscope.tracefile import step_record, trace_lines
+
+    lines = trace_lines(path)
+    header = next(lines)[1]
+    reader = _TraceReader(header)
+    others = []
+    for number, line in lines:
+        kind = line.get("kind")
+        if kind == "step":
+            reader.step(step_record(path, number, line))
+        elif kind == "scalars":
+            reader.scalars(path, number, line)
+        elif kind == "aggregates":
+            reader.aggregates(line)
+        else:
+            others.append(line)
+    summary = next((line for line in reversed(others) if line.get("kind") == "summary"), {})
     first = summary.get("first_nonfinite")
+    history = reader.finished()
     report = TraceReport(
         run=header.get("run", {}),
         layers=[tuple(pair) for pair in header.get("layers", [])],
         layer_order=header.get("layer_order", []),
         variables=header.get("variables", []),
-        records=records,
+        history=history,
         first_nonfinite=FirstNonfinite(**first) if first else None,
         recommendations=[Recommendation(**r) for r in summary.get("recommendations", [])],
         validation_loss=summary.get("validation_loss"),
         interrupted=bool(summary.get("interrupted", not summary)),  # no summary: the run was killed mid-way
         stopped=summary.get("stopped"),
-        notes=summary.get("notes", []) + _trace_end_notes(summary, other_lines),
-        trace_path=str(trace_path) if trace_path else None,
+        notes=summary.get("notes", []) + _trace_end_notes(summary, others) + reader.notes(),
+        trace_path=str(path),
     )
     if first is None and not summary:
-        bad = next((r for r in records if r.phase), None)
-        report.first_nonfinite = FirstNonfinite(bad.step, bad.phase) if bad else None
+        report.first_nonfinite = _first_bad(history)
     return report
+
+
+def _first_bad(history):
+    """FirstNonfinite(step, phase) of the first non-finite step in a history's scalars, or None."""
+    phases = history.phases()
+    bad = phases.nonzero()[0]
+    if not len(bad):
+        return None
+    return FirstNonfinite(int(history.steps()[bad[0]]), PHASES[phases[bad[0]]])
+
+
+class _TraceReader:
+    """Folds a trace's lines into a StepHistory: scalars lines into its columns, step lines into its kept rows."""
+
+    def __init__(self, header):
+        # A trace written before scalars lines existed has a full step line for every step.
+        self.full = header.get("rows", "full") == "full"
+        self.series = header.get("series")
+        self.keep, self.sample = header.get("keep", DEFAULT_KEEP), header.get("sample", DEFAULT_SAMPLE)
+        self.layers, self.variables = len(header.get("layers", [])), len(header.get("variables", []))
+        self.history, self.exact = None, False
+        if not self.full:
+            outputs = sum(1 for name in self.series if name.endswith("/loss"))
+            self.history = StepHistory(self.layers, self.variables, outputs, self.keep, self.sample)
+
+    def step(self, record):
+        if self.history is None:
+            self.history = StepHistory(self.layers, self.variables, len(record.outputs), self.keep, self.sample)
+        if self.full:
+            self.history.add(record)
+        else:
+            self.history.aggregate(record)  # replaced by the exact aggregates line when the run wrote one
+            self.history.keep_row(record)
+
+    def scalars(self, path, number, line):
+        from nanscope.errors import NanscopeError
+
+        width, where = len(self.series), f"{path}: line {number}"
+        for row in line.get("rows", []):
+            if not isinstance(row, list) or len(row) != width:
+                raise NanscopeError(f"{where}: a scalars row has {width} values ({', '.join(self.series)})")
+            try:
+                self.history.add_scalars(int(row[0]), [float(v) for v in row[1:]])
+            except (TypeError, ValueError):
+                raise NanscopeError(f"{where}: a scalars row holds a value that is not a number") from None
+
+    def aggregates(self, line):
+        history = self.history
+        if history is None:
+            return
+        history.layers = [_aggregate(LayerAggregate, row, LayerStats) for row in line.get("layers", [])]
+        history.variables = [_aggregate(VariableAggregate, row, VariableStats) for row in line.get("variables", [])]
+        history.outputs = [_aggregate(OutputAggregate, row, OutputStats, ("first", "last"))
+                           for row in line.get("outputs", [])]
+        self.exact = True
+
+    def finished(self):
+        return self.history or StepHistory(self.layers, self.variables)
+
+    def notes(self):
+        if self.full or self.exact or self.history is None or self.history.count == len(self.history.kept()):
+            return []
+        return ["the trace has no aggregates line (the run ended early): the layer, variable and output tables are "
+                "taken over the kept steps only"]
+
+
+def _aggregate(cls, row, stats_cls, stats_fields=("last",)):
+    values = {k: _decoded(v) for k, v in row.items()}
+    for name in stats_fields:
+        if values.get(name) is not None:
+            values[name] = stats_cls(**{k: _decoded(v) for k, v in values[name].items()})
+    return cls(**values)
+
+
+def _decoded(value):
+    return float(value) if isinstance(value, str) and value in ("nan", "inf", "-inf") else value
+
+
+def aggregates_json(history):
+    """The trace's `aggregates` line: the history's exact per-layer, per-variable and per-output aggregates."""
+    return jsonable({"kind": "aggregates", "layers": history.layers, "variables": history.variables,
+                     "outputs": history.outputs})
 
 
 def _trace_end_notes(summary, other_lines):
@@ -269,8 +378,3 @@ def _trace_end_notes(summary, other_lines):
     if not summary and not notes:
         notes.append("the run ended before writing its summary (killed?): the report covers the steps in the trace")
     return notes
-
-
-def _finite_max(values):
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    return max(finite) if finite else None

@@ -1,10 +1,10 @@
 """trace-steps: run instrumented steps, stop at the first non-finite, diagnose.
 
 `run_trace(spec, options)` is the library entry point of the `trace-steps`
-command. It opens a session, runs compiled instrumented steps, appends every
-step's record to the JSON-lines trace as it is made, attributes the first
-non-finite value to a phase and a layer or variable, and asks the rule catalogue
-what it means.
+command. It opens a session, runs compiled instrumented steps, keeps every step in
+a bounded `StepHistory` and the JSON-lines trace as it is made, attributes the
+first non-finite value to a phase and a layer or variable, and asks the rule
+catalogue what it means.
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ from nanscope.engine.cluster import collective_failure_message, is_collective_fa
 from nanscope.engine.records import expected_layer_indices, first_nonfinite_worker
 from nanscope.errors import SpecError
 from nanscope.finishing import optional_part
+from nanscope.history import DEFAULT_KEEP, DEFAULT_SAMPLE, StepHistory
 from nanscope.optimizers import optimizer_settings
 from nanscope.report import TraceReport
 from nanscope.rules.diagnose import diagnose
 from nanscope.runtime import tensorflow
 from nanscope.session import open_session, start_up_failures
-from nanscope.tracefile import TraceWriter, step_fields, step_line, summary_fields, summary_line
+from nanscope.tracefile import TraceWriter, step_fields, summary_fields, summary_line
 
 if TYPE_CHECKING:
     from nanscope.spec import RunSpec
@@ -57,6 +58,10 @@ class TraceOptions:
         verify: bool, default False. Re-run training with each applicable fix and mark recommendations verified.
         tensorboard: Path, optional. Write every step's scalars to this TensorBoard log folder as it is made.
         plot: Path, optional. Draw loss, gradient norm and the worst layers over steps to this image (matplotlib).
+        keep_steps: int, default DEFAULT_KEEP. Full rows (every layer and variable) kept of the first steps,
+            of the last steps and of the steps around an event.
+        sample_steps: int, default DEFAULT_SAMPLE. Full rows kept of an even sample of the steps in between.
+        trace_full: bool, default False. Write every step's full row to the trace, not only the kept ones.
     """
 
     trace_path: Path | None = None
@@ -68,6 +73,9 @@ class TraceOptions:
     verify: bool = False
     tensorboard: Path | None = None
     plot: Path | None = None
+    keep_steps: int = DEFAULT_KEEP
+    sample_steps: int = DEFAULT_SAMPLE
+    trace_full: bool = False
 
 
 def run_trace(spec: RunSpec, options: TraceOptions | None = None) -> TraceReport:
@@ -92,13 +100,16 @@ def run_trace(spec: RunSpec, options: TraceOptions | None = None) -> TraceReport
         layers=[(info.name, info.cls) for info in engine.layer_info],
         layer_order=engine.layer_call_order,
         variables=engine.variable_names,
-        records=[],
+        history=StepHistory(len(engine.layer_info), len(engine.variable_names), len(session.loss.outputs),
+                            options.keep_steps, options.sample_steps),
         trace_path=str(options.trace_path or default_trace_path(spec)),
         cluster=session.cluster,
     )
     report.notes.extend(session.model.notes + run_notes(spec))
     writes = session.cluster is None or session.cluster.is_chief
-    with TraceWriter(report.trace_path, report.trace_header()) if writes else _NoTrace() as writer:
+    trace = (TraceWriter(report.trace_path, report.trace_header(), report.history, options.trace_full) if writes
+             else _NoTrace())
+    with trace as writer:
         try:
             _run_steps(session, engine, runner, report, writer, options, expected)
         except KeyboardInterrupt:
@@ -106,7 +117,7 @@ def run_trace(spec: RunSpec, options: TraceOptions | None = None) -> TraceReport
         with interrupt.deferred():
             report.interrupted = report.interrupted or interrupt.requested()
             _finish(session, engine, report, options)
-            writer.write(summary_line(report))
+            finish_trace(writer, report)
     if options.plot is not None:
         from nanscope.plotting import plot_trace
 
@@ -117,7 +128,7 @@ def run_trace(spec: RunSpec, options: TraceOptions | None = None) -> TraceReport
 
 def stopped_before_training(spec_source: str | os.PathLike) -> TraceReport:
     """The report of a run that a signal stopped during start-up (spec, data, model), before its first step."""
-    return TraceReport(run={"spec": str(spec_source)}, layers=[], layer_order=[], variables=[], records=[],
+    return TraceReport(run={"spec": str(spec_source)}, layers=[], layer_order=[], variables=[],
                        interrupted=True, notes=[STOPPED_BEFORE_TRAINING])
 
 
@@ -134,6 +145,15 @@ class _NoTrace:
     path = None
 
     def write(self, line):
+        pass
+
+    def step(self, record, kept):
+        pass
+
+    def rows(self, records):
+        pass
+
+    def flush_steps(self):
         pass
 
     def __enter__(self):
@@ -185,11 +205,12 @@ def _run_step_loop(session, engine, runner, report, writer, options, expected, b
             report.stopped = collective_failure_message(cluster, failure, step)
             writer.write({"kind": "error", "step": step, "message": report.stopped})
             return
+        with interrupt.deferred():  # a step is in the history and the trace whole, or not at all
+            for record in records:
+                record.expected_nonfinite = list(expected)
+                keep(report.history, writer, record)
+            writer.flush_steps()
         for record in records:
-            record.expected_nonfinite = list(expected)
-            # The trace line first: a signal landing between these two lines must not leave a step out of the trace.
-            writer.write(step_line(record))
-            report.records.append(record)
             if board is not None:
                 board.write(record)
             if options.on_step is not None:
@@ -209,6 +230,20 @@ def _run_step_loop(session, engine, runner, report, writer, options, expected, b
             _raise_step_failure(failure, step, session.spec, writer)
 
 
+def keep(history, writer, record):
+    """Put one step in the history and the trace: its scalars, and its full row where the history keeps it."""
+    writer.step(record, history.add(record))
+
+
+def finish_trace(writer, report):
+    """End the trace: the last steps' full rows, the exact aggregates, the summary."""
+    from nanscope.report import aggregates_json
+
+    writer.rows(report.history.unwritten())
+    writer.write(aggregates_json(report.history))
+    writer.write(summary_line(report))
+
+
 def _raise_step_failure(exc, step, spec, writer):
     """End the run on a TensorFlow failure inside `step` (XLA, out of memory, a failed op) with one clear line.
 
@@ -224,11 +259,11 @@ def _raise_step_failure(exc, step, spec, writer):
 
 
 def _finish(session, engine, report, options=None):
-    if report.first_nonfinite is None and report.records:
+    if report.first_nonfinite is None and report.steps_run:
         with optional_part(report.notes, "the validation loss"):
             report.validation_loss = session.evaluate(engine)
     report.recommendations = diagnose(report, session)
-    if options is not None and options.verify and report.records and not report.interrupted:
+    if options is not None and options.verify and report.steps_run and not report.interrupted:
         from nanscope.verify import verify_recommendations
 
         try:

@@ -1,16 +1,25 @@
-"""The JSON-lines trace: one header line, then one line per step, flushed as made.
+"""The JSON-lines trace: a header line, every step's scalars, the full rows of the kept steps, flushed as made.
 
-An interrupted or killed run keeps every completed step. The reader tolerates a
-torn last line. This module does not import TensorFlow, so `nanscope report` can
-redraw a report from a trace without it.
+By default a trace holds, per step, its scalars (`history.SERIES`: loss, gradient norms,
+non-finite counts, phase, ...) in compact `scalars` lines of a few steps each, and a
+full `step` line (every layer and variable) for each step the run's `StepHistory`
+keeps: the first steps, an even sample, the steps around an event, and at the end the
+last steps, then an `aggregates` line (exact per-layer/variable/output tables) and the
+`summary`. With `full=True` (`--trace-full`) every step gets a full `step` line instead.
+
+An interrupted or killed run keeps every completed step's scalars. The reader streams
+the file and tolerates a torn last line. This module does not import TensorFlow, so
+`nanscope report` can redraw a report from a trace without it.
 """
 
 import json
+import math
 import os
 from pathlib import Path
 
 from nanscope.errors import NanscopeError
-from nanscope.jsonio import dumps, jsonable
+from nanscope.history import PHASES, scalar_row
+from nanscope.jsonio import dumps, encode_float, jsonable
 
 TRACE_SCHEMA = "nanscope.trace-lines/1"
 
@@ -26,21 +35,58 @@ class TraceWriter:
     Args:
         path: Path. Created (with its folder); an existing file is replaced.
         header: dict. Written as the first line (run description, layer and variable names).
+        history: StepHistory, optional. The run's history: its scalar columns name the
+            `scalars` lines' values. Without it every step is a full line.
+        full: bool, default False. Write every step's full row, not only the kept ones.
     """
 
-    def __init__(self, path, header):
+    def __init__(self, path, header, history=None, full=False):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        # The writer owns the handle until close() (or the end of a `with` block): one line per step, flushed.
+        self.full = full or history is None
+        self._pending, self._rows = [], []
+        # The writer owns the handle until close() (or the end of a `with` block).
         self._handle = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
-        self.write({"kind": "header", "schema": TRACE_SCHEMA, **header})
+        layout = {"rows": "full"} if self.full else {
+            "rows": "kept", "series": ["step", *history.series.columns], "phases": list(PHASES),
+            "keep": history.keep, "sample": history.sample_size}
+        self.write({"kind": "header", "schema": TRACE_SCHEMA, **header, **layout})
 
     def write(self, line):
+        self.flush_steps()
         self._handle.write(dumps(line, indent=None) + "\n")
+        self._handle.flush()
+
+    def step(self, record, kept):
+        """Add one step: its scalars (or its full row with `full`), and the full rows `kept` (StepHistory.add).
+
+        Nothing is written before `flush_steps`, which writes the scalars first: a file cut
+        short by a kill never holds a step's full row without its scalars.
+        """
+        if self.full:
+            self._rows.append(_full_line(record))
+            return
+        self._pending.append(f"[{record.step},{','.join(map(_number, scalar_row(record)))}]")
+        self._rows.extend(_full_line(row) for row in kept)
+
+    def rows(self, records):
+        """Add full rows (the kept last steps, at the end) unless every row is written already."""
+        if not self.full:
+            self._rows.extend(_full_line(record) for record in records)
+
+    def flush_steps(self):
+        """Write the steps added since the last flush: one line of scalars, then the full rows."""
+        if self._pending:
+            self._handle.write('{"kind":"scalars","rows":[' + ",".join(self._pending) + "]}\n")
+            self._pending = []
+        if self._rows:
+            self._handle.write("".join(self._rows))
+            self._rows = []
         self._handle.flush()
 
     def close(self):
         if not self._handle.closed:
+            self.flush_steps()
             self._handle.flush()
             os.fsync(self._handle.fileno())
             self._handle.close()
@@ -79,43 +125,83 @@ def summary_line(report):
     return {"kind": "summary", **summary_fields(report)}
 
 
-def read_trace(path):
-    """(header, list of step dicts, list of other lines) from a trace file; a torn last line is dropped."""
+def _full_line(record):
+    return dumps(step_line(record), indent=None) + "\n"
+
+
+def _number(value):
+    """A float32-exact JSON number, or "nan" / "inf" / "-inf" (jsonio's spelling)."""
+    if not math.isfinite(value):
+        return f'"{encode_float(float(value))}"'
+    if value == int(value) and abs(value) < 2 ** 53:
+        return str(int(value))
+    return f"{value:.9g}"
+
+
+def trace_lines(path):
+    """(line number, dict) of each line of a trace file, streamed; the header comes first, a torn last line is dropped.
+
+    Raises:
+        NanscopeError: the file is missing, unreadable, not a trace, or a line other than
+            the last is not a JSON object.
+    """
     path = Path(path)
     if not path.is_file():
         raise NanscopeError(f"{path}: trace file not found")
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        with open(path, encoding="utf-8") as handle:
+            pending, first = None, True
+            for number, text in enumerate(handle, start=1):
+                if pending is not None:
+                    yield from _parsed(path, *pending, last=False, first=first)
+                    first = False
+                pending = (number, text) if text.strip() else None
+            if pending is not None:
+                yield from _parsed(path, *pending, last=True, first=first)
+            elif first:  # an empty file
+                yield from _parsed(path, 0, "", last=True, first=True)
     except (OSError, UnicodeDecodeError) as exc:
         raise NanscopeError(f"{path}: cannot read the trace: {exc}") from exc
-    parsed = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):
-            if number == len(lines):
-                break  # a write cut short by a kill: every completed line before it stands
+
+
+def _parsed(path, number, text, last, first):
+    """The line's JSON object (none for a torn last line), checked: a header first, step lines that rebuild."""
+    try:
+        value = json.loads(text) if text else None
+    except (json.JSONDecodeError, RecursionError):
+        if not last:
             raise NanscopeError(f"{path}: line {number} is not valid JSON") from None
-        if not isinstance(value, dict):
-            raise NanscopeError(f"{path}: line {number}: expected a JSON object. Received: a {type(value).__name__}")
-        parsed.append((number, value))
-    if not parsed or parsed[0][1].get("kind") != "header":
+        value = None  # a write cut short by a kill: every completed line before it stands
+    if value is not None and not isinstance(value, dict):
+        raise NanscopeError(f"{path}: line {number}: expected a JSON object. Received: a {type(value).__name__}")
+    if first and (value is None or value.get("kind") != "header"):
         raise NanscopeError(f"{path}: not a nanscope trace (no header line); expected a file written by trace-steps")
-    for number, line in parsed[1:]:
+    if value is not None:
+        yield number, value
+
+
+def read_trace(path):
+    """(header, list of full step dicts, list of other lines but the scalars) of a whole trace file, in memory.
+
+    `report.load_trace` streams instead; this is for a short trace's lines as they are.
+    """
+    lines = trace_lines(path)
+    header = next(lines)[1]
+    steps, others = [], []
+    for number, line in lines:
         if line.get("kind") == "step":
-            _check_step_line(path, number, line)
-    steps = [p for _, p in parsed[1:] if p.get("kind") == "step"]
-    others = [p for _, p in parsed[1:] if p.get("kind") != "step"]
-    return parsed[0][1], steps, others
+            step_record(path, number, line)
+            steps.append(line)
+        elif line.get("kind") != "scalars":
+            others.append(line)
+    return header, steps, others
 
 
-def _check_step_line(path, number, line):
-    """A step line must rebuild into a StepRecord; a tampered one is bad input, not a crash."""
+def step_record(path, number, line):
+    """The StepRecord of a step line; a tampered one is bad input, not a crash."""
     from nanscope.engine.records import record_from_dict
 
     try:
-        record_from_dict(line)
+        return record_from_dict(line)
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise NanscopeError(f"{path}: line {number}: not a step record written by trace-steps ({exc})") from None

@@ -279,8 +279,10 @@ def _has_relu(model):
 
 
 def _baseline(report):
-    losses = [r.loss for r in report.records]
-    finite = [loss for r, loss in zip(report.records, losses) if r.phase is None and math.isfinite(loss)]
+    history = report.history
+    losses = history.column("loss").tolist() if history is not None else []
+    phases = history.phases().tolist() if history is not None else []
+    finite = [loss for phase, loss in zip(phases, losses) if phase == 0 and math.isfinite(loss)]
     return {
         "finite": report.first_nonfinite is None,
         "final_loss": losses[-1] if losses else None,

@@ -116,7 +116,7 @@ def test_sigterm_finishes_the_report_and_exits_130(tmp_path):
 def test_kill_9_keeps_every_completed_step_and_report_redraws_without_tensorflow(tmp_path):
     trace = tmp_path / "t.jsonl"
     process = start_and_wait(["trace-steps", str(long_run_spec(tmp_path)), "--trace", str(trace)], trace, lines=30)
-    seen = trace.read_text().count("\n")  # complete lines on disk just before the kill
+    seen = trace.read_text().count('"kind": "step"')  # full step lines on disk just before the kill
     process.kill()
     process.communicate(timeout=30)
     assert process.returncode == -signal.SIGKILL

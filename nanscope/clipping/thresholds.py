@@ -38,7 +38,9 @@ def derive_thresholds(strategies, unclipped, learning_rate, parameter_count, wei
     """
     healthy = [r for r in unclipped.records if r.phase is None and math.isfinite(r.grad_global_norm)]
     if healthy:
-        bound, how = clip_threshold(healthy, learning_rate, weight_norm)
+        if weight_norm is None:
+            weight_norm = math.sqrt(sum(v.weight_norm ** 2 for v in healthy[0].variables))
+        bound, how = clip_threshold([r.grad_global_norm for r in healthy], learning_rate, weight_norm)
         norms = np.array([r.grad_global_norm for r in healthy])
         auto = round_threshold(float(np.percentile(norms, CLIP_PERCENTILE)))
         auto_how = (f"AutoClip: the {CLIP_PERCENTILE}th percentile of the global gradient norms of the unclipped "

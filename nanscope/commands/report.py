@@ -7,10 +7,9 @@ from nanscope.outpaths import check_output_paths
 def run(trace, *, json_out=None, strict=False, show_all=False):
     """Rebuild the report of the trace file `trace`; return the exit code."""
     from nanscope.render.trace_report import render_trace_report
-    from nanscope.report import from_trace
-    from nanscope.tracefile import read_trace
+    from nanscope.report import load_trace
 
     check_output_paths(files=[("--json", json_out)])
-    rebuilt = from_trace(*read_trace(trace), trace_path=trace)
+    rebuilt = load_trace(trace)
     return deliver(lambda console: render_trace_report(rebuilt, console, show_all), rebuilt.to_json, json_out,
                    rebuilt.exit_code(strict=strict))

@@ -8,7 +8,8 @@ from nanscope.specpaths import check_spec_paths
 
 
 def run(spec, *, steps=None, lr=None, batch_size=None, seed=None, json_out=None, trace=None, keep_going=False,
-        strict=False, show_all=False, save_repro=None, verify=False, tensorboard=None, plot=None, unsafe=False):
+        strict=False, show_all=False, save_repro=None, verify=False, tensorboard=None, plot=None, unsafe=False,
+        keep_steps=500, sample_steps=500, trace_full=False):
     """Run trace-steps on the spec file `spec` with the command's options; return the exit code."""
     from nanscope.render.trace_report import render_trace_report
     from nanscope.spec import apply_overrides, load_spec
@@ -21,7 +22,8 @@ def run(spec, *, steps=None, lr=None, batch_size=None, seed=None, json_out=None,
     check_output_paths(files=[("--json", json_out), ("--trace", trace)], images=[("--plot", plot)],
                        folders=[("--save-repro", save_repro), ("--tensorboard", tensorboard)])
     options = TraceOptions(trace_path=trace, keep_going=keep_going, save_repro=save_repro, verify=verify,
-                           tensorboard=tensorboard, plot=plot, unsafe=unsafe)
+                           tensorboard=tensorboard, plot=plot, unsafe=unsafe, keep_steps=keep_steps,
+                           sample_steps=sample_steps, trace_full=trace_full)
 
     loaded = []
 

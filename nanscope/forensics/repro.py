@@ -96,7 +96,7 @@ def replay_repro(directory: str | os.PathLike) -> TraceReport:
     x, step = _saved_inputs(document, arrays), int(document["step"])
     y = arrays["y"] if "y" in arrays else tuple(arrays[f"y_{i}"] for i in range(len(session.loss.outputs)))
     report = TraceReport(run={"spec": spec.source, "replay": str(directory), "optimizer_config": {}},
-                         layers=[], layer_order=[], variables=[], records=[])
+                         layers=[], layer_order=[], variables=[])
     if not all(_finite(part) for part in [*inputs.parts(x), *targets.parts(y)]):
         report.first_nonfinite = FirstNonfinite(step, "data", detail=describe_bad_batch(
             x, y, arrays["rows"], session.train.feature_names, session.train.target_names,

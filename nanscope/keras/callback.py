@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from nanscope.history import DEFAULT_KEEP, DEFAULT_SAMPLE
 from nanscope.keras.fitlog import FitLog
 from nanscope.keras.probe import StepProbe
 from nanscope.keras.workers import worker_role
@@ -27,9 +28,14 @@ class NanScope(keras.callbacks.Callback):
             `report`, `trace` and `tensorboard`; every worker's `callback.report` holds the records.
         console: rich.console.Console, default None. Where to print (default: stderr).
         tensorboard: str or Path, default None. Write per-step scalars to this TensorBoard log folder.
-        trace: str or Path, default None. Write every step's record to this JSON-lines trace.
+        trace: str or Path, default None. Write every step's scalars and the kept steps' full rows to this
+            JSON-lines trace.
         expect_nonfinite: list of str, default (). fnmatch patterns of layer names whose
             non-finite outputs are intended (attention masks): reported, not counted.
+        keep_steps: int, default 500. Full rows (every layer and variable) kept of the first steps, the last
+            steps and the steps around an event; memory stays bounded at any run length.
+        sample_steps: int, default 500. Full rows kept of an even sample of the steps in between.
+        trace_full: bool, default False. Write every step's full row to `trace`.
 
     Example:
         model.fit(x, y, epochs=3, callbacks=[NanScope(report="nanscope.json")])
@@ -37,11 +43,16 @@ class NanScope(keras.callbacks.Callback):
     """
 
     def __init__(self, report=None, stop_on_nonfinite=True, verbose=1, console=None, tensorboard=None, trace=None,
-                 expect_nonfinite=()):
+                 expect_nonfinite=(), keep_steps=DEFAULT_KEEP, sample_steps=DEFAULT_SAMPLE, trace_full=False):
         super().__init__()
         if isinstance(expect_nonfinite, str):
             raise ValueError("`expect_nonfinite` must be a list of layer-name patterns. "
                              f"Received: expect_nonfinite={expect_nonfinite!r}")
+        if not isinstance(keep_steps, int) or keep_steps < 1:
+            raise ValueError(f"`keep_steps` must be an int >= 1. Received: keep_steps={keep_steps!r}")
+        if not isinstance(sample_steps, int) or sample_steps < 2:
+            raise ValueError(f"`sample_steps` must be an int >= 2. Received: sample_steps={sample_steps!r}")
+        self.keep_steps, self.sample_steps, self.trace_full = keep_steps, sample_steps, trace_full
         self.report_path = Path(report) if report else None
         self.stop_on_nonfinite = stop_on_nonfinite
         self.verbose = verbose

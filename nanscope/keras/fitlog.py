@@ -3,6 +3,7 @@
 from nanscope.engine.records import expected_layer_indices, first_nonfinite_replica, first_nonfinite_worker
 from nanscope.engine.step import LayerInfo
 from nanscope.keras.workers import WorkerRole, describe_strategy
+from nanscope.history import StepHistory
 from nanscope.optimizers import optimizer_settings
 from nanscope.report import FirstNonfinite, TraceReport
 
@@ -21,11 +22,13 @@ class FitLog:
         self.callback, self.probe = callback, probe
         self.role = role or WorkerRole()
         self.model = callback.model
-        self.records, self.first_nonfinite, self.dropped = [], None, 0
+        self.first_nonfinite, self.dropped = None, 0
         self.last_epoch_logs = {}
         self.expected = expected_layer_indices(callback.expect_nonfinite, [layer.name for layer in probe.layers])
+        self.history = StepHistory(len(probe.layers), len(probe.trainable), len(probe.output_names),
+                                   callback.keep_steps, callback.sample_steps)
         self.report = TraceReport(
-            run=describe_fit(self.model, callback.params or {}, probe, self.role), records=self.records,
+            run=describe_fit(self.model, callback.params or {}, probe, self.role), history=self.history,
             layers=[(layer.name, type(layer).__name__) for layer in probe.layers], layer_order=[],
             variables=probe.variable_names, trace_path=str(callback.trace) if callback.trace else None,
         )
@@ -47,22 +50,25 @@ class FitLog:
             record = self.probe.record(step, row)
             record.expected_nonfinite = list(self.expected)
             record.worker_nonfinite = self.role.per_worker(record.replica_nonfinite)
-            self.records.append(record)
-            self._write(record)
+            self._keep(record)
             if record.phase is not None and self.first_nonfinite is None:
                 self.first_nonfinite = self._attribute(record)
+        if self.writer is not None:
+            self.writer.flush_steps()  # the trace holds every collected step, a line per collection
 
-    def _write(self, record):
+    def _keep(self, record):
+        """Put one step in the history, the trace and TensorBoard."""
+        kept = self.history.add(record)
         if self.board is not None:
             self.board.write(record)
         if self.callback.trace and self.role.chief:
-            from nanscope.trace import _record_json
             from nanscope.tracefile import TraceWriter
 
             if self.writer is None:
                 self.report.layer_order = self.probe.call_order
-                self.writer = TraceWriter(self.callback.trace, self.report.trace_header())
-            self.writer.write({"kind": "step", **_record_json(record)})
+                self.writer = TraceWriter(self.callback.trace, self.report.trace_header(), self.history,
+                                          self.callback.trace_full)
+            self.writer.step(record, kept)
 
     def _attribute(self, record):
         from nanscope.trace import _attribute_from_record
@@ -105,9 +111,9 @@ class FitLog:
         if self.board is not None:
             self.board.close()
         if self.writer is not None:
-            from nanscope.trace import _summary_json
+            from nanscope.trace import finish_trace
 
-            self.writer.write({"kind": "summary", **_summary_json(report)})
+            finish_trace(self.writer, report)
             self.writer.close()
 
     def _notes(self):
@@ -121,7 +127,7 @@ class FitLog:
             notes.append(f"{self.dropped} step(s) after the first non-finite one ran in the same execution "
                          "(steps_per_execution) before training could stop; their records are left out")
         for index in self.expected:
-            bad = sum(1 for r in self.records if r.layers[index].nonfinite)
+            bad = self.history.layers[index].nonfinite_steps
             if bad:
                 notes.append(f"layer {self.probe.layers[index].name}: non-finite outputs on {bad} step(s), expected "
                              "(expect_nonfinite), not counted as a problem")

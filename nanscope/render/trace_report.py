@@ -80,15 +80,16 @@ def _data_text(run):
 def _loss_scale_text(report):
     if not report.run.get("loss_scaling"):
         return ""
-    scales = [r.loss_scale for r in report.records if r.loss_scale is not None]
-    skipped = sum(1 for r in report.records if r.update_skipped)
+    history = report.history
+    scales = [s for s in history.column("loss_scale").tolist() if s] if history is not None else []
+    skipped = int((history.column("update_skipped") != 0).sum()) if history is not None else 0
     now = f", now {fmt(scales[-1])}" if scales else ""
     return f" with loss scaling ({report.run.get('mixed_precision')}{now}; {skipped} update(s) skipped)"
 
 
 def _curves(report):
-    losses = [r.loss for r in report.records]
-    norms = [r.grad_global_norm for r in report.records]
+    losses = report.history.column("loss").tolist()
+    norms = report.history.column("grad_global_norm").tolist()
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
@@ -208,7 +209,7 @@ def _replica_text(report):
     first = report.first_nonfinite
     if first.replica is None:
         return None
-    record = next((r for r in report.records if r.step == first.step), None)
+    record = report.history.record_at(first.step) if report.history is not None else None
     counts = f" (non-finite values per replica: {', '.join(map(str, record.replica_nonfinite))})" if record else ""
     return f"{first.replica}{counts}"
 
@@ -218,7 +219,7 @@ def _worker_text(report):
     first = report.first_nonfinite
     if getattr(first, "worker", None) is None:
         return None
-    record = next((r for r in report.records if r.step == first.step), None)
+    record = report.history.record_at(first.step) if report.history is not None else None
     counts = f" (non-finite values per worker: {', '.join(map(str, record.worker_nonfinite))})" if record else ""
     return f"{first.worker}{counts}"
 

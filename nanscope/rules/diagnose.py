@@ -17,7 +17,7 @@ from nanscope.rules.catalogue import recommend
 from nanscope.rules.early import early_findings
 from nanscope.rules.outliers import glitch_rows, outlier_findings
 from nanscope.rules.precision import precision_findings
-from nanscope.rules.trends import geometric_growth, global_update_ratio
+from nanscope.rules.trends import geometric_growth
 from nanscope.rules.producer import producer_findings
 
 # A gradient norm that grows by more than 20% per step, sustained over at least
@@ -58,7 +58,7 @@ def diagnose(report, session):
     A detector that raises is a bug in nanscope, not in the user's run: its rules are
     left out, `report.notes` names them, and the rest of the report stands.
     """
-    healthy = [r for r in report.records if r.phase is None]
+    healthy = healthy_steps(report)
     found = []
     for rule_ids, detector in detectors():
         with optional_part(report.notes, f"rule {', '.join(rule_ids)}"):
@@ -92,6 +92,15 @@ def detectors():
     )
 
 
+def healthy_steps(report):
+    """The report's finite steps (history.Healthy): every one's scalars, and their kept full rows."""
+    if report.history is None:
+        from nanscope.history import StepHistory
+
+        return StepHistory(0, 0).healthy()
+    return report.history.healthy()
+
+
 def _severity(report, fired_alone="warning"):
     return "error" if report.first_nonfinite is not None else fired_alone
 
@@ -104,10 +113,9 @@ def _bad_data(report, session, healthy):
     return [(1.0, recommend("clean-input-data", "error", evidence, data={"step": first.step}))]
 
 
-def growth(records):
-    """(per-step growth factor, onset step) of the gradient norm's geometric rise to the last record, or None."""
-    return geometric_growth([r.step for r in records], [r.grad_global_norm for r in records], GROWTH_RATE_LIMIT,
-                            GROWTH_MIN_STEPS, GROWTH_MIN_TOTAL)
+def growth(healthy):
+    """(per-step growth factor, onset step) of the gradient norm's geometric rise to the last healthy step, or None."""
+    return geometric_growth(healthy.steps, healthy.grad_norm, GROWTH_RATE_LIMIT, GROWTH_MIN_STEPS, GROWTH_MIN_TOTAL)
 
 
 def _gradient_growth(report, session, healthy):
@@ -115,15 +123,15 @@ def _gradient_growth(report, session, healthy):
     if found is None:
         return []
     rate, onset = found
-    last = healthy[-1]
-    start_norm = next(r.grad_global_norm for r in healthy if r.step == onset)
-    overflow_step = projected_overflow_step(last.step, last.grad_global_norm, rate)
+    last_step, last_norm = int(healthy.steps[-1]), float(healthy.grad_norm[-1])
+    start_norm = float(healthy.grad_norm[healthy.steps == onset][0])
+    overflow_step = projected_overflow_step(last_step, last_norm, rate)
     initial = getattr(session, "initial_weight_norm", None)  # a run seen only through fit keeps no initial weights
-    threshold, how = clip_threshold(healthy, report.run.get("optimizer_config", {}).get("learning_rate"),
-                                    initial() if initial is not None else None)
+    threshold, how = clip_threshold(healthy.grad_norm, report.run.get("optimizer_config", {}).get("learning_rate"),
+                                    initial() if initial is not None else float(healthy.weight_norm[0]))
     evidence = [
         f"gradient norm grew {rate:.2f}x per step from step {onset} "
-        f"({start_norm:.3g} -> {last.grad_global_norm:.3g} at step {last.step})",
+        f"({start_norm:.3g} -> {last_norm:.3g} at step {last_step})",
         *([f"at that rate it overflows float32 around step {overflow_step:.0f}"] if overflow_step is not None else []),
         f"clip threshold {threshold:.3g}: {how}",
     ]
@@ -145,23 +153,22 @@ def projected_overflow_step(step, norm, rate):
     return step + steps_left if math.isfinite(steps_left) else None
 
 
-def clip_threshold(healthy, lr, weight_norm=None):
-    """A clipping threshold from the healthy steps, and how it was chosen.
+def clip_threshold(grad_norms, lr, weight_norm):
+    """A clipping threshold from the healthy steps' global gradient norms, and how it was chosen.
 
     Args:
-        healthy: list of StepRecord. Steps with no non-finite value.
+        grad_norms: sequence of float. The healthy steps' global gradient norms.
         lr: float or None. The optimizer's learning rate; bounds the threshold so one step moves the weights
             by at most CLIP_UPDATE_FRACTION of their norm.
-        weight_norm: float, optional. The norm of the trainable weights before the first step. Default: the
-            norm after the first healthy step, which a first step that blew the weights up makes far too large.
+        weight_norm: float. The norm of the trainable weights before the first step where known, else after the
+            first healthy step (which a first step that blew the weights up makes far too large); 0 when unknown.
 
     Returns:
         (float, str): the threshold, rounded to one significant digit, and why.
     """
-    norms = np.array([r.grad_global_norm for r in healthy if math.isfinite(r.grad_global_norm)])
+    norms = np.asarray(grad_norms, dtype=np.float64)
+    norms = norms[np.isfinite(norms)]
     percentile = float(np.percentile(norms, CLIP_PERCENTILE)) if len(norms) else 1.0
-    if weight_norm is None:
-        weight_norm = math.sqrt(sum(v.weight_norm ** 2 for v in healthy[0].variables)) if healthy else 0.0
     if lr and weight_norm > 0:
         update_bound = CLIP_UPDATE_FRACTION * weight_norm / lr
         if update_bound < percentile:
@@ -182,7 +189,7 @@ def round_threshold(value):
 
 
 def _update_ratio(report, session, healthy):
-    ratios = [global_update_ratio(r) for r in healthy[1:]]
+    ratios = healthy.update_ratio[1:]
     if len(ratios) < 2:
         return []
     median = float(np.median(ratios))
@@ -200,7 +207,7 @@ def _update_ratio(report, session, healthy):
 
 def _loss_falling(healthy):
     """True when the mean loss over the last third of the healthy steps is below that of the first third."""
-    losses = [r.loss for r in healthy if math.isfinite(r.loss)]
+    losses = healthy.loss[np.isfinite(healthy.loss)]
     if len(losses) < 6:
         return False
     third = len(losses) // 3

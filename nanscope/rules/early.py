@@ -1,18 +1,19 @@
 """Early warnings: trends that end in NaN/Inf if nothing changes, found before they do.
 
 Loss growing geometrically, layer outputs approaching the overflow bound of their
-dtype, weight norms growing without bound. Each detector reads the healthy steps'
-records only; a healthy run shows none of these.
+dtype, weight norms growing without bound. Each detector reads the healthy steps only
+(history.Healthy: every healthy step's scalars, and the kept full rows of them); a
+healthy run shows none of these.
 """
 
+import itertools
 import math
 
 import numpy as np
 
 from nanscope.engine.step import probed_layers
 from nanscope.rules.catalogue import recommend
-from nanscope.rules.trends import geometric_growth, global_update_ratio
-import itertools
+from nanscope.rules.trends import geometric_growth
 
 # A layer output whose square overflows breaks any MSE or L2 norm taken of it:
 # sqrt(float32 max) ~ 1.8e19. float16's range is so small (max 65504) that a
@@ -48,17 +49,16 @@ def early_findings(report, session, healthy):
 
 
 def _loss_growth(healthy, severity):
-    ratios = [global_update_ratio(r) for r in healthy[1:]]
-    if ratios and float(np.median(ratios)) < UPDATE_RATIO_NEGLIGIBLE:
+    ratios = healthy.update_ratio[1:]
+    if len(ratios) and float(np.median(ratios)) < UPDATE_RATIO_NEGLIGIBLE:
         return []  # the weights barely move: the loss grows with the data, not with the learning rate
-    found = geometric_growth([r.step for r in healthy], [r.loss for r in healthy], LOSS_GROWTH_RATE, 4,
-                             LOSS_GROWTH_MIN_TOTAL)
+    found = geometric_growth(healthy.steps, healthy.loss, LOSS_GROWTH_RATE, 4, LOSS_GROWTH_MIN_TOTAL)
     if found is None:
         return []
     rate, onset = found
-    start = next(r.loss for r in healthy if r.step == onset)
-    evidence = [f"loss grew {rate:.3g}x per step from step {onset} ({start:.3g} -> {healthy[-1].loss:.3g} "
-                f"at step {healthy[-1].step})"]
+    start = float(healthy.loss[healthy.steps == onset][0])
+    evidence = [f"loss grew {rate:.3g}x per step from step {onset} ({start:.3g} -> {float(healthy.loss[-1]):.3g} "
+                f"at step {int(healthy.steps[-1])})"]
     return [(0.74, recommend("lower-learning-rate", severity, evidence, data={"loss_growth_rate": rate,
                                                                                  "onset_step": onset}))]
 
@@ -70,18 +70,20 @@ def _activation_limits(report, session, healthy, severity):
         layer = layers.get(name)
         dtype = getattr(layer, "compute_dtype", "float32") if layer is not None else "float32"
         limit = ACTIVATION_LIMIT.get(str(dtype), ACTIVATION_LIMIT["float32"])
-        rows = [(r.step, r.layers[index].max_abs) for r in healthy if index < len(r.layers) and r.layers[index].called]
-        if not rows:
+        # The largest value is exact over every healthy step, and so is the trend (see history.TREND_WINDOW).
+        history = report.history
+        peak = history.layers[index].max_abs_healthy if index < len(history.layers) else None
+        if peak is None:
             continue
-        steps, values = zip(*rows)
+        steps, values = history.layer_trend(index)
         trend = geometric_growth(steps, values, OUTPUT_GROWTH_RATE, OUTPUT_GROWTH_MIN_STEPS, OUTPUT_GROWTH_MIN_TOTAL)
-        if max(values) <= limit and (trend is None or not _relu_like(layer)):
+        if peak <= limit and (trend is None or not _relu_like(layer)):
             continue
-        evidence = [f"layer {name} ({cls}, {dtype}) output max |x| reached {max(values):.3g} "
+        evidence = [f"layer {name} ({cls}, {dtype}) output max |x| reached {peak:.3g} "
                     f"(warning bound {limit:.3g} for {dtype})"]
         if trend is not None:
             evidence.append(f"it grew {trend[0]:.3g}x per step from step {trend[1]}")
-        data = {"layer": name, "max_abs": max(values), "limit": limit, "relu": _relu_like(layer)}
+        data = {"layer": name, "max_abs": peak, "limit": limit, "relu": _relu_like(layer)}
         found.append((0.65, recommend("bounded-activation", severity, evidence, data=data)))
     return found[:1]
 
@@ -93,7 +95,7 @@ def _relu_like(layer):
 
 
 def _weight_growth(healthy, severity):
-    norms = [math.sqrt(sum(v.weight_norm ** 2 for v in r.variables)) for r in healthy]
+    norms = healthy.weight_norm.tolist()
     if len(norms) < 8 or not all(math.isfinite(n) for n in norms) or norms[0] <= 0:
         return []
     tail = norms[-max(2, len(norms) // 4):]

@@ -31,24 +31,29 @@ def precision_findings(report, session, healthy):
 
 
 def _skipped_updates(report):
-    records = report.records[-max(SKIP_WINDOW * 4, SKIP_WINDOW):]
-    scaled = [r for r in records if r.loss_scale is not None]
-    if len(scaled) < SKIP_WINDOW:
+    history = report.history
+    if history is None or not history.count:
         return []
-    skipped = [r for r in scaled if r.update_skipped]
-    if len(skipped) / len(scaled) < SKIP_FRACTION_LIMIT:
+    # A loss scale of 0 is a step without loss scaling (see history.scalar_row).
+    scales, skips, steps = history.column("loss_scale"), history.column("update_skipped"), history.steps()
+    window = slice(-max(SKIP_WINDOW * 4, SKIP_WINDOW), None)
+    scaled = scales[window] != 0
+    if scaled.sum() < SKIP_WINDOW:
         return []
-    first_scale = next((r.loss_scale for r in report.records if r.loss_scale is not None), None)
+    skipped = steps[window][scaled & (skips[window] != 0)]
+    if len(skipped) / scaled.sum() < SKIP_FRACTION_LIMIT:
+        return []
+    first_scale, last_scale = float(scales[scales != 0][0]), float(scales[window][scaled][-1])
     evidence = [
-        f"the LossScaleOptimizer skipped {len(skipped)} of the last {len(scaled)} updates (steps "
-        f"{skipped[0].step}-{skipped[-1].step}): the gradients overflow float16 at every scale it tried",
-        f"loss scale fell from {first_scale:g} to {scaled[-1].loss_scale:.3g}; no weight changed on those steps",
+        f"the LossScaleOptimizer skipped {len(skipped)} of the last {scaled.sum()} updates (steps "
+        f"{skipped[0]}-{skipped[-1]}): the gradients overflow float16 at every scale it tried",
+        f"loss scale fell from {first_scale:g} to {last_scale:.3g}; no weight changed on those steps",
     ]
     fix = ("# the gradient itself is not finite: find the op with `nanscope trace-steps` on float32\n"
            "train:\n  mixed_precision: null   # or keep the failing layer in float32: dtype='float32'")
     return [(0.9, recommend("loss-scaling", "error", evidence, fix,
-                            data={"skipped": len(skipped), "window": len(scaled),
-                                  "loss_scale": scaled[-1].loss_scale}))]
+                            data={"skipped": len(skipped), "window": int(scaled.sum()),
+                                  "loss_scale": last_scale}))]
 
 
 def _float16_layers(report):
@@ -57,11 +62,10 @@ def _float16_layers(report):
     for index, (name, cls) in enumerate(report.layers):
         if dtypes.get(name) != "float16":
             continue
-        stats = [r.layers[index] for r in report.records if index < len(r.layers) and r.layers[index].called]
-        if not stats:
+        aggregate = report.history.layers[index] if index < len(report.history.layers) else None
+        if aggregate is None or not aggregate.called_steps:
             continue
-        peak = max(s.max_abs for s in stats)
-        underflow = max(s.underflow_fraction for s in stats)
+        peak, underflow = aggregate.max_abs, aggregate.underflow_max
         if peak > FLOAT16_NEAR_OVERFLOW:
             found.append((0.65, recommend("loss-scaling", "warning", [
                 f"layer {name} ({cls}, float16) output max |x| reached {peak:.4g}, within 2x of float16's "

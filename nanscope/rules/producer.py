@@ -201,4 +201,8 @@ def _optimizer_epsilon(report, first, where, inputs):
 
 
 def _any_bad_grad(report):
-    return any(r.grad_nonfinite for r in report.records if r.step == report.first_nonfinite.step)
+    history = report.history
+    if history is None:
+        return False
+    at = history.steps() == report.first_nonfinite.step
+    return bool((history.column("grad_nonfinite")[at] != 0).any())

@@ -57,12 +57,3 @@ def geometric_growth(steps, values, rate_limit, min_steps, min_total):
 # At most this many candidate starts are checked for a sustained rise (each check is one pass
 # over the steps after it), spread evenly over the candidates.
 SUSTAIN_CHECKS = 200
-
-
-
-def global_update_ratio(record):
-    """|dw|/|w| over all trainable weights together (small bias vectors alone would dominate a per-variable max)."""
-    weights = math.sqrt(sum(v.weight_norm ** 2 for v in record.variables))
-    updates = math.sqrt(sum((v.update_ratio * v.weight_norm) ** 2
-                            for v in record.variables if math.isfinite(v.update_ratio)))
-    return updates / weights if weights > 0 else 0.0

@@ -1,0 +1,391 @@
+"""A run's steps in bounded memory: every step's scalars, the full rows of a bounded set of steps, exact aggregates.
+
+Training runs last 10^5 to 10^7 steps, so what nanscope keeps must not hold every
+step's full row (every layer and every variable). `StepHistory` keeps:
+
+- every step's scalars (`SERIES`: the step's SCALARS and per-output columns, its
+  phase, its global weight norm and update ratio) in preallocated float32 blocks,
+  a few dozen bytes a step and no Python object per step;
+- the full `StepRecord` of the first `keep` steps, of the last `keep` (a ring), of an
+  even sample of at most `sample` steps in between (its stride doubles whenever it
+  fills) and of the `keep` steps before and after each event: the first non-finite
+  step and the first skipped update;
+- per layer, variable and output, running aggregates (largest, smallest, last, number
+  of non-finite steps, first and last non-finite step), exact over the whole run.
+
+Tables and rules read the aggregates and the scalar columns; the kept rows are the
+evidence shown step by step. A run shorter than `2 * keep` steps keeps every row.
+
+Example:
+    history = StepHistory(layers=3, variables=4, outputs=0)
+    for record in records:
+        history.add(record)
+    history.column("loss"), history.kept(), history.layers[0].max_abs
+"""
+
+import collections
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from nanscope.engine.records import LayerStats, OutputStats
+from nanscope.engine.schema import OUTPUT, SCALARS, Columns
+
+# Full rows kept at the start, at the end, and around each event; steps in the even sample.
+DEFAULT_KEEP = 500
+DEFAULT_SAMPLE = 500
+# Events beyond this many add no rows (each costs up to 2 * keep rows).
+MAX_EVENTS = 8
+# Rows of the scalar columns' first preallocated block; each next block doubles the rows, up to BLOCK_ROWS.
+FIRST_BLOCK_ROWS = 1 << 10
+BLOCK_ROWS = 1 << 16
+# Healthy steps whose per-layer max |x| is kept for the rules' trend fits (rules.early). A
+# least-squares slope over n points whose log values span D is at most 1.5 * D / n; log
+# float32 magnitudes span D = ln(3.4e38 / 1.4e-45) = 191, so a fitted growth of 1.5x a
+# step (slope ln 1.5) spans at most 708 points: a fit reaching back further never
+# qualifies, and this window gives the fits over every step exactly.
+TREND_WINDOW = 1024
+# A step's phase as a number in the scalar columns: 0 is a finite step.
+PHASES = (None, "data", "forward", "loss", "backward", "update")
+# The columns kept for every step, before SCALARS (and the per-output columns).
+HEAD = ("batch_rows", "phase", "weight_norm", "update_ratio")
+
+
+def series_columns(outputs):
+    """The per-step scalar columns for a model with `outputs` outputs (0: one output)."""
+    per_output = [f"output{i}/{name}" for i in range(outputs) for name in OUTPUT]
+    return Columns(*HEAD, *SCALARS, *per_output)
+
+
+def global_update_ratio(record):
+    """|dw|/|w| over all trainable weights together (small bias vectors alone would dominate a per-variable max)."""
+    weights = math.sqrt(sum(v.weight_norm ** 2 for v in record.variables))
+    updates = math.sqrt(sum((v.update_ratio * v.weight_norm) ** 2 for v in record.variables
+                            if math.isfinite(v.update_ratio)))
+    return updates / weights if weights > 0 else 0.0
+
+
+def scalar_row(record):
+    """The SERIES values of one record, in column order (without the step)."""
+    weight_norm = math.sqrt(sum(v.weight_norm ** 2 for v in record.variables))
+    row = [record.batch_rows, PHASES.index(record.phase), weight_norm, global_update_ratio(record),
+           record.loss, record.data_loss, record.x_nonfinite, record.y_nonfinite, record.output_nonfinite,
+           float(record.loss_nonfinite), record.grad_global_norm, record.grad_nonfinite, record.weights_nonfinite,
+           record.applied_grad_global_norm, record.loss_scale or 0.0, float(record.update_skipped)]
+    for output in record.outputs:
+        row += [output.loss, output.target_nonfinite, output.prediction_nonfinite]
+    return row
+
+
+class ScalarColumns:
+    """Float32 rows in preallocated blocks, plus an int64 step per row: append one, read a column whole.
+
+    Args:
+        columns: Columns. The names of a row's values.
+    """
+
+    def __init__(self, columns):
+        self.columns = columns
+        self.count = 0
+        self._values, self._steps = [], []
+        self._at = self._size = 0  # rows filled in the last block, and its size
+
+    def append(self, step, row):
+        if self._at == self._size:
+            self._size = min(BLOCK_ROWS, max(FIRST_BLOCK_ROWS, self.count))
+            self._values.append(np.empty((self._size, len(self.columns)), np.float32))
+            self._steps.append(np.empty(self._size, np.int64))
+            self._at = 0
+        self._values[-1][self._at] = row
+        self._steps[-1][self._at] = step
+        self._at += 1
+        self.count += 1
+
+    def steps(self):
+        """Every row's step, as an int64 array."""
+        return self._joined(self._steps)
+
+    def column(self, name):
+        """Every row's value of column `name`, as a float64 array."""
+        index = self.columns.at(name)
+        return self._joined([block[:, index] for block in self._values]).astype(np.float64)
+
+    def _joined(self, blocks):
+        if not blocks:
+            return np.empty(0, np.float64)
+        return np.concatenate(blocks)[:self.count]
+
+    @property
+    def nbytes(self):
+        return sum(b.nbytes for b in self._values) + sum(b.nbytes for b in self._steps)
+
+
+@dataclass
+class LayerAggregate:
+    """One layer over the whole run: extremes and last values of its called steps, its non-finite steps."""
+
+    called_steps: int = 0
+    max_abs: float = 0.0
+    min_abs: float | None = None
+    max_abs_healthy: float | None = None
+    underflow_max: float = 0.0
+    last: LayerStats | None = None
+    nonfinite_steps: int = 0
+    first_nonfinite_step: int | None = None
+    last_nonfinite_step: int | None = None
+
+    def add(self, step, stats, healthy):
+        if stats.called:
+            self.called_steps += 1
+            self.max_abs = max(self.max_abs, stats.max_abs)
+            self.min_abs = stats.max_abs if self.min_abs is None else min(self.min_abs, stats.max_abs)
+            if healthy:
+                self.max_abs_healthy = _max(self.max_abs_healthy, stats.max_abs)
+            self.underflow_max = max(self.underflow_max, stats.underflow_fraction)
+            self.last = stats
+        if stats.nonfinite:
+            self.nonfinite_steps += 1
+            self.first_nonfinite_step = step if self.first_nonfinite_step is None else self.first_nonfinite_step
+            self.last_nonfinite_step = step
+
+
+@dataclass
+class VariableAggregate:
+    """One variable over the whole run: finite extremes of its gradient norm and update ratio, its last row."""
+
+    steps: int = 0
+    max_grad_norm: float | None = None
+    min_grad_norm: float | None = None
+    first_update_ratio: float | None = None
+    max_update_ratio_after_first: float | None = None
+    last: object | None = None
+    nonfinite_steps: int = 0
+    first_nonfinite_step: int | None = None
+    last_nonfinite_step: int | None = None
+
+    def add(self, step, stats):
+        if math.isfinite(stats.grad_norm):
+            self.max_grad_norm = _max(self.max_grad_norm, stats.grad_norm)
+            self.min_grad_norm = stats.grad_norm if self.min_grad_norm is None else min(self.min_grad_norm,
+                                                                                        stats.grad_norm)
+        ratio = stats.update_ratio if math.isfinite(stats.update_ratio) else None
+        if self.steps == 0:
+            self.first_update_ratio = ratio
+        elif ratio is not None:
+            self.max_update_ratio_after_first = _max(self.max_update_ratio_after_first, ratio)
+        self.steps += 1
+        self.last = stats
+        if stats.grad_nonfinite or stats.weight_nonfinite:
+            self.nonfinite_steps += 1
+            self.first_nonfinite_step = step if self.first_nonfinite_step is None else self.first_nonfinite_step
+            self.last_nonfinite_step = step
+
+    @property
+    def max_update_ratio(self):
+        """The largest finite |dw|/|w| after the first step (the first one's, for a one-step run)."""
+        return self.max_update_ratio_after_first if self.steps > 1 else self.first_update_ratio
+
+
+@dataclass
+class OutputAggregate:
+    """One output of a multi-output model over the whole run: first, last and largest finite loss, non-finite steps."""
+
+    first: OutputStats | None = None
+    last: OutputStats | None = None
+    max_loss: float | None = None
+    min_loss: float | None = None
+    nonfinite_steps: int = 0
+    first_nonfinite_step: int | None = None
+    last_nonfinite_step: int | None = None
+
+    def add(self, step, stats):
+        self.first = self.first or stats
+        self.last = stats
+        if math.isfinite(stats.loss):
+            self.max_loss = _max(self.max_loss, stats.loss)
+            self.min_loss = stats.loss if self.min_loss is None else min(self.min_loss, stats.loss)
+        if not math.isfinite(stats.loss) or stats.target_nonfinite or stats.prediction_nonfinite:
+            self.nonfinite_steps += 1
+            self.first_nonfinite_step = step if self.first_nonfinite_step is None else self.first_nonfinite_step
+            self.last_nonfinite_step = step
+
+
+def _max(current, value):
+    return value if current is None else max(current, value)
+
+
+@dataclass
+class Healthy:
+    """The finite steps of a run, for the rules: every one's scalars, and the full rows kept of them.
+
+    Args:
+        steps, loss, grad_norm, update_ratio, weight_norm: np.ndarray, one entry per finite step.
+        records: list of StepRecord. The kept full rows of finite steps, in step order.
+    """
+
+    steps: np.ndarray
+    loss: np.ndarray
+    grad_norm: np.ndarray
+    update_ratio: np.ndarray
+    weight_norm: np.ndarray
+    records: list = field(default_factory=list)
+
+    def __len__(self):
+        return len(self.steps)
+
+
+class StepHistory:
+    """Every step's scalars, a bounded set of full rows and exact per-layer/variable/output aggregates.
+
+    Args:
+        layers: int. Probed layers (the records' `layers` length).
+        variables: int. Trainable variables.
+        outputs: int. Outputs of a multi-output model (0 for one output).
+        keep: int, default DEFAULT_KEEP. Full rows kept at the start, at the end and around each event.
+        sample: int, default DEFAULT_SAMPLE. Full rows kept of an even sample of the steps in between.
+    """
+
+    def __init__(self, layers, variables, outputs=0, keep=DEFAULT_KEEP, sample=DEFAULT_SAMPLE):
+        if keep < 1 or sample < 2:
+            raise ValueError(f"`keep` must be >= 1 and `sample` >= 2. Received: keep={keep}, sample={sample}")
+        self.keep, self.sample_size = keep, sample
+        self.series = ScalarColumns(series_columns(outputs))
+        self.layers = [LayerAggregate() for _ in range(layers)]
+        self.variables = [VariableAggregate() for _ in range(variables)]
+        self.outputs = [OutputAggregate() for _ in range(outputs)]
+        self._head, self._ring = [], collections.deque(maxlen=keep)
+        self._sample, self._stride = {}, 1
+        self._events, self._event_until = {}, -1
+        self._persisted = set()  # steps whose rows `keep_row` handed out: written to the trace already
+        self._trend_steps = np.full(TREND_WINDOW, -1, np.int64)
+        self._trend = np.full((TREND_WINDOW, layers), np.nan, np.float32)
+        self._trend_count = 0
+        self.first_nonfinite_step = self.first_skipped_step = None
+
+    @property
+    def count(self):
+        """Steps recorded."""
+        return self.series.count
+
+    def add(self, record):
+        """Record one step: its scalars, its aggregates, and its full row where it is kept.
+
+        Returns:
+            list of StepRecord: the full rows that became kept for good now (the first steps,
+            sampled steps, the steps around an event), to write to the trace; the last
+            steps' rows are known only at the end (`unwritten`).
+        """
+        self.series.append(record.step, scalar_row(record))
+        self.aggregate(record)
+        return self.keep_row(record)
+
+    def add_scalars(self, step, row):
+        """Record one step's scalars only (a SERIES row without the step), as read back from a trace."""
+        self.series.append(step, row)
+
+    def aggregate(self, record):
+        """Fold one record into the per-layer, per-variable and per-output aggregates."""
+        healthy, step = record.phase is None, record.step
+        for aggregate, stats in zip(self.layers, record.layers):
+            aggregate.add(step, stats, healthy)
+        if healthy and self.layers:
+            at = self._trend_count % TREND_WINDOW
+            self._trend_steps[at] = step
+            self._trend[at] = [s.max_abs if s.called else np.nan for s in record.layers[:len(self.layers)]]
+            self._trend_count += 1
+        for aggregate, stats in zip(self.variables, record.variables):
+            aggregate.add(step, stats)
+        for aggregate, stats in zip(self.outputs, record.outputs):
+            aggregate.add(step, stats)
+
+    def keep_row(self, record):
+        """Keep `record`'s full row where the policy says so; return the rows that became kept for good."""
+        fresh, kept_for_good = [], True
+        if self._is_event(record):
+            fresh = [r for r in self._ring if r.step not in self._persisted]
+            self._events.update((r.step, r) for r in fresh)
+            self._event_until = record.step + self.keep
+        if len(self._head) < self.keep:
+            self._head.append(record)
+        elif record.step <= self._event_until:
+            self._events[record.step] = record
+        elif not self._sampled(record):
+            kept_for_good = False
+        fresh += [record] if kept_for_good else []
+        self._persisted.update(r.step for r in fresh)
+        self._ring.append(record)
+        return fresh
+
+    def _sampled(self, record):
+        if record.step % self._stride:
+            return False
+        self._sample[record.step] = record
+        if len(self._sample) > self.sample_size:
+            self._stride *= 2
+            self._sample = {step: r for step, r in self._sample.items() if step % self._stride == 0}
+        return record.step in self._sample
+
+    def _is_event(self, record):
+        """True for the first non-finite step and the first skipped update."""
+        event = False
+        if record.phase is not None and self.first_nonfinite_step is None:
+            self.first_nonfinite_step, event = record.step, True
+        if record.update_skipped and self.first_skipped_step is None:
+            self.first_skipped_step, event = record.step, True
+        return event
+
+    def unwritten(self):
+        """Kept rows not yet handed out by `add`: the ring's, in step order."""
+        return [r for r in self._ring if r.step not in self._persisted]
+
+    def layer_trend(self, index):
+        """(steps, max |x|) of layer `index` over the last TREND_WINDOW healthy steps it was called on, in order."""
+        filled = min(self._trend_count, TREND_WINDOW)
+        order = np.argsort(self._trend_steps[:filled], kind="stable")
+        steps, values = self._trend_steps[:filled][order], self._trend[:filled, index][order].astype(np.float64)
+        called = ~np.isnan(values)
+        return steps[called], values[called]
+
+    def kept(self):
+        """Every kept full row, in step order, each once."""
+        by_step = {r.step: r for r in self._head}
+        by_step.update(self._sample)
+        by_step.update(self._events)
+        by_step.update((r.step, r) for r in self._ring)
+        return [by_step[step] for step in sorted(by_step)]
+
+    def record_at(self, step):
+        """The kept full row of `step`, or None."""
+        found = next((r for r in self._ring if r.step == step), None)
+        return found or self._events.get(step) or self._sample.get(step) or next(
+            (r for r in self._head if r.step == step), None)
+
+    def steps(self):
+        """Every step's number, int64."""
+        return self.series.steps()
+
+    def column(self, name):
+        """Every step's value of SERIES column `name` (a SCALARS name, "phase", "weight_norm", ...), float64."""
+        return self.series.column(name)
+
+    def phases(self):
+        """Every step's phase code (an index into PHASES; 0 is a finite step)."""
+        return self.column("phase").astype(np.int64)
+
+    def healthy(self):
+        """The finite steps: their scalars, and their kept full rows."""
+        mask = self.phases() == 0
+        pick = {name: self.column(name)[mask] for name in ("loss", "grad_global_norm", "update_ratio", "weight_norm")}
+        return Healthy(self.steps()[mask], pick["loss"], pick["grad_global_norm"], pick["update_ratio"],
+                       pick["weight_norm"], [r for r in self.kept() if r.phase is None])
+
+    def sampling_note(self):
+        """How the kept steps were chosen, for the report."""
+        kept = len(self.kept())
+        if kept == self.count:
+            return f"all {self.count} steps are kept"
+        return (f"{kept} of {self.count} steps are kept with every layer and variable: the first {self.keep}, "
+                f"the last {self.keep}, every {self._stride}th step in between and the {self.keep} steps before and "
+                "after the first non-finite step and the first skipped update; every step's scalars are kept, and "
+                "the layer, variable and output tables are exact over all steps")
