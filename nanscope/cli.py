@@ -169,8 +169,8 @@ def trace_steps(
                                                         "(default 500).")
     ] = 500,
     trace_full: Annotated[
-        bool, typer.Option("--trace-full", help="Write every step's full row to the trace (by default: every "
-                                                "step's scalars, full rows of the kept steps).")
+        bool, flag("--trace-full", "Write every step's full row to the trace (by default: every step's scalars, "
+                                   "full rows of the kept steps).")
     ] = False,
 ):
     """Run instrumented train steps and report where the first NaN/Inf appears and why."""
