@@ -46,6 +46,7 @@ BLOCK_ROWS = 1 << 16
 # step (slope ln 1.5) spans at most 708 points: a fit reaching back further never
 # qualifies, and this window gives the fits over every step exactly.
 TREND_WINDOW = 1024
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 # A step's phase as a number in the scalar columns: 0 is a finite step.
 PHASES = (None, "data", "forward", "loss", "backward", "update")
 # The columns kept for every step, before SCALARS (and the per-output columns).
@@ -68,8 +69,10 @@ def global_update_ratio(record):
 
 def scalar_row(record):
     """The SERIES values of one record, in column order (without the step)."""
-    weight_norm = math.sqrt(sum(v.weight_norm ** 2 for v in record.variables))
-    row = [record.batch_rows, PHASES.index(record.phase), weight_norm, global_update_ratio(record),
+    # The two norms taken here, in float64, are kept as float32 like the step's own values: capped at its max.
+    weight_norm = min(math.sqrt(sum(v.weight_norm ** 2 for v in record.variables)), FLOAT32_MAX)
+    update_ratio = min(global_update_ratio(record), FLOAT32_MAX)
+    row = [record.batch_rows, PHASES.index(record.phase), weight_norm, update_ratio,
            record.loss, record.data_loss, record.x_nonfinite, record.y_nonfinite, record.output_nonfinite,
            float(record.loss_nonfinite), record.grad_global_norm, record.grad_nonfinite, record.weights_nonfinite,
            record.applied_grad_global_norm, record.loss_scale or 0.0, float(record.update_skipped)]

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from nanscope.engine.records import LayerStats, StepRecord, VariableStats
+from nanscope.history import StepHistory
 from nanscope.report import FirstNonfinite, TraceReport
 from nanscope.rules.catalogue import RULES
 from nanscope.rules.diagnose import detectors, diagnose, projected_overflow_step
@@ -66,8 +67,11 @@ def record(step, value, *, nan_columns=False, loss_scale=None):
 def report_of(records, first=None, dtype="float32", lr=0.01, epsilon=0.0):
     run = {"optimizer_config": {"learning_rate": lr, "epsilon": epsilon}, "loss_scaling": dtype == "float16",
            "layer_dtypes": {name: dtype for name, _ in LAYERS}}
+    history = StepHistory(len(LAYERS), len(VARIABLES))
+    for one in records:
+        history.add(one)
     return TraceReport(run=run, layers=list(LAYERS), layer_order=[n for n, _ in LAYERS], variables=list(VARIABLES),
-                       records=records, first_nonfinite=first)
+                       history=history, first_nonfinite=first)
 
 
 def session_of(value, rows=8):
@@ -108,9 +112,9 @@ def test_every_detector_survives_a_degenerate_history(name, value, steps, nan_co
     session = session_of(value)
     for dtype, scale in (("float32", None), ("float16", value)):
         records = [record(s, value, nan_columns=nan_columns, loss_scale=scale) for s in range(steps)]
-        healthy = [r for r in records if r.phase is None]
         for first in firsts(value):
             report = report_of(records, first, dtype=dtype, lr=value if math.isfinite(value) else 0.01)
+            healthy = report.history.healthy()
             for _, detector in detectors():
                 for score, rec in detector(report, session, healthy):  # raises: the test fails
                     assert math.isfinite(score) and rec.id in RULES
