@@ -255,7 +255,7 @@ def load_trace(path: str | os.PathLike) -> TraceReport:
 
     lines = trace_lines(path)
     header = next(lines)[1]
-    reader = _TraceReader(header)
+    reader = _TraceReader(header, path)
     others = []
     for number, line in lines:
         kind = line.get("kind")
@@ -301,16 +301,27 @@ def _first_bad(history):
 class _TraceReader:
     """Folds a trace's lines into a StepHistory: scalars lines into its columns, step lines into its kept rows."""
 
-    def __init__(self, header):
+    def __init__(self, header, path):
+        from nanscope.errors import NanscopeError
+
         # A trace written before scalars lines existed has a full step line for every step.
         self.full = header.get("rows", "full") == "full"
         self.series = header.get("series")
+        if not self.full and not (isinstance(self.series, list) and self.series[:1] == ["step"]
+                                  and all(isinstance(n, str) for n in self.series)):
+            raise NanscopeError(f"{path}: line 1: series: expected the names of the scalars columns, "
+                                f"starting with 'step'. Received: {self.series!r}")
         self.keep, self.sample = header.get("keep", DEFAULT_KEEP), header.get("sample", DEFAULT_SAMPLE)
         self.layers, self.variables = len(header.get("layers", [])), len(header.get("variables", []))
         self.history, self.exact = None, False
         if not self.full:
             outputs = sum(1 for name in self.series if name.endswith("/loss"))
             self.history = StepHistory(self.layers, self.variables, outputs, self.keep, self.sample)
+            # A trace written with other scalar columns (an older or newer nanscope) is read by name;
+            # a column it lacks reads 0, which the columns' readers take as "not measured".
+            names = self.series[1:]
+            wanted = list(self.history.series.columns)
+            self.order = None if names == wanted else [names.index(n) if n in names else None for n in wanted]
 
     def step(self, record):
         if self.history is None:
@@ -329,7 +340,10 @@ class _TraceReader:
             if not isinstance(row, list) or len(row) != width:
                 raise NanscopeError(f"{where}: a scalars row has {width} values ({', '.join(self.series)})")
             try:
-                self.history.add_scalars(int(row[0]), [float(v) for v in row[1:]])
+                values = [float(v) for v in row[1:]]
+                if self.order is not None:
+                    values = [0.0 if i is None else values[i] for i in self.order]
+                self.history.add_scalars(int(row[0]), values)
             except (TypeError, ValueError):
                 raise NanscopeError(f"{where}: a scalars row holds a value that is not a number") from None
 

@@ -169,6 +169,26 @@ def test_a_bad_scalars_row_is_one_clear_error(tmp_path):
     assert result.exit_code == 2 and f"line {number + 1}" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_trace_with_other_scalar_columns_is_read_by_name(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    report = run_trace(load_spec(SPECS / "healthy.yaml"), TraceOptions(trace_path=trace, keep_steps=3, sample_steps=4))
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    dropped = lines[0]["series"].index("update_ratio")  # as if written before that column existed
+    lines[0]["series"].pop(dropped)
+    lines[0]["series"] = [*lines[0]["series"][:2], *reversed(lines[0]["series"][2:])]  # and in another order
+    for line in lines:
+        if line["kind"] == "scalars":
+            line["rows"] = [[*row[:2], *reversed(row[2:dropped] + row[dropped + 1:])] for row in line["rows"]]
+    trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    redrawn = load_trace(trace)
+    np.testing.assert_array_equal(redrawn.history.column("loss"), report.history.column("loss"))
+    assert not redrawn.history.column("update_ratio").any()
+    lines[0]["series"] = "loss"
+    trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = CliRunner().invoke(app, ["report", str(trace)])
+    assert result.exit_code == 2 and "line 1: series" in result.stderr
+
+
 def test_keep_steps_must_be_positive(tmp_path):
     result = CliRunner().invoke(app, ["trace-steps", str(SPECS / "healthy.yaml"), "--keep-steps", "0"])
     assert result.exit_code == 2
