@@ -207,7 +207,8 @@ ended = time.perf_counter()
 (t0, b0), (t1, b1), (t2, b2), (t3, b3) = (clock.marks[k] for k in ("first", "tenth", "last_tenth", "last"))
 print(json.dumps({
     "steps": scope.report.steps_run, "kept_rows": len(scope.report.records),
-    "peak_rss_mb_at_10pct": clock.rss["tenth"], "peak_rss_mb_end": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    "peak_rss_mb_at_10pct": clock.rss["tenth"],
+    "peak_rss_mb_end": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     "first_10pct_steps_per_s": (b1 - b0) / (t1 - t0), "last_10pct_steps_per_s": (b3 - b2) / (t3 - t2),
     "last_step_to_report_s": ended - t3,
     "json_mb": os.path.getsize(os.path.join(folder, "fit.json")) / 2**20,
