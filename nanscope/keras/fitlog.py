@@ -92,7 +92,7 @@ class FitLog:
         if self.first_nonfinite is None and val_loss is not None:
             report.validation_loss = float(val_loss)
         report.notes.extend(self._notes())
-        report.run.update(rows_seen(self.records, (self.callback.params or {}).get("steps")))
+        report.run.update(rows_seen(self.history, (self.callback.params or {}).get("steps")))
         report.recommendations = diagnose(report, FitEvidence(report.run["loss"], self.model))
         self._close(report)
         if self.callback.verbose and self.role.chief:
@@ -194,14 +194,15 @@ def describe_fit(model, params, probe, role=None):
     }
 
 
-def rows_seen(records, steps_per_epoch):
+def rows_seen(history, steps_per_epoch):
     """The header's `batch_size` (the first batch's rows) and `train_rows` (the rows of the first whole epoch),
-    from the batches the callback saw; empty where it saw too little to say."""
+    from the batches the callback saw (a StepHistory); empty where it saw too little to say."""
     seen = {}
-    if records:
-        seen["batch_size"] = records[0].batch_rows
-    if steps_per_epoch and len(records) >= steps_per_epoch:
-        seen["train_rows"] = sum(r.batch_rows for r in records[:steps_per_epoch])
+    rows = history.column("batch_rows")
+    if len(rows):
+        seen["batch_size"] = int(rows[0])
+    if steps_per_epoch and len(rows) >= steps_per_epoch:
+        seen["train_rows"] = int(rows[:steps_per_epoch].sum())
     return seen
 
 
