@@ -148,6 +148,10 @@ def _context_lines(event):
         at = f" at {where['source']}" if where.get("source") else ""
         lines.append(f"a tf.where ({where['op']}{at}) threw away the forward value of {event.forward_op or event.op}"
                      + (f" ({context['forward_nonfinite']} non-finite)" if context.get("forward_nonfinite") else ""))
+    function = context.get("function")
+    if function is not None:
+        lines.append(f"inside the function call {function['call']}: node {function['node']} "
+                     f"({event.op}) of {' -> '.join(function['functions'])}, inputs {', '.join(function['inputs'])}")
     if not event.introduced:
         lines.append(f"{event.op} passed on a non-finite operand it was given; no op made the value from finite ones")
     return lines

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from nanscope.forensics.functions import is_function_call, localize_in_function
 from nanscope.forensics.masks import masked_rows
 from nanscope.forensics.sources import keras_loss_source, library_dirs, user_source
 from nanscope.internals import differentiated_op, op_callback, overridden
@@ -273,6 +274,10 @@ class OpWatch:
         return self._forward.get(id(tensor))
 
     def _event(self, op_type, inputs, outputs):
+        if is_function_call(op_type):
+            inner = localize_in_function(op_type, inputs)
+            if inner is not None:
+                return self._function_event(op_type, inner, outputs)
         if self.phase == "backward":
             return self._gradient_event(op_type, outputs)
         layer = self._stack[-1] if self._stack else None
@@ -288,6 +293,20 @@ class OpWatch:
         )
         if self.phase in ("forward", "loss"):
             event.context.update(masked_rows(op_type, inputs, outputs, self.producer_of))
+        return event
+
+    def _function_event(self, op_type, inner, outputs):
+        """The op inside a function call (a SavedModel's restored function) that made the value."""
+        index = 1 if inner.op in DENOMINATOR_OPS and len(inner.operands) > 1 else 0
+        operand = inner.operands[index] if index < len(inner.operands) else None
+        layer = self._stack[-1] if self._stack else None
+        event = OpEvent(op=inner.op, phase=self.phase, layer=layer.name if layer is not None else None,
+                        layer_class=type(layer).__name__ if layer is not None else None, source=self.source(),
+                        inputs=operand_stats(operand) if operand is not None else {},
+                        operand="denominator" if index == 1 else "input",
+                        dtype=outputs[0].dtype.name if outputs else "float32")
+        event.context["function"] = {"call": op_type, "functions": inner.functions, "node": inner.node,
+                                     "inputs": inner.inputs}
         return event
 
     def _gradient_event(self, op_type, outputs):

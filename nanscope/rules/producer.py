@@ -64,6 +64,9 @@ def _where(first):
         parts.append(f"loss {first.loss}")
     if getattr(first, "output", None):
         parts.append(f"output {first.output!r}")
+    function = (getattr(first, "context", None) or {}).get("function")
+    if function:
+        parts.append(f"node {function['node']} inside the function call {function['call']}")
     if first.source:
         parts.append(first.source)
     return ", ".join(parts)
