@@ -12,6 +12,7 @@ import re
 import numpy as np
 
 from nanscope.rules.catalogue import RULES, recommend
+from nanscope.rules.outliers import EXTREME_Z, MAX_FRACTION
 
 LARGE_SCALE = 10.0
 SMALL_SCALE = 1e-3
@@ -42,10 +43,17 @@ def recommendations(inputs, targets, label_checks, regression_arrays):
         bad = [c for c in columns if c.is_problem]
         if bad:
             found.append(_clean(role, bad))
-    large_inputs = [c for c in inputs if c.scale and not c.constant]
+    glitched = [c for c in (*inputs, *targets) if _glitches(c)]
+    if glitched:
+        found.append(_outlier_rows(glitched, "warning"))
+    tails = [c for c in (*inputs, *targets) if c.outliers and not _glitches(c)]
+    if tails:
+        found.append(_outlier_rows(tails, "info"))
+    large_inputs = [c for c in inputs if c.scale and not c.constant and not _scale_from_glitches(c)]
     if large_inputs:
         found.append(_scale("normalize-inputs", large_inputs))
-    large_targets = [c for c in targets if c.scale == "large" and c.array in regression_arrays]
+    large_targets = [c for c in targets if c.scale == "large" and c.array in regression_arrays
+                     and not _scale_from_glitches(c)]
     if large_targets:
         found.append(_scale("normalize-targets", large_targets))
     found.extend(_fix_labels(labels) for labels in label_checks if labels.problems)
@@ -55,6 +63,31 @@ def recommendations(inputs, targets, label_checks, regression_arrays):
         found.append(recommend("drop-constant-features", "info", evidence + _more(constant),
                                data={"features": [c.name for c in constant]}))
     return found
+
+
+def _glitches(column):
+    """True when a few of the column's values (at most MAX_FRACTION) lie over EXTREME_Z robust std out."""
+    return bool(column.outliers) and column.outliers <= MAX_FRACTION * column.values
+
+
+def _scale_from_glitches(column):
+    """True when the column looks far from unit scale only because of its glitch values."""
+    return _glitches(column) and max(abs(column.median), column.robust_std) <= LARGE_SCALE
+
+
+def _outlier_rows(columns, severity):
+    def line(c):
+        worst = ", ".join(f"{row} ({value:.6g}, z {z:.3g})" for row, value, z in c.outlier_rows)
+        return (f"{_named(c)}: {c.outliers} value(s) over {EXTREME_Z:g} robust std from the median {c.median:.4g} "
+                f"(robust std {c.robust_std:.3g}); worst rows {worst}")
+
+    evidence = [line(c) for c in columns[:EVIDENCE_LINES]] + _more(columns)
+    if severity == "info":
+        evidence.append(f"more than {MAX_FRACTION:.0%} of the values lie that far out: a heavy tail, not a few bad "
+                        "rows (a log transform is the usual fix)")
+    rows = sorted({row for c in columns for row, _, _ in c.outlier_rows})
+    data = {"columns": [c.name for c in columns], "rows": rows, **_outputs(columns)}
+    return recommend("drop-outlier-rows", severity, evidence, data=data)
 
 
 def _clean(role, columns):

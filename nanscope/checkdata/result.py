@@ -26,6 +26,11 @@ class ColumnReport:
         constant: bool. All finite values are equal.
         scale: str or None. "large" or "small" when far from unit scale.
         ids: bool, default False. An input column that holds ids (an integer dtype): no scale is judged.
+        median, robust_std: float or None. Robust location and scale (1.4826 x MAD) of a tabular float column,
+            estimated from a thinned sample of its rows (None for ids, images, sequences, labels).
+        max_robust_z: float or None. The largest robust z-score of any value: (max or min - median) / robust_std.
+        outliers: int or None. Exact number of values over 10 robust std from the median.
+        outlier_rows: list. The worst of them, worst first: [row, value, robust z].
         output: str, int or None. For a target column of a multi-output model, the output it
             belongs to: its name, or its position when the targets are listed in output order.
     """
@@ -48,6 +53,11 @@ class ColumnReport:
     scale: str | None = None
     output: str | int | None = None
     ids: bool = False
+    median: float | None = None
+    robust_std: float | None = None
+    max_robust_z: float | None = None
+    outliers: int | None = None
+    outlier_rows: list = field(default_factory=list)
 
     @property
     def nonfinite(self):

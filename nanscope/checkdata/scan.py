@@ -23,7 +23,9 @@ from nanscope.checkdata.model_width import output_widths
 from nanscope.checkdata.outputs import output_losses
 from nanscope.checkdata.readers import FILE_READERS, open_stream
 from nanscope.checkdata.result import ColumnReport, DataScan
+from nanscope.checkdata.robust import OutlierCount, RowSample, largest_z
 from nanscope.checkdata.stats import ColumnStats
+from nanscope.rules.outliers import EXTREME_Z
 from nanscope.data.inputs import id_inputs
 from nanscope.errors import DataError, SpecError
 from nanscope.spec import DataSpec, load_spec
@@ -80,16 +82,39 @@ def scan_data(source: str | os.PathLike, target: str | None = None, loss: str | 
             on_progress(rows, stream.rows)
     if rows == 0:
         raise DataError(f"{stream.origin}: {stream.field}: the dataset is empty (0 rows)")
-    inputs, targets = arrays.reports(stream.inputs, ids=arrays.id_arrays(stream.inputs)), arrays.reports(stream.targets)
     regression = {
         name for name, s in settings.items()
         if s.kind == "regression" or (s.kind is None and not arrays.integer_targets([name]))
     }
+    ids = arrays.id_arrays(stream.inputs)
+    suspects = arrays.outlier_suspects([n for n in stream.inputs if n not in ids] + sorted(regression))
+    if suspects:  # a second pass over the data, only for the columns that may hold glitches
+        arrays.outliers = _count_outliers(path, target, loss, classes, sample, chunk_rows, suspects)
+    inputs, targets = arrays.reports(stream.inputs, ids=ids), arrays.reports(stream.targets)
     label_checks = [tally.finish() for tally in tallies.values()]
     found = recommendations(inputs, targets, label_checks, regression)
     scanned = sampler.scanned if sampler.active else rows
     labels = label_checks[0] if len(label_checks) == 1 else None
     return DataScan(str(path), stream.description, rows, scanned, inputs, targets, labels, found, label_checks)
+
+
+def _count_outliers(path, target, loss, classes, sample, chunk_rows, suspects):
+    """{array: OutlierCount} from a second pass over the same rows, for the suspect columns only."""
+    stream, _ = _open(path, target, loss, classes)
+    sampler = _Sampler(sample, stream.rows)
+    counts = {name: OutlierCount(columns, median, scale) for name, (median, scale, columns) in suspects.items()}
+    rows = 0
+    for chunk in stream.chunks(chunk_rows or _chunk_rows(stream)):
+        n = _chunk_length(chunk, stream)
+        chosen = sampler.rows(rows, n)
+        if chosen is None:
+            break
+        for name, count in counts.items():
+            array = np.asarray(chunk[name])
+            array = array[chosen - rows] if sampler.active else array
+            count.update(array.reshape(len(array), -1), chosen)
+        rows += n
+    return counts
 
 
 class _LabelSettings(NamedTuple):
@@ -192,6 +217,7 @@ class _ArrayScans:
     def __init__(self, stream):
         self.stream = stream
         self.stats, self.positions, self.dtypes = {}, {}, {}
+        self.samples, self.robust, self.outliers = {}, {}, {}
 
     def update(self, chunk, row_ids):
         for name, array in chunk.items():
@@ -203,6 +229,22 @@ class _ArrayScans:
                 self.dtypes[name] = array.dtype
             columns = self.stats[name].columns
             self.stats[name].update(array.reshape(-1, columns), row_ids, self.positions[name])
+            if self.positions[name] == 1 and np.issubdtype(array.dtype, np.floating):  # tabular float columns
+                self.samples.setdefault(name, RowSample(self.stream.rows)).update(array.reshape(-1, columns), row_ids)
+
+    def outlier_suspects(self, names):
+        """{array: (median, robust std, columns whose min or max lies over EXTREME_Z robust std out)}."""
+        suspects = {}
+        for name in names:
+            if name not in self.samples:
+                continue
+            s = self.stats[name]
+            median, scale = self.samples[name].scale()
+            self.robust[name] = (median, scale, largest_z(median, scale, s.finite_min(), s.finite_max()))
+            columns = np.flatnonzero(self.robust[name][2] > EXTREME_Z).tolist()
+            if columns:
+                suspects[name] = (median, scale, columns)
+        return suspects
 
     def integer_targets(self, names):
         return bool(names) and all(np.issubdtype(self.dtypes[n], np.integer) for n in names if n in self.dtypes)
@@ -230,9 +272,19 @@ class _ArrayScans:
                 float(s.zeros[i] / max(values[i], 1)), list(s.first_nonfinite_rows[i]),
                 allowed_nonfinite=bool(({names[i]} | aliases) & allowed),
                 constant=bool(s.count[i] > 1 and low[i] == high[i]), scale=scales[i], output=output, ids=ids,
+                **self._robust_fields(name, i),
             )
             for i in range(s.columns)
         ]
+
+    def _robust_fields(self, name, column):
+        if name not in self.robust:
+            return {}
+        median, scale, largest = (float(v[column]) for v in self.robust[name])
+        counted = self.outliers[name].results().get(column) if name in self.outliers else None
+        count, worst = counted if counted is not None else (0, [])
+        return {"median": median, "robust_std": scale, "max_robust_z": largest, "outliers": count,
+                "outlier_rows": [list(item) for item in worst]}
 
     def _column_names(self, name, columns):
         given = self.stream.column_names.get(name)
