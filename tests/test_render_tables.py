@@ -74,3 +74,22 @@ def test_check_data_summary_agrees_with_the_json(tmp_path):
     assert "without problems" not in result.stdout
     every = CliRunner().invoke(app, ["check-data", str(tmp_path / "wide.npz"), "--all"], env={"COLUMNS": "120"})
     assert all(f"x[{i}] " in every.stdout for i in range(64)) and "more columns" not in every.stdout
+
+
+def test_all_reaches_the_tables_through_trace_steps_and_report(tmp_path):
+    from pathlib import Path
+
+    import yaml
+
+    factories = Path(__file__).parent / "bad_inputs" / "factories.py"
+    spec = {"model": {"factory": f"{factories}:deep"}, "data": {"factory": f"{factories}:arrays", "batch_size": 8},
+            "train": {"loss": "mse", "optimizer": {"name": "sgd", "learning_rate": 0.01}, "steps": 2}}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    trace = tmp_path / "t.jsonl"
+    runner, wide = CliRunner(), {"COLUMNS": "120"}
+    short = runner.invoke(app, ["trace-steps", str(tmp_path / "spec.yaml"), "--trace", str(trace)], env=wide)
+    assert short.exit_code == 0, short.output
+    assert "3 more layers (--all)" in short.stdout and "12 more variables (--all)" in short.stdout
+    every = runner.invoke(app, ["report", str(trace), "--all"], env=wide)
+    assert "more layers" not in every.stdout and "more variables" not in every.stdout
+    assert all(f"d{i}/kernel" in every.stdout for i in range(8))

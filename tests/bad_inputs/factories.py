@@ -195,3 +195,9 @@ def zero_dense(features=4):
 def zeros(rows=32, features=4):
     """Data the zero model fits perfectly from the first step: x and y all 0."""
     return np.zeros((rows, features), np.float32), np.zeros((rows, 1), np.float32)
+
+
+def deep(features=4, depth=8):
+    """`depth` small Dense layers: more layers and variables than a report's tables show by default."""
+    layers = [keras.layers.Dense(3, activation="tanh", name=f"d{i}") for i in range(depth)]
+    return keras.Sequential([keras.Input((features,)), *layers, keras.layers.Dense(1, name="out")])
