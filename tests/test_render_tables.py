@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from nanscope.cli import app
 from nanscope.engine.records import LayerStats, StepRecord, VariableStats
+from nanscope.history import StepHistory
 from nanscope.render.trace_report import WORST_SHOWN, render_trace_report
 from nanscope.report import FirstNonfinite, TraceReport
 from nanscope.rules.catalogue import recommend
@@ -29,8 +30,10 @@ def report_with_a_small_failing_layer():
                         loss_nonfinite=False, grad_nonfinite=0, weights_nonfinite=0, layers=layers, variables=variables)
     first = FirstNonfinite(step=1, phase="backward", layer="block9", variable="block0/kernel")
     finding = recommend("bounded-activation", "warning", ["layer block8 grew"], data={"layer": "block8"})
+    history = StepHistory(len(LAYERS), len(VARIABLES))
+    history.add(record)
     return TraceReport(run={}, layers=LAYERS, layer_order=[n for n, _ in LAYERS], variables=VARIABLES,
-                       records=[record], first_nonfinite=first, recommendations=[finding])
+                       history=history, first_nonfinite=first, recommendations=[finding])
 
 
 def text(report, show_all=False):
