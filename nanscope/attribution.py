@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nanscope.data import inputs, targets
-from nanscope.engine.records import first_nonfinite_replica, first_nonfinite_worker
+from nanscope.engine.records import LOSS_SCALE_FLOOR, first_nonfinite_replica, first_nonfinite_worker
 from nanscope.report import FirstNonfinite
 
 SHOWN = 8
@@ -58,6 +58,11 @@ def attribute_from_record(record, names):
             first.variable = bad[-1] if phase == "backward" else bad[0]
             first.layer = first.variable.rsplit("/", 1)[0] if "/" in first.variable else None
             first.detail = [f"{len(bad)} of {len(record.variables)} variables affected"]
+        if phase == "backward" and record.update_skipped:
+            first.detail.append(
+                f"the LossScaleOptimizer skipped this update with its scale at {record.loss_scale_before or 0:g}: the "
+                f"gradients are not finite even unscaled, and the scale has reached its floor "
+                f"({LOSS_SCALE_FLOOR:g}: no scaling left)")
     return first
 
 
@@ -91,18 +96,33 @@ def describe_bad_batch(x, y, rows, feature_names=(), target_names=(), output_nam
     for label, array, names in (*features, *arrays):
         if not np.issubdtype(array.dtype, np.floating):
             continue
-        bad = ~np.isfinite(array.reshape(len(array), -1))
-        if bad.any():
-            lines.append(_bad_line(label, bad, rows, names))
+        line = bad_values_line(label, array, rows, names, "feature" if label.startswith("x") else "target")
+        if line is not None:
+            lines.append(line)
     return lines
 
 
-def _bad_line(label, bad, rows, names):
-    bad_rows = rows[bad.any(axis=1)]
+def bad_values_line(label, array, rows, names=(), kind="value", rows_are="dataset rows"):
+    """One line naming the columns and rows of a float array that hold NaN/Inf; None when it holds none.
+
+    Args:
+        label: str. How the array is called ("x", "y", "sample_weight", an input's name).
+        array: np.ndarray with a leading row axis.
+        rows: np.ndarray. What to call each row (dataset rows, or positions in the batch).
+        names: list of str. Column names, where known ("x[3]" is used past them).
+        kind: str. "feature", "target" or "value", for the message.
+        rows_are: str. What `rows` number, for the message.
+    """
+    if not np.issubdtype(array.dtype, np.floating) or array.ndim == 0:
+        return None
+    bad = ~np.isfinite(array.reshape(len(array), -1))
+    if not bad.any():
+        return None
+    bad_rows = np.asarray(rows)[bad.any(axis=1)]
     columns = np.flatnonzero(bad.any(axis=0))
     shown = [names[c] if c < len(names) else f"{label}[{c}]" for c in columns[:SHOWN]]
     return (
-        f"{label}: {int(bad.sum())} non-finite value(s) in {'feature' if label.startswith('x') else 'target'}(s) "
-        f"{', '.join(shown)}{' ...' if len(columns) > SHOWN else ''}; dataset rows "
+        f"{label}: {int(bad.sum())} non-finite value(s) in {kind}(s) "
+        f"{', '.join(shown)}{' ...' if len(columns) > SHOWN else ''}; {rows_are} "
         f"{', '.join(str(int(r)) for r in bad_rows[:SHOWN])}{' ...' if len(bad_rows) > SHOWN else ''}"
     )

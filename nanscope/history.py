@@ -75,7 +75,8 @@ def scalar_row(record):
     row = [record.batch_rows, PHASES.index(record.phase), weight_norm, update_ratio,
            record.loss, record.data_loss, record.x_nonfinite, record.y_nonfinite, record.output_nonfinite,
            float(record.loss_nonfinite), record.grad_global_norm, record.grad_nonfinite, record.weights_nonfinite,
-           record.applied_grad_global_norm, record.loss_scale or 0.0, float(record.update_skipped)]
+           record.applied_grad_global_norm, record.loss_scale or 0.0, float(record.update_skipped),
+           record.loss_scale_before or 0.0]
     for output in record.outputs:
         row += [output.loss, output.target_nonfinite, output.prediction_nonfinite]
     return row

@@ -58,6 +58,12 @@ def flatten_layers(model):
     return list(model._flatten_layers(include_self=False, recursive=True))
 
 
+def symbolic_build(model, element_spec):
+    """Build an unbuilt model, its compiled loss and metrics and its optimizer from a batch's TensorSpecs, as
+    `fit` does under a distribution strategy (`Trainer._symbolic_build`): no step runs."""
+    model._symbolic_build(data_batch=element_spec)
+
+
 def own_losses(layer, regularizers=True):
     """The loss terms `layer` itself owns: its `add_loss` terms (`_get_own_losses`) and, with `regularizers`,
     its weight regularizers applied to its own variables (`_trainable_variables`)."""

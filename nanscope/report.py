@@ -23,7 +23,7 @@ from nanscope.rules.catalogue import Recommendation
 SCHEMA = "nanscope.trace/1"
 STEP_FIELDS = (
     "step", "loss", "data_loss", "grad_global_norm", "applied_grad_global_norm", "x_nonfinite", "y_nonfinite",
-    "output_nonfinite", "grad_nonfinite", "weights_nonfinite", "loss_scale", "update_skipped",
+    "output_nonfinite", "grad_nonfinite", "weights_nonfinite", "loss_scale", "update_skipped", "loss_scale_before",
 )
 
 

@@ -28,9 +28,10 @@ from nanscope.history import DEFAULT_KEEP, DEFAULT_SAMPLE, StepHistory
 from nanscope.optimizers import optimizer_settings
 from nanscope.report import TraceReport
 from nanscope.rules.diagnose import diagnose
+from nanscope.rules.evidence import evidence_from_session
 from nanscope.runtime import tensorflow
 from nanscope.session import open_session, start_up_failures
-from nanscope.tracefile import TraceWriter, step_fields, summary_fields, summary_line
+from nanscope.tracefile import TraceWriter, summary_line
 
 if TYPE_CHECKING:
     from nanscope.spec import RunSpec
@@ -262,7 +263,7 @@ def _finish(session, engine, report, options=None):
     if report.first_nonfinite is None and report.steps_run:
         with optional_part(report.notes, "the validation loss"):
             report.validation_loss = session.evaluate(engine)
-    report.recommendations = diagnose(report, session)
+    report.recommendations = diagnose(report, evidence_from_session(session))
     if options is not None and options.verify and report.steps_run and not report.interrupted:
         from nanscope.verify import verify_recommendations
 
@@ -329,13 +330,6 @@ def _attribute(record, engine, session, x, y, rows=None):
         first.detail = describe_bad_batch(x, y, rows, session.train.feature_names,
                                           session.train.target_names, [o.name for o in engine.loss.outputs])
     return first
-
-
-def _attribute_from_record(record, engine, session, x, y):
-    """Deprecated: `attribution.attribute_from_record(record, StepNames(...))`; kept until the callback moves."""
-    if session is None:
-        return attribute_from_record(record, step_names(engine))
-    return _attribute(record, engine, session, x, y)
 
 
 def _loss_of(loss, output):
@@ -413,7 +407,3 @@ def default_trace_path(spec):
     stem = Path(spec.source).stem if spec.source else "run"
     return DEFAULT_RUNS_DIR / re.sub(r"[^A-Za-z0-9_.-]+", "_", stem) / "trace.jsonl"
 
-
-# The old private names of the trace lines, kept until the callback (keras/fitlog.py) imports tracefile's.
-_record_json = step_fields
-_summary_json = summary_fields

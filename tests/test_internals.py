@@ -81,6 +81,27 @@ def test_canary_flatten_layers():
     canary("Layer._flatten_layers", check)
 
 
+def test_canary_symbolic_build():
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(2)
+
+        def call(self, x):
+            return self.dense(x)
+
+    model = Subclassed()
+    model.compile(optimizer="sgd", loss="mse")
+    spec = (tf.TensorSpec([None, 3], tf.float32), tf.TensorSpec([None, 2], tf.float32))
+
+    def check():
+        internals.symbolic_build(model, spec)
+        built = model.built and len(model.trainable_variables) == 2 and model.optimizer.built
+        return None if built else "the model or its optimizer is not built"
+
+    canary("Trainer._symbolic_build", check)
+
+
 def test_canary_own_losses():
     class Penalised(keras.layers.Layer):
         def call(self, x):

@@ -17,8 +17,8 @@ MODELS = "tests/specs/models.py"
 REPO = Path(__file__).parent.parent
 RULE_IDS = ("clean-input-data", "drop-outlier-rows", "normalize-inputs", "normalize-targets", "lower-learning-rate",
             "clip-gradients", "bounded-activation", "stable-log", "stable-exp", "safe-division", "safe-sqrt",
-            "loss-scaling", "optimizer-epsilon", "weight-constraint", "fix-labels", "drop-constant-features",
-            "masked-softmax", "double-where")
+            "loss-scaling", "float32-layer", "optimizer-epsilon", "weight-constraint", "fix-labels",
+            "drop-constant-features", "masked-softmax", "double-where")
 
 
 def producer_line(tag):

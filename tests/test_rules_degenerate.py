@@ -10,7 +10,6 @@ being turned into a note.
 import math
 import os
 import re
-from types import SimpleNamespace
 
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 
@@ -23,6 +22,7 @@ from nanscope.history import StepHistory
 from nanscope.report import FirstNonfinite, TraceReport
 from nanscope.rules.catalogue import RULES
 from nanscope.rules.diagnose import detectors, diagnose, projected_overflow_step
+from nanscope.rules.evidence import RunEvidence, feature_scales, target_scales
 
 NAN = math.nan
 # Values a healthy or a broken run can leave in any column of its records.
@@ -74,12 +74,12 @@ def report_of(records, first=None, dtype="float32", lr=0.01, epsilon=0.0):
                        history=history, first_nonfinite=first)
 
 
-def session_of(value, rows=8):
+def evidence_of(value, rows=8):
+    """The RunEvidence of a run whose inputs and regression targets all hold `value`."""
     x = np.full((rows, 3), value, dtype=np.float64)
     y = np.full((rows, 1), value, dtype=np.float32)
-    train = SimpleNamespace(x=x, y=y, feature_names=["a", "b", "c"], target_names=["y"])
-    loss = SimpleNamespace(name="mse", multi_output=False, outputs=[])
-    return SimpleNamespace(train=train, loss=loss, model=SimpleNamespace(keras_model=MODEL))
+    return RunEvidence(keras_model=MODEL, features=feature_scales(x, ["a", "b", "c"]),
+                       targets=target_scales([(None, "mse", y)]), batch_rows=lambda step: np.arange(rows))
 
 
 def firsts(value):
@@ -109,14 +109,14 @@ HISTORIES = [
 
 @pytest.mark.parametrize("name,value,steps,nan_columns", HISTORIES)
 def test_every_detector_survives_a_degenerate_history(name, value, steps, nan_columns):
-    session = session_of(value)
+    evidence = evidence_of(value)
     for dtype, scale in (("float32", None), ("float16", value)):
         records = [record(s, value, nan_columns=nan_columns, loss_scale=scale) for s in range(steps)]
         for first in firsts(value):
             report = report_of(records, first, dtype=dtype, lr=value if math.isfinite(value) else 0.01)
             healthy = report.history.healthy()
             for _, detector in detectors():
-                for score, rec in detector(report, session, healthy):  # raises: the test fails
+                for score, rec in detector(report, evidence, healthy):  # raises: the test fails
                     assert math.isfinite(score) and rec.id in RULES
                     assert not any(QUOTED_NONFINITE.search(line) for line in rec.evidence), rec.evidence
 
@@ -139,7 +139,7 @@ def perfect_fit_history(last_norm):
 @pytest.mark.parametrize("last_norm", [0.0, 5e-324, 1e-45])
 def test_a_norm_that_ends_at_zero_or_a_denormal_gives_no_growth_projection_and_no_traceback(last_norm):
     report = report_of(perfect_fit_history(last_norm))
-    recommendations = diagnose(report, session_of(1.0))
+    recommendations = diagnose(report, evidence_of(1.0))
     assert not any("failed while the report was finished" in note for note in report.notes), report.notes
     for rec in recommendations:
         assert all("inf" not in line.split("around step")[-1] for line in rec.evidence if "overflows" in line)
@@ -156,9 +156,9 @@ def test_the_projection_is_none_where_it_cannot_be_said():
 
 def test_a_rule_that_raises_is_left_out_with_a_note_naming_it():
     report = report_of([record(s, 1.0) for s in range(3)])
-    session = session_of(1.0)
-    session.train = SimpleNamespace(x=None, y=None, feature_names=[])  # the scale rules cannot read these: they raise
-    recommendations = diagnose(report, session)
+    evidence = evidence_of(1.0)
+    evidence.features, evidence.targets = [None], [None]  # the scale rules cannot read these: they raise
+    recommendations = diagnose(report, evidence)
     notes = [n for n in report.notes if "failed while the report was finished" in n]
     assert any(n.startswith("rule normalize-targets failed") for n in notes), report.notes
     assert any(n.startswith("rule normalize-inputs failed") for n in notes), report.notes
@@ -190,7 +190,7 @@ def test_a_run_whose_rule_raises_still_writes_its_json_and_keeps_its_exit_code(t
     import nanscope.rules.diagnose as diagnose_module
     from nanscope.cli import app
 
-    def broken(report, session, healthy):
+    def broken(report, evidence, healthy):
         raise ZeroDivisionError("float division by zero")
 
     monkeypatch.setattr(diagnose_module, "_gradient_growth", broken)  # a bug in one rule, nothing else changed
@@ -233,19 +233,19 @@ def test_a_report_that_cannot_be_printed_still_writes_its_json_and_keeps_its_exi
 
 
 def test_scale_rules_quote_the_spread_of_the_finite_values_never_nan():
-    session = session_of(1.0)
     y = np.full((8, 1), 500.0, dtype=np.float32)
     y[::2] = -500.0
     y[0], y[1] = np.inf, np.nan  # clean-input-data's evidence, not a scale
-    session.train.y = y
-    session.train.x = np.where(np.arange(3) == 0, np.inf, 200.0 * (np.arange(24).reshape(8, 3) % 2)).astype(np.float64)
+    x = np.where(np.arange(3) == 0, np.inf, 200.0 * (np.arange(24).reshape(8, 3) % 2)).astype(np.float64)
+    evidence = RunEvidence(keras_model=MODEL, features=feature_scales(x, ["a", "b", "c"]),
+                           targets=target_scales([(None, "mse", y)]))
     report = report_of([record(s, 1.0) for s in range(3)])
-    found = {rec.id: rec for rec in diagnose(report, session)}
+    found = {rec.id: rec for rec in diagnose(report, evidence)}
     assert found["normalize-targets"].data["y_std"] == pytest.approx(500.0)
     assert "std 500" in found["normalize-targets"].evidence[0]
     assert "b (std 100)" in found["normalize-inputs"].evidence[0]  # feature a holds only Inf: no scale to quote
-    session.train.y = np.full((8, 1), np.nan, dtype=np.float32)  # no finite target at all
-    assert "normalize-targets" not in [rec.id for rec in diagnose(report_of([record(0, 1.0)]), session)]
+    evidence.targets = target_scales([(None, "mse", np.full((8, 1), np.nan, dtype=np.float32))])  # nothing finite
+    assert "normalize-targets" not in [rec.id for rec in diagnose(report_of([record(0, 1.0)]), evidence)]
 
 
 @pytest.mark.parametrize("steps", [1, 6, 600])  # 600: the chunked loop

@@ -13,6 +13,10 @@ import numpy as np
 
 from nanscope.engine.schema import LAYER, OUTPUT, SCALARS, VARIABLE
 
+# Dynamic loss scaling halves its scale on every skipped update. At 1 it no longer scales
+# the loss up at all: a skipped update from there on is not absorbed but a failure.
+LOSS_SCALE_FLOOR = 1.0
+
 
 @dataclass
 class LayerStats:
@@ -70,6 +74,7 @@ class StepRecord:
         layers: list of LayerStats, in the order of the probed layers.
         variables: list of VariableStats, in the order of the trainable variables.
         loss_scale: float or None. The LossScaleOptimizer's scale after the step (mixed precision).
+        loss_scale_before: float or None. Its scale before the step, the one this step's loss was scaled by.
         update_skipped: bool. The LossScaleOptimizer skipped this update: its scaled gradients
             overflowed, which is how dynamic loss scaling works, not a failure of the run.
         expected_nonfinite: list of int. Indices of layers whose non-finite outputs are
@@ -101,6 +106,7 @@ class StepRecord:
     expected_nonfinite: list = field(default_factory=list)
     loss_scale: float | None = None
     update_skipped: bool = False
+    loss_scale_before: float | None = None
     replica_nonfinite: list = field(default_factory=list)
     worker_nonfinite: list = field(default_factory=list)
     outputs: list = field(default_factory=list)
@@ -127,6 +133,7 @@ class StepRecord:
             # 0 is what a producer that does not scale the loss writes: no scale.
             loss_scale=s["loss_scale"] or None,
             update_skipped=bool(s["update_skipped"]),
+            loss_scale_before=s["loss_scale_before"] or None,
             outputs=outputs,
         )
 
@@ -144,11 +151,20 @@ class StepRecord:
             return "forward"
         if self.loss_nonfinite or not math.isfinite(self.loss):
             return "loss"
-        if (self.grad_nonfinite or not math.isfinite(self.grad_global_norm)) and not self.update_skipped:
+        if (self.grad_nonfinite or not math.isfinite(self.grad_global_norm)) and not self.absorbed:
             return "backward"
         if self.weights_nonfinite:
             return "update"
         return None
+
+    @property
+    def absorbed(self):
+        """True when loss scaling absorbed this step's non-finite gradients: the update was skipped with the
+        loss scaled up (a scale above the floor)."""
+        if not self.update_skipped:
+            return False
+        before = self.loss_scale_before or (2 * self.loss_scale if self.loss_scale else None)
+        return before is None or before > LOSS_SCALE_FLOOR
 
     def nonfinite_output(self, phase):
         """Index of the first output of a multi-output model that shows `phase`'s non-finite value, or None.

@@ -68,7 +68,7 @@ class Columns(tuple):
 SCALARS = Columns(
     "loss", "data_loss", "x_nonfinite", "y_nonfinite", "output_nonfinite", "loss_nonfinite",
     "grad_global_norm", "grad_nonfinite", "weights_nonfinite", "applied_grad_global_norm", "loss_scale",
-    "update_skipped",
+    "update_skipped", "loss_scale_before",
 )
 # Scalars that count non-finite entries (or flag a non-finite value) in some phase.
 SCALAR_COUNTS = ("x_nonfinite", "y_nonfinite", "output_nonfinite", "loss_nonfinite", "grad_nonfinite",

@@ -77,6 +77,7 @@ def replay_repro(directory: str | os.PathLike) -> TraceReport:
     from nanscope.optimizers import build_optimizer
     from nanscope.report import FirstNonfinite, TraceReport
     from nanscope.rules.diagnose import diagnose
+    from nanscope.rules.evidence import evidence_from_session
     from nanscope.session import open_session
     from nanscope.spec import parse_spec
     from nanscope.attribution import describe_bad_batch
@@ -109,7 +110,7 @@ def replay_repro(directory: str | os.PathLike) -> TraceReport:
         else:
             report.first_nonfinite = describe_event(FirstNonfinite(step, found.event.phase), found.event,
                                                     loss_name=session.loss.name)
-    report.recommendations = diagnose(report, session)
+    report.recommendations = diagnose(report, evidence_from_session(session))
     return report
 
 

@@ -1,23 +1,31 @@
-"""The `NanScope` callback: attaches a StepProbe for the length of `fit` and hands rows to a FitLog."""
+"""The `NanScope` callback: attaches a StepProbe for the length of `fit` and hands its records to a StepRecorder.
 
+nanscope is a guest in the user's `fit`: whatever fails in nanscope's own code becomes
+one warning line and a note in the report, the callback stops recording, and
+training goes on as it would have without it.
+"""
+
+import logging
 from pathlib import Path
 
+from nanscope.errors import first_line
 from nanscope.history import DEFAULT_KEEP, DEFAULT_SAMPLE
-from nanscope.keras.fitlog import FitLog
-from nanscope.keras.probe import StepProbe
-from nanscope.keras.workers import worker_role
+from nanscope.keras.recorder import GuestOptions
 from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()
+log = logging.getLogger("nanscope")
 
 
 class NanScope(keras.callbacks.Callback):
     """Record nanscope's per-step statistics during `fit`, stop at the first NaN/Inf, report why.
 
     Per step it records what `nanscope trace-steps` records: loss, gradient norms per
-    variable and overall, per-layer output statistics and non-finite counts per phase.
-    When training ends it attributes the first non-finite value to a phase and a layer
-    or variable, runs the rule catalogue, prints the report and writes the
+    variable and overall, per-layer output statistics, non-finite counts per phase, the
+    loss scale and skipped updates under mixed precision, and per-feature statistics of
+    the inputs and targets. At the first non-finite step it replays that step eagerly
+    from a copy kept on the device, to name the op, its layer and its source line. When
+    training ends it runs the rule catalogue, prints the report and writes the
     `nanscope.trace/1` JSON. The model is left as it was found.
 
     Args:
@@ -32,6 +40,9 @@ class NanScope(keras.callbacks.Callback):
             JSON-lines trace.
         expect_nonfinite: list of str, default (). fnmatch patterns of layer names whose
             non-finite outputs are intended (attention masks): reported, not counted.
+        forensics: bool, default True. Keep the weights and optimizer state before each step,
+            and its batch, on the device (one extra copy of each), and replay the first
+            non-finite step. False saves that memory; the report then names no op.
         keep_steps: int, default 500. Full rows (every layer and variable) kept of the first steps, the last
             steps and the steps around an event; memory stays bounded at any run length.
         sample_steps: int, default 500. Full rows kept of an even sample of the steps in between.
@@ -43,7 +54,8 @@ class NanScope(keras.callbacks.Callback):
     """
 
     def __init__(self, report=None, stop_on_nonfinite=True, verbose=1, console=None, tensorboard=None, trace=None,
-                 expect_nonfinite=(), keep_steps=DEFAULT_KEEP, sample_steps=DEFAULT_SAMPLE, trace_full=False):
+                 expect_nonfinite=(), forensics=True, keep_steps=DEFAULT_KEEP, sample_steps=DEFAULT_SAMPLE,
+                 trace_full=False):
         super().__init__()
         if isinstance(expect_nonfinite, str):
             raise ValueError("`expect_nonfinite` must be a list of layer-name patterns. "
@@ -52,39 +64,40 @@ class NanScope(keras.callbacks.Callback):
             raise ValueError(f"`keep_steps` must be an int >= 1. Received: keep_steps={keep_steps!r}")
         if not isinstance(sample_steps, int) or sample_steps < 2:
             raise ValueError(f"`sample_steps` must be an int >= 2. Received: sample_steps={sample_steps!r}")
-        self.keep_steps, self.sample_steps, self.trace_full = keep_steps, sample_steps, trace_full
-        self.report_path = Path(report) if report else None
-        self.stop_on_nonfinite = stop_on_nonfinite
-        self.verbose = verbose
-        self.console = console
-        self.tensorboard = tensorboard
-        self.trace = trace
-        self.expect_nonfinite = list(expect_nonfinite)
+        self.options = GuestOptions(
+            report=Path(report) if report else None, stop_on_nonfinite=stop_on_nonfinite, verbose=verbose,
+            console=console, tensorboard=tensorboard, trace=trace, expect_nonfinite=list(expect_nonfinite),
+            forensics=forensics, keep_steps=keep_steps, sample_steps=sample_steps, trace_full=trace_full)
         self.report = None
-        self._probe = None
+        self._run = None
 
     def on_train_begin(self, logs=None):
-        self._probe = StepProbe(self.model)
-        self._log = FitLog(self, self._probe, worker_role(self.model.distribute_strategy))
-        self._probe.attach()
+        from nanscope.keras.fitrun import FitRun
+
+        self.report, self._run = None, None
+        try:
+            self._run = FitRun(self.model, self.params or {}, self.options)
+        except Exception as exc:
+            log.warning("nanscope: NanScope could not start (%s: %s); training goes on without it",
+                        type(exc).__name__, first_line(exc))
 
     def on_train_batch_end(self, batch, logs=None):
-        if self._probe is None:
-            return
-        self._log.collect(self._probe.read())
-        if self._log.first_nonfinite is not None and self.stop_on_nonfinite:
-            self.model.stop_training = True
+        if self._run is not None and self._run.recording:
+            self._run.guarded("recording", self._run.collect)
 
     def on_epoch_end(self, epoch, logs=None):
-        if self._probe is not None:
-            self._log.last_epoch_logs = dict(logs or {})
+        if self._run is not None:
+            self._run.last_epoch_logs = dict(logs or {})
 
     def on_train_end(self, logs=None):
-        if self._probe is None:
+        run, self._run = self._run, None
+        if run is None:
             return
+        if run.recording:
+            run.guarded("recording", run.collect)
+        run.stop()
         try:
-            self._log.collect(self._probe.read())
-        finally:
-            self._probe.detach()
-            self._probe = None
-        self.report = self._log.finish()
+            self.report = run.finish()
+        except Exception as exc:
+            log.warning("nanscope: the NanScope report could not be built (%s: %s); training was not affected",
+                        type(exc).__name__, first_line(exc))

@@ -118,7 +118,8 @@ RULES = {
             "Keep exp() below its overflow bound",
             "An Exp op fed values past log(dtype max) (88.7 in float32, 11.1 in float16).",
             "y = tf.nn.softplus(x)  # instead of log(1 + exp(x))\n"
-            "# or: tf.reduce_logsumexp(x)  /  tf.exp(tf.minimum(x, 80.0))  /  tf.exp(x - tf.reduce_max(x))",
+            "# or: tf.reduce_logsumexp(x)  /  tf.exp(x - tf.reduce_max(x))\n"
+            "# or: tf.exp(tf.minimum(x, 80.0))  # 11.0 in float16 (log(65504) = 11.09)",
         ),
         Rule(
             "safe-division",
@@ -154,6 +155,14 @@ RULES = {
             "A float16 value overflowing (> 65504) or gradients underflowing; a loss scale stuck at its floor.",
             "optimizer = keras.optimizers.LossScaleOptimizer(optimizer)  # dynamic loss scaling\n"
             "# or keep the overflowing layer in float32: keras.layers.Dense(..., dtype='float32')",
+        ),
+        Rule(
+            "float32-layer",
+            "Keep the overflowing layer in float32",
+            "Under mixed precision with a LossScaleOptimizer already in use: a float16 value overflowing (> 65504), "
+            "or a loss scale that collapses because the gradient overflows at every scale.",
+            "keras.layers.Dense(..., dtype='float32')  # the layer that overflows keeps float32 under mixed_float16\n"
+            "# or compute the op in float32: tf.exp(tf.cast(x, tf.float32))",
         ),
         Rule(
             "optimizer-epsilon",

@@ -7,15 +7,13 @@ healthy run gets nothing above `info`.
 """
 
 import math
-import warnings
 
 import numpy as np
 
-from nanscope.data import inputs
 from nanscope.finishing import optional_part
 from nanscope.rules.catalogue import recommend
 from nanscope.rules.early import early_findings
-from nanscope.rules.outliers import glitch_rows, outlier_findings
+from nanscope.rules.outliers import outlier_findings
 from nanscope.rules.precision import precision_findings
 from nanscope.rules.trends import geometric_growth
 from nanscope.rules.producer import producer_findings
@@ -52,17 +50,21 @@ CLIP_UPDATE_FRACTION = 0.01
 CLIP_PERCENTILE = 10
 
 
-def diagnose(report, session):
+def diagnose(report, evidence):
     """Recommendations for a TraceReport, most likely cause first.
 
     A detector that raises is a bug in nanscope, not in the user's run: its rules are
     left out, `report.notes` names them, and the rest of the report stands.
+
+    Args:
+        report: TraceReport.
+        evidence: RunEvidence (`rules.evidence`). The model and the training data's scale.
     """
     healthy = healthy_steps(report)
     found = []
     for rule_ids, detector in detectors():
         with optional_part(report.notes, f"rule {', '.join(rule_ids)}"):
-            found.extend(detector(report, session, healthy))
+            found.extend(detector(report, evidence, healthy))
     # Findings that fired above info come first, then by how directly the evidence implicates
     # them. Stable sort: equal keys keep detector order, so the same evidence gives the same order.
     found.sort(key=lambda pair: (pair[1].severity == "info", -pair[0]))
@@ -82,8 +84,8 @@ def detectors():
         (("clean-input-data",), _bad_data),
         (("drop-outlier-rows",), outlier_findings),
         (("masked-softmax", "double-where", "stable-log", "stable-exp", "safe-division", "safe-sqrt", "loss-scaling",
-          "optimizer-epsilon"), producer_findings),
-        (("loss-scaling",), precision_findings),
+          "float32-layer", "optimizer-epsilon"), producer_findings),
+        (("loss-scaling", "float32-layer"), precision_findings),
         (("clip-gradients",), _gradient_growth),
         (("lower-learning-rate",), _update_ratio),
         (("lower-learning-rate", "bounded-activation", "weight-constraint"), early_findings),
@@ -105,7 +107,7 @@ def _severity(report, fired_alone="warning"):
     return "error" if report.first_nonfinite is not None else fired_alone
 
 
-def _bad_data(report, session, healthy):
+def _bad_data(report, evidence, healthy):
     first = report.first_nonfinite
     if first is None or first.phase != "data":
         return []
@@ -118,7 +120,7 @@ def growth(healthy):
     return geometric_growth(healthy.steps, healthy.grad_norm, GROWTH_RATE_LIMIT, GROWTH_MIN_STEPS, GROWTH_MIN_TOTAL)
 
 
-def _gradient_growth(report, session, healthy):
+def _gradient_growth(report, evidence, healthy):
     found = growth(healthy)
     if found is None:
         return []
@@ -126,7 +128,7 @@ def _gradient_growth(report, session, healthy):
     last_step, last_norm = int(healthy.steps[-1]), float(healthy.grad_norm[-1])
     start_norm = float(healthy.grad_norm[healthy.steps == onset][0])
     overflow_step = projected_overflow_step(last_step, last_norm, rate)
-    initial = getattr(session, "initial_weight_norm", None)  # a run seen only through fit keeps no initial weights
+    initial = evidence.initial_weight_norm  # a run seen only through fit keeps no initial weights
     threshold, how = clip_threshold(healthy.grad_norm, report.run.get("optimizer_config", {}).get("learning_rate"),
                                     initial() if initial is not None else float(healthy.weight_norm[0]))
     evidence = [
@@ -188,7 +190,7 @@ def round_threshold(value):
     return round(value, digits)
 
 
-def _update_ratio(report, session, healthy):
+def _update_ratio(report, evidence, healthy):
     ratios = healthy.update_ratio[1:]
     if len(ratios) < 2:
         return []
@@ -217,35 +219,26 @@ def _loss_falling(healthy):
 RULE_FIX_LR = "train:\n  optimizer: {learning_rate: 0.001}"
 
 
-def _target_scale(report, session, healthy):
-    if session.train is None:  # a run seen only through model.fit: no arrays to look at
+def _target_scale(report, evidence, healthy):
+    if evidence.targets is None:  # a run whose targets were not measured
         return []
     found = []
-    for name, loss_name, y in _regression_targets(session):
-        y = _without_glitches(y)  # a few glitch rows are drop-outlier-rows' finding, not a scale to standardise
-        std, mean = (float(v) for v in finite_spread(y))
-        if not (math.isfinite(std) and math.isfinite(mean)) or max(std, mean) <= SCALE_LIMIT:
-            continue  # no finite target to measure (clean-input-data's case), or unit scale
+    for target in evidence.targets:
+        if target.loss.lower() not in MSE_LIKE_LOSSES or not _far(target.std, target.mean_abs):
+            continue  # unit scale, or no finite target to measure (clean-input-data's case)
+        name, std, mean = target.output, target.std, target.mean_abs
         whose = f"regression targets of output {name!r}" if name else "regression targets"
-        evidence = [f"{whose} have std {std:.3g} and mean |y| {mean:.3g} under {loss_name} "
-                    f"(unit scale: ~1; limit {SCALE_LIMIT:g}); the loss and its gradients scale with y squared"]
+        lines = [f"{whose} have std {std:.3g} and mean |y| {mean:.3g} under {target.loss} "
+                 f"(unit scale: ~1; limit {SCALE_LIMIT:g}); the loss and its gradients scale with y squared"]
         data = {"y_std": std, "y_mean_abs": mean, **({"output": name} if name else {})}
         score = 0.8 if max(std, mean) > EXTREME_SCALE else 0.7
-        found.append((score, recommend("normalize-targets", scale_severity(report, std), evidence, data=data)))
+        found.append((score, recommend("normalize-targets", scale_severity(report, std), lines, data=data)))
     return found
 
 
-def finite_spread(values, axis=None):
-    """(std, mean |x|) of the finite values, in float64; NaN where there are none.
-
-    A NaN or Inf in the data is clean-input-data's evidence; a scale quoted from it
-    ("std nan") says nothing, so the scale rules measure what is finite.
-    """
-    array = np.asarray(values, dtype=np.float64)
-    array = np.where(np.isfinite(array), array, np.nan)
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
-        return np.nanstd(array, axis=axis), np.nanmean(np.abs(array), axis=axis)
+def _far(std, mean_abs):
+    """A finite spread or mean magnitude past SCALE_LIMIT; NaN (nothing finite was measured) is not."""
+    return math.isfinite(std) and math.isfinite(mean_abs) and max(std, mean_abs) > SCALE_LIMIT
 
 
 def scale_severity(report, spread):
@@ -262,40 +255,14 @@ def scale_severity(report, spread):
     return "error" if first.phase != "data" and spread > EXTREME_SCALE else "warning"
 
 
-def _regression_targets(session):
-    """(output name or None, loss name, targets) for each output trained with an MSE-like loss on float targets."""
-    if session.loss.multi_output:
-        pairs = [(o.name, o.loss.name, y) for o, y in zip(session.loss.outputs, session.train.y)]
-    else:
-        pairs = [(None, session.loss.name, session.train.y)]
-    return [(name, loss, y) for name, loss, y in pairs
-            if loss.lower() in MSE_LIKE_LOSSES and np.issubdtype(y.dtype, np.floating)]
-
-
-def _without_glitches(array):
-    """`array` without the rows that hold glitches (`outliers.glitch_rows`): the scale of the real data."""
-    rows = glitch_rows(array)
-    return np.delete(array, sorted(rows), axis=0) if rows else array
-
-
-def _input_scale(report, session, healthy):
-    if session.train is None:
+def _input_scale(report, evidence, healthy):
+    if evidence.features is None:
         return []
-    ids = inputs.ids_of(session.train, session.model.keras_model)
-    found, features = [], []
-    for label, x in inputs.named(session.train.x):
-        if label in ids:
-            continue  # token and category ids have no scale to fix
-        flat = _without_glitches(x.reshape(len(x), -1))
-        std, mean = finite_spread(flat, axis=0)
-        far = np.flatnonzero(np.isfinite(std) & np.isfinite(mean) & ((std > SCALE_LIMIT) | (mean > SCALE_LIMIT)))
-        names = session.train.feature_names if label == "x" else []
-        found += [(names[i] if i < len(names) else f"{label}[{i}]", std[i]) for i in far]
-        features += far.tolist() if label == "x" else [f"{label}[{i}]" for i in far]
-    if not found:
+    far = [f for f in evidence.features if _far(f.std, f.mean_abs)]
+    if not far:
         return []
-    shown = ", ".join(f"{name} (std {std:.3g})" for name, std in found[:5])
-    evidence = [f"{len(found)} input feature(s) far from unit scale: {shown}"]
-    spread = max(float(std) for _, std in found)
-    return [(0.6, recommend("normalize-inputs", scale_severity(report, spread), evidence,
-                            data={"features": features[:20]}))]
+    shown = ", ".join(f"{f.name} (std {f.std:.3g})" for f in far[:5])
+    lines = [f"{len(far)} input feature(s) far from unit scale: {shown}"]
+    spread = max(f.std for f in far)
+    return [(0.6, recommend("normalize-inputs", scale_severity(report, spread), lines,
+                            data={"features": [f.key for f in far[:20]]}))]

@@ -41,10 +41,10 @@ UPDATE_RATIO_NEGLIGIBLE = 1e-5
 RELU_NAMES = {"relu", "leaky_relu", "elu", "linear", "relu6"}
 
 
-def early_findings(report, session, healthy):
+def early_findings(report, evidence, healthy):
     """(score, Recommendation) pairs for trends toward overflow in the healthy steps."""
     severity = "error" if report.first_nonfinite is not None else "warning"
-    return _loss_growth(healthy, severity) + _activation_limits(report, session, healthy, severity) + \
+    return _loss_growth(healthy, severity) + _activation_limits(report, evidence, healthy, severity) + \
         _weight_growth(healthy, severity)
 
 
@@ -63,8 +63,8 @@ def _loss_growth(healthy, severity):
                                                                                  "onset_step": onset}))]
 
 
-def _activation_limits(report, session, healthy, severity):
-    layers = {layer.name: layer for layer in probed_layers(session.model.keras_model)}
+def _activation_limits(report, evidence, healthy, severity):
+    layers = {layer.name: layer for layer in probed_layers(evidence.keras_model)}
     found = []
     for index, (name, cls) in enumerate(report.layers):
         layer = layers.get(name)

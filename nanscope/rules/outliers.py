@@ -68,15 +68,13 @@ def glitch_rows(array):
     return found
 
 
-def outlier_findings(report, session, healthy):
+def outlier_findings(report, evidence, healthy):
     """(score, Recommendation) pairs for training rows that hold glitches, tied to the step they hit."""
-    if session.train is None or not report.records:
-        return []
-    glitches = _glitches(session)
-    if not glitches:
+    glitches = evidence.glitches
+    if not glitches or not report.records:
         return []
     rows = sorted({row for found in glitches.values() for row in found})
-    hit = _step_hit(report, session, set(rows))
+    hit = _step_hit(report, evidence.batch_rows, set(rows)) if evidence.batch_rows is not None else None
     lines = [_row_line(label, row, cells) for label, found in glitches.items() for row, cells in found.items()]
     evidence = [f"{len(rows)} training row(s) hold values over {EXTREME_Z:g} robust standard deviations from their "
                 f"column's median (median and MAD of the column): " + "; ".join(lines[:SHOWN_ROWS])
@@ -94,25 +92,24 @@ def outlier_findings(report, session, healthy):
     return [(score, recommend("drop-outlier-rows", severity, evidence, _fix(glitches), data))]
 
 
-def _glitches(session):
-    """{array label: glitch_rows} over the float regression targets and the float inputs that are not ids."""
-    ids = inputs.ids_of(session.train, session.model.keras_model)
+def glitches_in(x, y, ids=()):
+    """{array label: glitch_rows} over the float regression targets and the float inputs that are not `ids`."""
     found = {}
-    for label, x in inputs.named(session.train.x):
+    for label, part in inputs.named(x):
         if label not in ids:
-            found[label] = glitch_rows(x)
-    for label, y in targets.named(session.train.y):
-        found[label] = glitch_rows(y)
+            found[label] = glitch_rows(part)
+    for label, part in targets.named(y):
+        found[label] = glitch_rows(part)
     return {label: rows for label, rows in found.items() if rows}
 
 
-def _step_hit(report, session, rows):
+def _step_hit(report, batch_rows, rows):
     """(step, what happened, the glitch rows in its batch) for the first step whose batch held glitch rows and
     whose loss spiked or went non-finite; None when no such step ran."""
     losses = []
     first_bad = report.first_nonfinite.step if report.first_nonfinite is not None else None
     for record in report.records:
-        in_batch = sorted(rows.intersection(session.order.indices(record.step).tolist()))
+        in_batch = sorted(rows.intersection(batch_rows(record.step).tolist()))
         spiked = _spike(record.loss, losses)
         if in_batch and (spiked or record.step == first_bad):
             window = min(len(losses), SPIKE_WINDOW)
@@ -150,7 +147,7 @@ def _fix(glitches):
 def repaired(session):
     """A data change for --verify: every glitch value replaced by its column's training median (rows kept, so
     the batch order stays), in the training and the validation rows alike."""
-    glitches = _glitches(session)
+    glitches = glitches_in(session.train.x, session.train.y, inputs.ids_of(session.train, session.model.keras_model))
     thresholds = {}
     for label, found in glitches.items():
         for cells in found.values():

@@ -22,12 +22,18 @@ SKIP_WINDOW = 5
 SKIP_FRACTION_LIMIT = 0.8
 
 
-def precision_findings(report, session, healthy):
+def precision_findings(report, evidence, healthy):
     """(score, Recommendation) pairs for float16 layers and loss scaling."""
     found = []
     found.extend(_skipped_updates(report))
     found.extend(_float16_layers(report))
     return found
+
+
+def overflow_rule(report):
+    """The rule for a float16 value that overflows: loss scaling, or when a LossScaleOptimizer is already in use,
+    keeping the layer in float32 (scaling the loss again cannot help)."""
+    return "float32-layer" if report.run.get("loss_scaling") else "loss-scaling"
 
 
 def _skipped_updates(report):
@@ -51,7 +57,7 @@ def _skipped_updates(report):
     ]
     fix = ("# the gradient itself is not finite: find the op with `nanscope trace-steps` on float32\n"
            "train:\n  mixed_precision: null   # or keep the failing layer in float32: dtype='float32'")
-    return [(0.9, recommend("loss-scaling", "error", evidence, fix,
+    return [(0.9, recommend(overflow_rule(report), "error", evidence, fix,
                             data={"skipped": len(skipped), "window": int(scaled.sum()),
                                   "loss_scale": last_scale}))]
 
@@ -67,10 +73,10 @@ def _float16_layers(report):
             continue
         peak, underflow = aggregate.max_abs, aggregate.underflow_max
         if peak > FLOAT16_NEAR_OVERFLOW:
-            found.append((0.65, recommend("loss-scaling", "warning", [
+            found.append((0.65, recommend(overflow_rule(report), "warning", [
                 f"layer {name} ({cls}, float16) output max |x| reached {peak:.4g}, within 2x of float16's "
                 f"largest finite value {FLOAT16_MAX:g}"], _keep_float32(cls), data={"layer": name, "max_abs": peak})))
-        if underflow > UNDERFLOW_FRACTION_LIMIT:
+        if underflow > UNDERFLOW_FRACTION_LIMIT and not report.run.get("loss_scaling"):
             found.append((0.5, recommend("loss-scaling", "warning", [
                 f"layer {name} ({cls}, float16): {underflow:.0%} of its non-zero outputs are below float16's "
                 "smallest normal 6.1e-05 and lose precision"], _keep_float32(cls),

@@ -18,6 +18,8 @@ SQRT_OPS = {"Sqrt"}
 # exp(x) overflows once x exceeds log(dtype max): 88.72 for float32, 11.09 for float16.
 EXP_OVERFLOW = {name: math.log(float(np.finfo(name).max)) for name in ("float16", "float32", "float64")}
 EXP_OVERFLOW["bfloat16"] = EXP_OVERFLOW["float32"]
+# A clamp for exp's argument that stays below the bound: exp(11) = 59874 < 65504 in float16.
+EXP_CLAMP = {"float16": 11.0, "float32": 80.0, "float64": 80.0, "bfloat16": 80.0}
 # Largest finite float16 (numpy.finfo(float16).max).
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 # A masked position's fill: finite, so a row with no valid position stays finite, and far below any
@@ -27,7 +29,7 @@ MASK_FILL = {"float16": float(np.finfo(np.float16).min) / 2}
 DEFAULT_MASK_FILL = -1e9
 
 
-def producer_findings(report, session, healthy):
+def producer_findings(report, evidence, healthy):
     """(score, Recommendation) pairs for the op that produced the first non-finite value."""
     first = report.first_nonfinite
     if first is None or first.phase == "data":
@@ -37,12 +39,12 @@ def producer_findings(report, session, healthy):
     where = _where(first)
     context = first.context or {}
     if context.get("masked_rows"):
-        return [(1.0, _masked_softmax(first, where, context, _dataset_rows(session, first.step)))]
+        return [(1.0, _masked_softmax(first, where, context, _dataset_rows(evidence, first.step)))]
     if first.phase == "backward" and context.get("discarded_by"):
         return [(1.0, _double_where(first, where, inputs, context))]
     found = []
     if inputs.get("dtype") == "float16" and first.phase != "update":
-        found.append((0.95, _loss_scaling(first, where, inputs)))
+        found.append((0.95, _loss_scaling(report, first, where, inputs)))
     if first.phase == "update" and not _any_bad_grad(report):
         found.append((1.0, _optimizer_epsilon(report, first, where, inputs)))
     elif op in LOG_OPS:
@@ -142,12 +144,11 @@ def _double_where(first, where, inputs, context):
     return recommend("double-where", "error", evidence, "\n".join(line for line in lines if line), data)
 
 
-def _dataset_rows(session, step):
+def _dataset_rows(evidence, step):
     """The dataset rows of `step`'s batch, as ints, when the run knows its batch order."""
-    order = getattr(session, "order", None)
-    if order is None:
+    if evidence.batch_rows is None:
         return None
-    return [int(i) for i in order.indices(step)]
+    return [int(i) for i in evidence.batch_rows(step)]
 
 
 def _listed(values, shown=8):
@@ -166,8 +167,9 @@ def _stable_exp(first, where, inputs):
     bound = EXP_OVERFLOW.get(inputs.get("dtype"), EXP_OVERFLOW["float32"])
     evidence = [f"{where}: {first.op} fed {_operand(inputs)}; exp overflows {inputs.get('dtype', 'float32')} "
                 f"past {bound:.4g} (log of the dtype's max)"]
+    clamp = EXP_CLAMP.get(inputs.get("dtype"), EXP_CLAMP["float32"])
     fix = _source_fix(first, "tf.nn.softplus(x)  # for log(1 + exp(x)); or tf.reduce_logsumexp, "
-                             "or tf.exp(tf.minimum(x, 80.0))")
+                             f"or tf.exp(tf.minimum(x, {clamp}))")
     return recommend("stable-exp", "error", evidence, fix, _data(first, inputs))
 
 
@@ -186,10 +188,15 @@ def _safe_sqrt(first, where, inputs):
     return recommend("safe-sqrt", "error", evidence, fix, _data(first, inputs))
 
 
-def _loss_scaling(first, where, inputs):
+def _loss_scaling(report, first, where, inputs):
+    from nanscope.rules.precision import overflow_rule
+
     evidence = [f"{where}: {first.op} overflowed float16 (largest finite value {FLOAT16_MAX:g}); "
                 f"{_operand(inputs)}"]
-    return recommend("loss-scaling", "error", evidence, data=_data(first, inputs))
+    rule = overflow_rule(report)
+    if rule == "float32-layer":
+        evidence.append("a LossScaleOptimizer is already in use: loss scaling protects the gradients, not this value")
+    return recommend(rule, "error", evidence, data=_data(first, inputs))
 
 
 def _optimizer_epsilon(report, first, where, inputs):

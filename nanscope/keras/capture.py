@@ -1,0 +1,218 @@
+"""What one traced train step computed, caught from the step's own calls.
+
+Shared by the `NanScope` callback (around Keras' `train_step`) and `instrument`
+(around the user's own step). Hooks on each optimizer's `apply` take the gradients as
+they reach it and the weights before and after; a hook on `_clip_gradients` takes the
+gradients actually applied; inside `fit`, a hook on `model.compute_loss` takes the
+loss and the prediction. Under a `LossScaleOptimizer` the gradients arrive scaled: they
+are unscaled for the statistics, and the step records whether the optimizer skipped
+the update and its scale before and after.
+
+Only tensors of the step's own graph are kept: a call from inside a nested graph
+(a `cond` branch under gradient accumulation) cannot hand its tensors out.
+"""
+
+import contextlib
+import functools
+
+from nanscope.engine.variable_stats import any_nonfinite_count, variable_rows
+from nanscope.engine.records import LOSS_SCALE_FLOOR
+from nanscope.engine.schema import OUTPUT, SCALARS, VARIABLE
+from nanscope.engine.step import is_loss_scale_optimizer, layer_loss_terms
+from nanscope.internals import clip_gradients_hook, overridden
+from nanscope.keras.outputs import output_terms
+from nanscope.runtime import tensorflow
+
+tf, keras = tensorflow()
+
+
+class StepCapture:
+    """Hooks for one trace of a train step, and the statistics row built from what they caught.
+
+    Args:
+        model: keras.Model or None. Inside `fit`: the model whose `compute_loss` gives the loss.
+        optimizers: list of keras.Optimizer. Their `apply` gives gradients and weights.
+        trainable: list of variables, in record order.
+        keras_models: list of keras.Model. Whose layer loss terms (add_loss, regularizers) are summed.
+        replica_context, replicas: under tf.distribute (fit only), the replica's context and the replica count.
+        outputs: int. Outputs of a multi-output model compiled with per-output losses (0: one).
+    """
+
+    def __init__(self, model, optimizers, trainable, keras_models=(), replica_context=None, replicas=1, outputs=0):
+        self.model, self.trainable, self.outputs = model, trainable, outputs
+        self.optimizers = [o for o in optimizers if o is not None]
+        self.keras_models = list(keras_models) or ([model] if model is not None else [])
+        self.replica_context, self.replicas = replica_context, replicas
+        self.local_nonfinite = tf.constant(0.0)
+        self._thread = None  # a threading.local naming each replica thread's capture, on the shared hooks
+        self.loss = self.y_pred = self.applied = None
+        self.scale_before = self.scale_after = None
+        self.skipped = []
+        self.grads, self.before, self.after = {}, {}, {}
+        self.graph = tf.compat.v1.get_default_graph()
+
+    @contextlib.contextmanager
+    def attached(self):
+        targets = [(self.model, "compute_loss", self._on_compute_loss)] if self.model is not None else []
+        for optimizer in self.optimizers:
+            targets += [(optimizer, "apply", functools.partial(self._on_apply, optimizer)),
+                        clip_gradients_hook(getattr(optimizer, "inner_optimizer", optimizer), self._on_clip)]
+        with overridden(targets):
+            yield self
+
+    def _here(self):
+        return tf.compat.v1.get_default_graph() is self.graph
+
+    def _active(self):
+        """The capture of the calling replica thread (see `StepProbe`), or this one on one device."""
+        return getattr(self._thread, "capture", self) if self._thread is not None else self
+
+    def _on_compute_loss(self, compute_loss):
+        @functools.wraps(compute_loss)
+        def hooked(*args, **kwargs):
+            loss = compute_loss(*args, **kwargs)
+            c = self._active()
+            if c._here():
+                c.loss = loss
+                c.y_pred = kwargs["y_pred"] if "y_pred" in kwargs else (args[2] if len(args) > 2 else None)
+            return loss
+
+        return hooked
+
+    def _on_apply(self, optimizer, apply):
+        @functools.wraps(apply)
+        def hooked(grads, trainable_variables=None):
+            grads = list(grads)
+            c = self._active()
+            variables = list(trainable_variables) if trainable_variables is not None else list(c.trainable)
+            if c._here():
+                c._caught(optimizer, grads, variables)
+            result = apply(grads, trainable_variables)
+            if c._here():
+                c.after.update({id(v): tf.convert_to_tensor(v) for v in variables})
+                if is_loss_scale_optimizer(optimizer) and c.scale_after is None:
+                    c.scale_after = tf.cast(tf.convert_to_tensor(optimizer.dynamic_scale), tf.float32)
+            return result
+
+        return hooked
+
+    def _caught(self, optimizer, grads, variables):
+        """Gradients as they reach `optimizer` (unscaled), the weights before, and whether a loss scaler skips."""
+        scaled = is_loss_scale_optimizer(optimizer)
+        scale = tf.convert_to_tensor(optimizer.dynamic_scale) if scaled else optimizer.loss_scale_factor
+        present = [g for g in grads if g is not None]
+        if scaled:
+            if self.scale_before is None:
+                self.scale_before = tf.cast(scale, tf.float32)
+            finite = [tf.reduce_all(tf.math.is_finite(g)) for g in present]
+            self.skipped.append(tf.logical_not(tf.reduce_all(tf.stack(finite))) if finite else tf.constant(False))
+        for g, v in zip(self._summed(grads), variables):
+            if g is not None:
+                self.grads[id(v)] = g if scale is None else g / tf.cast(scale, g.dtype)
+            self.before[id(v)] = tf.convert_to_tensor(v)
+
+    def _summed(self, grads):
+        """Under tf.distribute, the gradient of the whole batch (all replicas summed), for the statistics.
+
+        The replica's own non-finite gradient entries are counted first. The optimizer
+        still gets the replica's own gradients, and sums them itself.
+        """
+        if self.replica_context is None:
+            return grads
+        present = [g for g in grads if g is not None]
+        self.local_nonfinite = count_nonfinite(present)
+        summed = iter(self.replica_context.all_reduce(tf.distribute.ReduceOp.SUM, present) if present else [])
+        return [None if g is None else next(summed) for g in grads]
+
+    def _on_clip(self, clip):
+        @functools.wraps(clip)
+        def hooked(grads):
+            clipped = clip(grads)
+            c = self._active()
+            if c._here():
+                c.applied = (c.applied or []) + [g for g in c._summed(clipped) if g is not None]
+            return clipped
+
+        return hooked
+
+    def values(self, x, y, loss, layers):
+        """The SCALARS of this step by name, and the per-variable rows, from what the hooks caught.
+
+        Args:
+            x, y: the batch's inputs and targets (structures of tensors, y may be None).
+            loss: the step's loss tensor, or None where the `compute_loss` hook caught it.
+            layers: the probed layers, for their loss terms.
+        """
+        flat_x = [t for t in tf.nest.flatten(x) if t is not None and tf.is_tensor(t)]
+        var_rows, grad_norm, applied_norm = self._variable_rows()
+        total = self.loss if loss is None else loss
+        total = tf.cast(tf.reduce_sum(total), tf.float32) if total is not None else tf.constant(float("nan"))
+        if self.replicas > 1:
+            total = total * self.replicas  # Keras divides each replica's loss by the replica count
+        terms = loss_terms(layers, self.keras_models)
+        skipped = tf.cast(tf.reduce_any(tf.stack(self.skipped)), tf.float32) if self.skipped else tf.constant(0.0)
+        values = {
+            "loss": total, "data_loss": total - tf.add_n(terms),
+            "x_nonfinite": count_nonfinite(flat_x),
+            "y_nonfinite": count_nonfinite([t for t in tf.nest.flatten(y) if tf.is_tensor(t)] if y is not None else []),
+            "output_nonfinite": count_nonfinite(tf.nest.flatten(self.y_pred) if self.y_pred is not None else []),
+            "loss_nonfinite": tf.cast(tf.logical_not(tf.math.is_finite(total)), tf.float32),
+            "grad_global_norm": grad_norm,
+            "grad_nonfinite": tf.reduce_sum(var_rows[:, VARIABLE.at("grad_nonfinite")]),
+            "weights_nonfinite": tf.reduce_sum(var_rows[:, VARIABLE.at("weight_nonfinite")]),
+            "applied_grad_global_norm": applied_norm,
+            "loss_scale": self.scale_after if self.scale_after is not None else tf.constant(0.0),
+            "update_skipped": skipped,
+            "loss_scale_before": self.scale_before if self.scale_before is not None else tf.constant(0.0),
+        }
+        return values, var_rows, terms
+
+    def scalars(self, values, y, sample_weight):
+        """SCALARS in order, then OUTPUT's columns per output of a multi-output model."""
+        return tf.stack(SCALARS.pack(values) + self._output_columns(y, sample_weight))
+
+    def _output_columns(self, y, sample_weight):
+        """OUTPUT's columns per output of a multi-output model: its own loss, non-finite targets and prediction."""
+        if not self.outputs:
+            return []
+        terms = output_terms(self.model, y, self.y_pred, sample_weight)
+        if len(terms) != self.outputs:  # targets that cannot be paired with the outputs: nothing to split
+            return [tf.constant(0.0)] * (self.outputs * len(OUTPUT))
+        return [column for loss, target, prediction in terms for column in OUTPUT.pack({
+            "loss": loss, "target_nonfinite": count_nonfinite(tf.nest.flatten(target)),
+            "prediction_nonfinite": count_nonfinite(tf.nest.flatten(prediction))})]
+
+    def _variable_rows(self):
+        """variable_rows over what the optimizers saw; a variable without a gradient counts as unchanged."""
+        after = [self.after.get(id(v), v) for v in self.trainable]
+        before = [self.before.get(id(v), a) for v, a in zip(self.trainable, after)]
+        grads = [self.grads.get(id(v), tf.zeros_like(tf.convert_to_tensor(v))) for v in self.trainable]
+        return variable_rows(grads, before, after, self.applied)
+
+
+def not_absorbed(values, layer_nonfinite):
+    """In the graph: True when this step holds a non-finite value that loss scaling did not absorb.
+
+    The same test as `StepRecord.phase`, for the snapshot to stop at the first such step.
+    `layer_nonfinite` is the sum of the non-finite counts of layers not expected to have them.
+    """
+    absorbed = values["update_skipped"] * tf.cast(values["loss_scale_before"] > LOSS_SCALE_FLOOR, tf.float32)
+    counts = (values["x_nonfinite"] + values["y_nonfinite"] + values["output_nonfinite"] + values["loss_nonfinite"]
+              + values["weights_nonfinite"] + layer_nonfinite + values["grad_nonfinite"] * (1.0 - absorbed))
+    return counts > 0
+
+
+def loss_terms(layers, keras_models):
+    """Per probed layer the loss terms it owns, then the models' own terms summed (`layer_loss_terms`)."""
+    if not keras_models:
+        return [tf.constant(0.0)] * (len(layers) + 1)
+    terms = layer_loss_terms(layers, keras_models[0])
+    for other in keras_models[1:]:
+        terms[-1] = terms[-1] + layer_loss_terms([], other)[-1]
+    return terms
+
+
+def count_nonfinite(tensors):
+    """Non-finite entries over a list of tensors, as one float32 scalar."""
+    counts = [any_nonfinite_count(t) for t in tensors if t is not None]
+    return tf.add_n(counts) if counts else tf.constant(0.0)

@@ -1,0 +1,144 @@
+"""One `fit` as NanScope sees it: the probe on the device, the recorder on the host, the forensic replay.
+
+A model that is not built when `fit` starts (a subclassed model, a Sequential without
+an `Input`) is built from the first batch's shapes and dtypes, as Keras itself builds
+it, just before the first step runs; every step is then recorded, the first included.
+Every failure of nanscope's own code is caught by `guarded`: one warning line, a note
+in the report, recording stops, and `fit` goes on as it would have without nanscope.
+"""
+
+import logging
+
+from nanscope.engine.records import expected_layer_indices
+from nanscope.engine.step import probed_layers
+from nanscope.errors import first_line
+from nanscope.internals import flatten_layers, symbolic_build
+from nanscope.keras.forensics import GuestForensics, labelled_fit_batch
+from nanscope.keras.header import fit_header, fit_outputs, rows_seen
+from nanscope.keras.probe import StepProbe
+from nanscope.attribution import StepNames
+from nanscope.keras.recorder import StepRecorder
+from nanscope.keras.workers import worker_role
+from nanscope.rules.evidence import RunEvidence
+
+log = logging.getLogger("nanscope")
+
+
+class FitRun:
+    """nanscope's part of one `fit` call.
+
+    Args:
+        model: keras.Model, compiled.
+        params: dict. The callback's `params` (epochs, steps).
+        options: GuestOptions.
+    """
+
+    def __init__(self, model, params, options):
+        self.model, self.params, self.options = model, params, options
+        self.probe = self.recorder = self.forensics = None
+        self.recording, self.notes, self.steps_seen = True, [], 0
+        self.last_epoch_logs = {}
+        if is_built(model):
+            self._start()
+        else:
+            self._start_on_first_call()
+
+    def _start(self):
+        model, options = self.model, self.options
+        expected = expected_layer_indices(options.expect_nonfinite, [layer.name for layer in probed_layers(model)])
+        probe = self.probe = StepProbe(model, expected, forensics=options.forensics)
+        names = StepNames(layers=[(layer.name, type(layer).__name__) for layer in probe.layers],
+                          variables=probe.variable_names, outputs=probe.output_names)
+        if probe.snapshot is not None:
+            self.forensics = GuestForensics(probe.snapshot, probe.original_step, labelled_fit_batch, probe.layers,
+                                            [model], [model.optimizer], probe.trainable, model.metrics_variables,
+                                            [probe.layers[i].name for i in expected])
+        role = worker_role(model.distribute_strategy)
+        self.recorder = StepRecorder(options, fit_header(model, self.params, probe, role), names,
+                                     lambda: probe.call_order, self.forensics.locate if self.forensics else None, role)
+        probe.attach()
+
+    def _start_on_first_call(self):
+        """Build the model from the first batch's spec when fit first calls its train function, then attach."""
+        model = self.model
+        original = model.train_function
+
+        def first_call(iterator):
+            model.train_function = original
+            if self.guarded("setup", lambda: self._build_and_start(iterator)):
+                return model.train_function(iterator)
+            return original(iterator)
+
+        model.train_function = first_call
+        self._unbuilt_function = original
+
+    def _build_and_start(self, iterator):
+        symbolic_build(self.model, iterator.element_spec)
+        self._start()
+
+    def guarded(self, what, action):
+        """Run nanscope's own `action`; a failure stops recording with one warning line instead of stopping fit."""
+        try:
+            action()
+        except Exception as exc:
+            log.warning("nanscope: NanScope stopped %s at step %d (%s: %s); training goes on without it",
+                        what, self.steps_seen, type(exc).__name__, first_line(exc))
+            self.disable(f"nanscope's own {what} failed at step {self.steps_seen} ({type(exc).__name__}: "
+                         f"{first_line(exc)}); recording stopped there and training went on without it")
+            return False
+        return True
+
+    def collect(self):
+        """Take the rows of the steps just run; stop fit at the first non-finite one when asked to."""
+        if not self.recording or self.probe is None:
+            return
+        records = self.probe.read()
+        self.steps_seen += len(records)
+        self.recorder.collect(records)
+        if self.probe.failure is not None:
+            raise self.probe.failure
+        if self.recorder.first_nonfinite is not None and self.options.stop_on_nonfinite:
+            self.model.stop_training = True
+
+    def disable(self, note):
+        """Stop recording and put the model back as it was found; `note` goes into the report."""
+        self.recording = False
+        self.notes.append(note)
+        self.stop()
+
+    def stop(self):
+        """Put the model's train step and train function back."""
+        if self.probe is not None:
+            self.probe.detach()
+        elif getattr(self, "_unbuilt_function", None) is not None:
+            self.model.train_function = self._unbuilt_function
+
+    def finish(self):
+        """The TraceReport of this fit (None when nanscope never started recording)."""
+        if self.recorder is None:
+            return None
+        run = self.recorder.report.run
+        run["outputs"] = fit_outputs(self.model, self.probe.output_names)
+        run.update(rows_seen(self.recorder.history, self.params.get("steps")))
+        evidence = RunEvidence(keras_model=self.model)
+        return self.recorder.finish(evidence, self.notes + self._notes(), self.last_epoch_logs.get("val_loss"))
+
+    def _notes(self):
+        notes = ["recorded inside model.fit by nanscope.keras.NanScope"]
+        probe = self.probe
+        if probe.snapshot is not None:
+            notes.append(f"forensics: the weights and optimizer state before each step and its batch were kept on "
+                         f"the device ({probe.snapshot.nbytes() / 2**20:.1f} MiB besides the batch)")
+        elif self.options.forensics:
+            notes.append(f"forensics: under {probe.forensics_off} the failing step is not replayed op by op")
+        else:
+            notes.append("forensics=False: the failing step was not replayed, so no op or source line is named")
+        if probe.per_execution > 1:
+            notes.append(f"steps_per_execution={probe.per_execution}: every step was recorded (a buffer row per "
+                         "step of an execution)")
+        return notes
+
+
+def is_built(model):
+    """True when the model and every layer in it is built."""
+    return model.built and all(layer.built for layer in flatten_layers(model))

@@ -1,0 +1,79 @@
+"""The report's run header for a guest run: `model.fit` with NanScope, or a step under `instrument`."""
+
+from nanscope.engine.step import is_loss_scale_optimizer
+from nanscope.keras.workers import WorkerRole, describe_strategy
+from nanscope.optimizers import optimizer_settings
+
+
+def fit_header(model, params, probe, role=None):
+    """The run header of a `fit` run, with the fields trace-steps' header has where they are known.
+
+    Call once the model is built (after the first batch for a subclassed model).
+    """
+    optimizer_name, optimizer_config = optimizer_settings(model.optimizer)
+    epochs, steps = params.get("epochs"), params.get("steps")
+    return {
+        "spec": "model.fit (nanscope.keras.NanScope)",
+        "model": f"{model.name} ({type(model).__name__}, {len(probe.layers)} layers)",
+        "model_kind": "keras-fit",
+        "parameters": parameter_count([model]),
+        "data": "as given to fit",
+        "loss": loss_name(getattr(model, "loss", None)),
+        "optimizer": optimizer_name,
+        "optimizer_config": optimizer_config,
+        "steps_requested": epochs * steps if epochs and steps else None,
+        "jit_compile": bool(model.jit_compile),
+        "steps_per_execution": probe.per_execution,
+        **precision(probe.layers, [model.optimizer]),
+        **({"distribute": describe_strategy(probe.strategy, probe.replicas, role or WorkerRole())}
+           if probe.replicas > 1 else {}),
+    }
+
+
+def rows_seen(history, steps_per_epoch):
+    """The header's `batch_size` (the first batch's rows) and `train_rows` (the rows of the first whole epoch),
+    from the batches the callback saw (a StepHistory); empty where it saw too little to say."""
+    seen = {}
+    rows = history.column("batch_rows")
+    if len(rows):
+        seen["batch_size"] = int(rows[0])
+    if steps_per_epoch and len(rows) >= steps_per_epoch:
+        seen["train_rows"] = int(rows[:steps_per_epoch].sum())
+    return seen
+
+
+def parameter_count(models):
+    """Weights of built models, counted from their variables (an unbuilt model has none yet)."""
+    return int(sum(v.shape.num_elements() or 0 for model in models for v in model.weights))
+
+
+def precision(layers, optimizers):
+    """`mixed_precision`, `loss_scaling` and `layer_dtypes` of the header, as trace-steps writes them."""
+    dtypes = {layer.name: str(getattr(layer, "compute_dtype", "float32")) for layer in layers}
+    policies = {getattr(getattr(layer, "dtype_policy", None), "name", None) for layer in layers} - {None}
+    mixed = next((p for p in sorted(policies) if p.startswith("mixed_")), None)
+    return {"mixed_precision": mixed, "loss_scaling": any(is_loss_scale_optimizer(o) for o in optimizers if o),
+            "layer_dtypes": dtypes}
+
+
+def fit_outputs(model, output_names):
+    """The run header's `outputs` of a fit run: per output of a multi-output model its name, loss and weight."""
+    from nanscope.keras.outputs import output_loss_specs
+
+    specs = output_loss_specs(model)
+    if len(specs) != len(output_names):
+        return [{"name": name, "loss": None, "weight": None} for name in output_names]
+    return [{"name": name, "loss": loss, "weight": weight} for name, (_, loss, weight) in zip(output_names, specs)]
+
+
+def loss_name(loss):
+    """A compiled loss as the report names it ("mse", "a: mse, b: mae", "compute_loss" when there is none)."""
+    if loss is None:
+        return "compute_loss"
+    if isinstance(loss, str):
+        return loss
+    if isinstance(loss, dict):
+        return ", ".join(f"{name}: {loss_name(one)}" for name, one in loss.items())
+    if isinstance(loss, (list, tuple)):
+        return ", ".join(loss_name(one) for one in loss)
+    return getattr(loss, "name", None) or getattr(loss, "__name__", None) or type(loss).__name__

@@ -1,0 +1,172 @@
+"""The host side of nanscope as a guest in someone else's training: records, the first non-finite step, the report.
+
+One class, `StepRecorder`, serves the `NanScope` callback and `instrument` alike: it
+turns the rows their compiled steps write into `StepRecord`s, writes the trace and
+TensorBoard as it goes, attributes the first non-finite step (its record, then the
+forensic replay its owner supplies), and builds, prints and writes the report.
+"""
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nanscope.attribution import attribute_from_record
+from nanscope.engine.records import expected_layer_indices
+from nanscope.history import DEFAULT_KEEP, DEFAULT_SAMPLE, StepHistory
+from nanscope.keras.workers import WorkerRole
+from nanscope.report import TraceReport
+
+
+@dataclass
+class GuestOptions:
+    """What a guest run records and where it reports (the options of `NanScope` and `instrument`).
+
+    Args:
+        report: Path, optional. Write the `nanscope.trace/1` JSON here.
+        stop_on_nonfinite: bool, default True.
+        verbose: int, default 1. 0 prints nothing; 1 prints the report when the run ends.
+        console: rich.console.Console, optional. Where to print (default: stderr).
+        tensorboard: Path, optional. Per-step scalars to this TensorBoard folder.
+        trace: Path, optional. Every step's record to this JSON-lines trace.
+        expect_nonfinite: list of str. Layer-name patterns whose non-finite outputs are intended.
+        forensics: bool, default True. Keep what a replay needs on the device and replay the first non-finite step.
+        keep_steps, sample_steps: int. Full rows the bounded history keeps (`nanscope.history`).
+        trace_full: bool, default False. Write every step's full row to the trace.
+    """
+
+    report: Path | None = None
+    stop_on_nonfinite: bool = True
+    verbose: int = 1
+    console: object = None
+    tensorboard: Path | None = None
+    trace: Path | None = None
+    expect_nonfinite: list = field(default_factory=list)
+    forensics: bool = True
+    keep_steps: int = DEFAULT_KEEP
+    sample_steps: int = DEFAULT_SAMPLE
+    trace_full: bool = False
+
+
+class StepRecorder:
+    """Records of a guest run as they arrive, the first non-finite one attributed, and the report.
+
+    Args:
+        options: GuestOptions.
+        run: dict. The report's run header.
+        names: StepNames (`nanscope.attribution`), without the call order.
+        call_order: callable() -> list of layer names in call order (known once the step is traced).
+        locate: callable(record, FirstNonfinite), optional. Fills in what a forensic replay finds.
+        role: WorkerRole, default one worker. Under MultiWorkerMirroredStrategy, only the chief
+            prints and writes the report, the trace and the TensorBoard log.
+    """
+
+    def __init__(self, options, run, names, call_order, locate=None, role=None):
+        self.options, self.names, self.call_order, self.locate = options, names, call_order, locate
+        self.role = role or WorkerRole()
+        self.first_nonfinite, self.dropped = None, 0
+        self.expected = expected_layer_indices(options.expect_nonfinite, [name for name, _ in names.layers])
+        self.history = StepHistory(len(names.layers), len(names.variables), len(names.outputs), options.keep_steps,
+                                   options.sample_steps)
+        self.report = TraceReport(run=run, history=self.history, layers=list(names.layers), layer_order=[],
+                                  variables=list(names.variables),
+                                  trace_path=str(options.trace) if options.trace else None)
+        self.board = self._open_board() if options.tensorboard and self.role.chief else None
+        self.writer = None
+
+    @property
+    def steps_seen(self):
+        return self.history.count
+
+    def _open_board(self):
+        from nanscope.tensorboard import TensorBoardLog
+
+        return TensorBoardLog(self.options.tensorboard, self.report.layers, self.report.variables,
+                              self.names.outputs)
+
+    def collect(self, records):
+        """Take fresh StepRecords in step order; attribute the first non-finite one."""
+        for record in records:
+            if self.first_nonfinite is not None and self.options.stop_on_nonfinite:
+                self.dropped += 1
+                continue
+            record.expected_nonfinite = list(self.expected)
+            record.worker_nonfinite = self.role.per_worker(record.replica_nonfinite)
+            if record.phase is not None and self.first_nonfinite is None:
+                self.names.call_order = self.call_order()
+                self.first_nonfinite = attribute_from_record(record, self.names)
+                if self.locate is not None:
+                    self.locate(record, self.first_nonfinite)
+            self._keep(record)
+        if self.writer is not None:
+            self.writer.flush_steps()  # the trace holds every collected step, a line per collection
+
+    def _keep(self, record):
+        """Put one step in the history, the trace and TensorBoard."""
+        kept = self.history.add(record)
+        if self.board is not None:
+            self.board.write(record)
+        if self.options.trace and self.role.chief:
+            from nanscope.tracefile import TraceWriter
+
+            if self.writer is None:
+                self.report.layer_order = self.call_order()
+                self.writer = TraceWriter(self.options.trace, self.report.trace_header(), self.history,
+                                          self.options.trace_full)
+            self.writer.step(record, kept)
+
+    def finish(self, evidence, notes=(), validation_loss=None):
+        """Build the report, print it and write its JSON; close the outputs.
+
+        Args:
+            evidence: RunEvidence for the rules.
+            notes: list of str. What the owner adds about how the run was recorded.
+            validation_loss: float, optional. The last validation loss, reported for a run that stayed finite.
+        """
+        from nanscope.rules.diagnose import diagnose
+
+        report = self.report
+        report.layer_order = self.call_order()
+        report.first_nonfinite = self.first_nonfinite
+        if self.first_nonfinite is None and validation_loss is not None and math.isfinite(validation_loss):
+            report.validation_loss = float(validation_loss)
+        report.notes.extend(list(notes) + self._notes())
+        report.recommendations = diagnose(report, evidence)
+        self._close(report)
+        self.render()
+        if self.options.report is not None and self.role.chief:
+            from nanscope.jsonio import write_json
+
+            write_json(str(self.options.report), report.to_json())
+        return report
+
+    def render(self):
+        """Print the report (verbose runs only)."""
+        if self.options.verbose and self.role.chief:
+            from rich.console import Console
+
+            from nanscope.render.trace_report import render_trace_report
+
+            render_trace_report(self.report, self.options.console or Console(stderr=True, soft_wrap=False))
+
+    def _close(self, report):
+        if self.board is not None:
+            self.board.close()
+            self.board = None
+        if self.writer is not None:
+            from nanscope.trace import finish_trace
+
+            finish_trace(self.writer, report)
+            self.writer.close()
+            self.writer = None
+
+    def _notes(self):
+        notes = []
+        if self.dropped:
+            notes.append(f"{self.dropped} step(s) after the first non-finite one ran in the same execution "
+                         "(steps_per_execution) before training could stop; their records are left out")
+        for index in self.expected:
+            bad = self.history.layers[index].nonfinite_steps
+            if bad:
+                notes.append(f"layer {self.names.layers[index][0]}: non-finite outputs on {bad} step(s), expected "
+                             "(expect_nonfinite), not counted as a problem")
+        return notes

@@ -1,0 +1,83 @@
+"""What a replay of one guest step needs, kept on the device: the state before the step and its batch.
+
+Inside the compiled step, before the update, the snapshot copies every variable the
+step changes (the model's weights and the optimizer's slots: one extra copy of each)
+and the batch (the tensors handed to the step) into variables of its own. When a step
+turns out non-finite, the host puts the copied state back, replays the step eagerly
+and puts the state after the step back (`GuestReplay`).
+
+With `steps_per_execution > 1` the host learns of a non-finite step only after the
+execution: the snapshot then stops copying (`freeze`) once a step is non-finite, so it
+still holds that step when the host looks.
+"""
+
+from nanscope.engine.variable_stats import Snapshot
+from nanscope.runtime import tensorflow
+
+tf, keras = tensorflow()
+
+
+class StepSnapshot:
+    """State and batch of the latest step (or of the first non-finite one, once frozen).
+
+    Args:
+        variables: list of every variable a step changes (model, then optimizer).
+        freezing: bool, default False. Stop copying after the first non-finite step (steps_per_execution > 1).
+    """
+
+    def __init__(self, variables, freezing=False):
+        self.variables = list(variables)
+        self.state = Snapshot(self.variables)
+        self.step = tf.Variable(tf.constant(-1, tf.int64), trainable=False, name="nanscope_snapshot_step")
+        self.frozen = tf.Variable(False, trainable=False, name="nanscope_snapshot_frozen") if freezing else None
+        self._batch, self._structure = None, None
+
+    def take(self, data, step):
+        """In the graph, before the update: copy the state and the batch (unless frozen)."""
+        if self.frozen is None:
+            self._copy(data, step)
+            return
+        tf.cond(self.frozen, tf.no_op, lambda: self._copy_op(data, step))
+
+    def _copy_op(self, data, step):
+        self._copy(data, step)
+        return tf.no_op()
+
+    def _copy(self, data, step):
+        self.state.take()
+        flat = tf.nest.flatten(data)
+        batch = self._batch_variables(flat)
+        for variable, tensor in zip(batch, flat):
+            if variable is not None:
+                variable.assign(tensor)
+        self.step.assign(tf.cast(step, tf.int64))
+
+    def _batch_variables(self, flat):
+        if self._batch is None or len(self._batch) != len(flat):
+            with tf.init_scope():  # created outside the traced step, whichever trace first gets here
+                self._batch = [None if not tf.is_tensor(t) else tf.Variable(
+                    tf.zeros([0] * t.shape.rank if t.shape.rank is not None else [0], t.dtype),
+                    shape=tf.TensorShape(None), trainable=False, name="nanscope_batch") for t in flat]
+        return self._batch
+
+    def remember_structure(self, data):
+        """Keep the nesting of the step's batch (at trace time), to pack the copies back into it."""
+        self._structure = tf.nest.map_structure(lambda _: 0, data)
+
+    def freeze(self, bad):
+        """In the graph, after the step: stop copying once `bad` (a non-finite step) was seen."""
+        if self.frozen is not None:
+            self.frozen.assign(tf.logical_or(self.frozen, bad))
+
+    def held_step(self):
+        """The step whose state and batch the snapshot holds (-1: none yet)."""
+        return int(self.step.numpy())
+
+    def batch(self):
+        """The held batch as eager tensors, nested as the step received it."""
+        flat = [None if v is None else tf.convert_to_tensor(v) for v in self._batch or []]
+        return tf.nest.pack_sequence_as(self._structure, flat) if self._structure is not None else None
+
+    def nbytes(self):
+        """Bytes the state copy takes on the device."""
+        return sum(int(v.shape.num_elements() or 0) * v.dtype.size for v in self.state.copies)
