@@ -27,12 +27,25 @@ import models  # noqa: E402  (the specs' model file: RatioFeatures divides by a 
 BATCH = 16
 
 
-def test_a_restored_functions_inner_division_is_named_with_its_inputs(tmp_path):
+def exported(factory, tmp_path):
     keras.utils.set_random_seed(0)
-    model = models.ratio_model()
+    model = factory()
     # Keras before 3.4 has no `verbose` here (the oldest-versions smoke run, .ci/run).
     quiet = {"verbose": False} if "verbose" in inspect.signature(model.export).parameters else {}
     model.export(str(tmp_path / "saved"), format="tf_saved_model", **quiet)
+    return model
+
+
+def trace_saved(tmp_path):
+    spec = parse_spec({"model": {"path": "saved"},
+                       "data": {"factory": f"{SPECS / 'models.py'}:wide_data", "batch_size": BATCH, "shuffle": False},
+                       "train": {"loss": "mse", "optimizer": {"name": "sgd", "learning_rate": 0.001}, "steps": 2}},
+                      source=str(tmp_path / "run.yaml"))
+    return run_trace(spec, TraceOptions(trace_path=tmp_path / "t.jsonl"))
+
+
+def test_a_restored_functions_inner_division_is_named_with_its_inputs(tmp_path):
+    model = exported(models.ratio_model, tmp_path)
     x = models.wide_data()[0][:BATCH]
     hidden = model.layers[0](x).numpy()
     ratio_graph = tf.function(lambda h: h / h[:, :1]).get_concrete_function(tf.TensorSpec([None, 4])).graph
@@ -40,11 +53,7 @@ def test_a_restored_functions_inner_division_is_named_with_its_inputs(tmp_path):
     with np.errstate(divide="ignore", invalid="ignore"):
         assert np.isfinite(hidden).all() and not np.isfinite(hidden / hidden[:, :1]).all()
 
-    spec = parse_spec({"model": {"path": "saved"},
-                       "data": {"factory": f"{SPECS / 'models.py'}:wide_data", "batch_size": BATCH, "shuffle": False},
-                       "train": {"loss": "mse", "optimizer": {"name": "sgd", "learning_rate": 0.001}, "steps": 2}},
-                      source=str(tmp_path / "run.yaml"))
-    report = run_trace(spec, TraceOptions(trace_path=tmp_path / "t.jsonl"))
+    report = trace_saved(tmp_path)
     first = report.first_nonfinite
     assert (first.step, first.phase, first.op) == (0, "forward", expected_op)
     function = first.context["function"]
@@ -54,3 +63,21 @@ def test_a_restored_functions_inner_division_is_named_with_its_inputs(tmp_path):
     assert first.inputs["zero_fraction"] == np.mean(hidden[:, :1] == 0)
     top = report.recommendations[0]
     assert top.id == "safe-division" and function["node"] in top.evidence[0]
+
+
+def test_a_nan_gradient_inside_the_restored_backward_function_names_the_gradient_op(tmp_path):
+    model = exported(models.root_model, tmp_path)
+    x = tf.constant(models.wide_data()[0][:BATCH])
+    relu = model.layers[0](x)
+    with tf.GradientTape() as tape:
+        tape.watch(relu)
+        root = tf.sqrt(relu)
+    assert np.isfinite(root.numpy()).all() and not np.isfinite(tape.gradient(root, relu).numpy()).all()
+
+    report = trace_saved(tmp_path)
+    first = report.first_nonfinite
+    assert (first.phase, first.op, first.inputs["op"]) == ("backward", "SqrtGrad", "Sqrt")
+    function = first.context["function"]
+    assert "backward" in function["call"] and "root_features" in function["node"]
+    assert first.inputs["zero_fraction"] == np.mean(relu.numpy() == 0)
+    assert report.recommendations[0].id == "safe-sqrt"

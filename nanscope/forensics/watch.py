@@ -307,6 +307,8 @@ class OpWatch:
                         dtype=outputs[0].dtype.name if outputs else "float32")
         event.context["function"] = {"call": op_type, "functions": inner.functions, "node": inner.node,
                                      "inputs": inner.inputs}
+        if self.phase == "backward" and inner.op.endswith("Grad"):
+            event.forward_op = inner.op[: -len("Grad")]  # SqrtGrad differentiates Sqrt, RsqrtGrad Rsqrt
         return event
 
     def _gradient_event(self, op_type, outputs):
