@@ -103,3 +103,16 @@ def test_id_inputs_finds_the_input_an_embedding_reads_in_a_list_of_inputs():
     listed = keras.Model(list(model._inputs_struct.values()), model.outputs)
     assert id_inputs([("x[0]", "float32"), ("x[1]", "float32")], listed) == {"x[0]"}
     assert id_inputs([("x['price']", "float32"), ("x['tokens']", "float32")], model) == {"x['tokens']"}
+
+
+def test_the_callback_raises_no_normalize_inputs_on_token_ids_in_a_failing_fit():
+    from nanscope.keras import NanScope
+
+    x, y = helper("tokens")()
+    keras.utils.set_random_seed(0)
+    model = helper("classifier")(log_of_softmax=True)
+    model.compile(keras.optimizers.SGD(learning_rate=1e4), helper("log_softmax_loss"))
+    callback = NanScope(verbose=0)
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[callback])
+    assert callback.report.first_nonfinite is not None
+    assert "normalize-inputs" not in [r.id for r in callback.report.recommendations]
