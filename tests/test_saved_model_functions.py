@@ -5,7 +5,6 @@ run layer by layer on the failing batch to see which op makes the first NaN and 
 many of its denominators are 0.
 """
 
-import inspect
 import os
 
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
@@ -13,7 +12,6 @@ os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 import sys
 from pathlib import Path
 
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -23,17 +21,13 @@ from nanscope.trace import TraceOptions, run_trace
 SPECS = Path(__file__).parent / "specs"
 sys.path.insert(0, str(SPECS))
 import models  # noqa: E402  (the specs' model file: RatioFeatures divides by a relu output)
+import saved_functions  # noqa: E402
 
 BATCH = 16
 
 
 def exported(factory, tmp_path):
-    keras.utils.set_random_seed(0)
-    model = factory()
-    # Keras before 3.4 has no `verbose` here (the oldest-versions smoke run, .ci/run).
-    quiet = {"verbose": False} if "verbose" in inspect.signature(model.export).parameters else {}
-    model.export(str(tmp_path / "saved"), format="tf_saved_model", **quiet)
-    return model
+    return saved_functions.export(tmp_path / "saved", factory)
 
 
 def trace_saved(tmp_path):
@@ -45,7 +39,7 @@ def trace_saved(tmp_path):
 
 
 def test_a_restored_functions_inner_division_is_named_with_its_inputs(tmp_path):
-    model = exported(models.ratio_model, tmp_path)
+    model = exported("ratio_model", tmp_path)
     x = models.wide_data()[0][:BATCH]
     hidden = model.layers[0](x).numpy()
     ratio_graph = tf.function(lambda h: h / h[:, :1]).get_concrete_function(tf.TensorSpec([None, 4])).graph
@@ -66,7 +60,7 @@ def test_a_restored_functions_inner_division_is_named_with_its_inputs(tmp_path):
 
 
 def test_a_nan_gradient_inside_the_restored_backward_function_names_the_gradient_op(tmp_path):
-    model = exported(models.root_model, tmp_path)
+    model = exported("root_model", tmp_path)
     x = tf.constant(models.wide_data()[0][:BATCH])
     relu = model.layers[0](x)
     with tf.GradientTape() as tape:
