@@ -63,4 +63,5 @@ BUGGY = {
                                                                            "epsilon": 0.0}), "optimizer-epsilon"),
     "attention-row-fully-masked": (spec("masked_pooling", "padded", data_args={"empty_rows": [5]}), "masked-softmax"),
     "loss-file-mean-over-zero-count": (spec("mlp", "tabular", f"{LOSSES}:large_target_mse"), "safe-division"),
+    "tf-where-gradient-trap": (spec("mean_of_positives", "tabular"), "double-where"),
 }

@@ -4,7 +4,8 @@ Every factory is plain Keras and numpy; the data is seeded. Each bug is one that
 report: a NaN row, a missing-value code, a log of a softmax, an exp that overflows, a
 division by a count that can be 0, a sqrt of a zero distance, a too-large learning rate,
 unscaled inputs or targets, float16 overflow, Adam's epsilon at 0, a fully masked
-attention row, a division by zero inside a loss file.
+attention row, a division by zero inside a loss file, a tf.where whose discarded branch
+has a NaN gradient.
 """
 
 import numpy as np
@@ -183,6 +184,16 @@ class Distance(keras.layers.Layer):
         return tf.sqrt(tf.reduce_sum(tf.square(x), axis=-1, keepdims=True))
 
 
+class MeanOfPositives(keras.layers.Layer):
+    """Mean of the positive activations, guarded by tf.where against rows with none: the forward value is
+    finite, but the discarded branch's gradient (1 / count with count 0) is NaN."""
+
+    def call(self, x):
+        count = tf.reduce_sum(tf.cast(x > 0, x.dtype), axis=-1, keepdims=True)
+        total = tf.reduce_sum(x, axis=-1, keepdims=True)
+        return tf.where(count > 0, total / count, tf.zeros_like(total))
+
+
 class FullyMaskedPooling(keras.layers.Layer):
     """Attention pooling with padding filled by -inf: a padding-only row has no position left."""
 
@@ -217,6 +228,12 @@ def distance():
     """A projection that starts at exactly 0 (zero kernel and bias), then its Euclidean norm."""
     return keras.Sequential([keras.Input((10,)), keras.layers.Dense(3, kernel_initializer="zeros"),
                              Distance(name="distance"), keras.layers.Dense(1)])
+
+
+def mean_of_positives():
+    negative = keras.initializers.Constant(-3.0)
+    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(3, bias_initializer=negative),
+                             MeanOfPositives(name="mean_pos"), keras.layers.Dense(1)])
 
 
 def masked_pooling():
