@@ -32,6 +32,21 @@ class NanscopeError(Exception):
         return self.message if not self.hint else f"{self.message} ({self.hint})"
 
 
+class NonFiniteError(FloatingPointError):
+    """Raised by `nanscope.instrument` at the first non-finite step: the message is the one-line diagnosis.
+
+    Args:
+        message: str. The diagnosis.
+        report: TraceReport. The full report of the run so far.
+    """
+
+    exit_code = EXIT_PROBLEM
+
+    def __init__(self, message, report=None):
+        super().__init__(message)
+        self.report = report
+
+
 class SpecError(NanscopeError):
     """The run spec does not parse or does not validate."""
 

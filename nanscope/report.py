@@ -106,6 +106,23 @@ class TraceReport:
     stopped: str | None = None
     cluster: object | None = None
 
+    def diagnosis_line(self) -> str:
+        """One line: where the first non-finite value appeared and the top finding ("step 3, forward pass, ...")."""
+        first = self.first_nonfinite
+        if first is None:
+            return f"no non-finite value in {self.steps_run} step(s)"
+        where = [f"step {first.step}", f"{first.phase} pass"]
+        if first.layer:
+            where.append(f"layer {first.layer}" + (f" ({first.layer_class})" if first.layer_class else ""))
+        if first.op:
+            where.append(f"op {first.op}")
+        if first.source:
+            where.append(first.source)
+        top = next((r for r in self.recommendations if r.severity == "error"), None) or (
+            self.recommendations[0] if self.recommendations else None)
+        finding = f"; {top.id}: {top.title}" if top is not None else ""
+        return "non-finite value at " + ", ".join(where) + finding
+
     @property
     def status(self) -> str:
         if self.first_nonfinite is not None:

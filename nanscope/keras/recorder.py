@@ -94,6 +94,7 @@ class StepRecorder:
             if record.phase is not None and self.first_nonfinite is None:
                 self.names.call_order = self.call_order()
                 self.first_nonfinite = attribute_from_record(record, self.names)
+                self.report.first_nonfinite = self.first_nonfinite  # the report so far says it at once
                 if self.locate is not None:
                     self.locate(record, self.first_nonfinite)
             self._keep(record)

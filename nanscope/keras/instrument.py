@@ -1,0 +1,280 @@
+"""`nanscope.instrument`: nanscope's per-step records around the user's own compiled train step.
+
+The decorator wraps the step's Python function in a `tf.function` of its own that
+runs it with the same hooks the `NanScope` callback uses inside `fit` (`StepCapture`:
+each optimizer's `apply`, every layer's `call`) and writes one row of statistics per
+call into the same on-device buffer (`RowBuffer`). The host side is the callback's
+`StepRecorder`. At the first non-finite step it replays that step from the on-device
+snapshot, writes the report and raises `NonFiniteError`.
+"""
+
+import atexit
+import functools
+import logging
+import weakref
+
+from nanscope.engine.records import expected_layer_indices
+from nanscope.engine.schema import join
+from nanscope.engine.step import probed_layers, relative_variable_names
+from nanscope.errors import NonFiniteError, first_line
+from nanscope.keras.capture import StepCapture, not_absorbed
+from nanscope.keras.forensics import GuestForensics, labelled_arguments
+from nanscope.keras.header import parameter_count, precision
+from nanscope.keras.probe import NONFINITE
+from nanscope.attribution import StepNames
+from nanscope.keras.recorder import GuestOptions, StepRecorder
+from nanscope.keras.rows import RowBuffer
+from nanscope.keras.snapshot import StepSnapshot
+from nanscope.optimizers import optimizer_settings
+from nanscope.rules.evidence import RunEvidence
+from nanscope.runtime import tensorflow
+
+tf, keras = tensorflow()
+log = logging.getLogger("nanscope")
+
+
+def instrument(models, optimizers=(), report=None, stop_on_nonfinite=True, verbose=1, console=None,
+               tensorboard=None, trace=None, expect_nonfinite=(), forensics=True):
+    """Record nanscope's per-step statistics around a custom training step; raise at the first NaN/Inf.
+
+    Decorate the step function (a `tf.function`, or a plain function that TensorFlow can
+    trace). Each call records what the `NanScope` callback records in `fit`: the loss (the
+    function's return value, its first element, or its `"loss"` key), every layer of the
+    models, the gradients as they reach each optimizer, the updates, and the batch from
+    the function's tensor arguments. At the first non-finite step it replays that step,
+    writes the report and raises `NonFiniteError`, whose message is the diagnosis.
+
+    Args:
+        models: keras.Model or list of them. Whose layers and weights are recorded.
+        optimizers: keras.Optimizer or list of them, default (). Whose `apply` gives the gradients.
+        report: str or Path, default None. Write the `nanscope.trace/1` JSON here (at the first
+            non-finite step, and at interpreter exit).
+        stop_on_nonfinite: bool, default True. Raise `NonFiniteError` at the first non-finite step;
+            False records it and goes on.
+        verbose: int, default 1. 1 prints the report when it is written.
+        console, tensorboard, trace, expect_nonfinite, forensics: as for `NanScope`.
+
+    Example:
+        @nanscope.instrument(model, optimizer, report="nanscope.json")
+        @tf.function
+        def train_step(x, y):
+            ...
+            return loss
+        train_step.nanscope.report   # the TraceReport so far
+    """
+    models = _as_list(models)
+    optimizers = _as_list(optimizers)
+    if not models or not all(isinstance(m, keras.Model) for m in models):
+        raise ValueError(f"`models` must be a keras.Model or a list of them. Received: models={models!r}")
+    if isinstance(expect_nonfinite, str):
+        raise ValueError("`expect_nonfinite` must be a list of layer-name patterns. "
+                         f"Received: expect_nonfinite={expect_nonfinite!r}")
+    options = GuestOptions(report=report, stop_on_nonfinite=stop_on_nonfinite, verbose=verbose, console=console,
+                           tensorboard=tensorboard, trace=trace, expect_nonfinite=list(expect_nonfinite),
+                           forensics=forensics)
+
+    def decorate(function):
+        return InstrumentedFunction(function, models, optimizers, options)
+
+    return decorate
+
+
+def _as_list(value):
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+class InstrumentedFunction:
+    """A train step under `instrument`: call it as the step it wraps; `.nanscope.report` is its TraceReport.
+
+    Args:
+        function: the step (a tf.function or a plain function).
+        models, optimizers: lists.
+        options: GuestOptions.
+    """
+
+    def __init__(self, function, models, optimizers, options):
+        functools.update_wrapper(self, getattr(function, "python_function", function), updated=())
+        self.function = function
+        self.python_function = getattr(function, "python_function", function)
+        self.models, self.optimizers, self.options = models, optimizers, options
+        self.nanscope = self
+        self.report = None
+        self.notes, self.steps_seen = [], 0
+        self.recording = True
+        self._run = None
+        self._raised = False
+        atexit.register(_finish_at_exit, weakref.ref(self))
+
+    def __call__(self, *args, **kwargs):
+        if not self.recording:
+            return self.function(*args, **kwargs)
+        if self._run is None and not self._guarded("setup", lambda: self._start(args, kwargs)):
+            return self.function(*args, **kwargs)
+        result = self._run.compiled(*args, **kwargs)
+        if self._guarded("recording", self._collect) and self._should_raise():
+            self._raised = True
+            report = self.finish()
+            raise NonFiniteError(report.diagnosis_line(), report)
+        return result
+
+    def _start(self, args, kwargs):
+        self._run = GuestRun(self.python_function, self.models, self.optimizers, self.options,
+                             getattr(self.function, "python_function", None) is not None, args, kwargs)
+        self.report = self._run.recorder.report
+
+    def _collect(self):
+        records = self._run.read()
+        self.steps_seen += len(records)
+        self._run.recorder.collect(records)
+        if self._run.failure is not None:
+            raise self._run.failure
+
+    def _should_raise(self):
+        return (self.options.stop_on_nonfinite and not self._raised and self._run is not None
+                and self._run.recorder.first_nonfinite is not None)
+
+    def _guarded(self, what, action):
+        try:
+            action()
+        except Exception as exc:
+            log.warning("nanscope: instrument stopped %s at step %d (%s: %s); training goes on without it",
+                        what, self.steps_seen, type(exc).__name__, first_line(exc))
+            self.notes.append(f"nanscope's own {what} failed at step {self.steps_seen} ({type(exc).__name__}: "
+                              f"{first_line(exc)}); recording stopped there and training went on without it")
+            self.recording = False
+            return False
+        return True
+
+    def finish(self):
+        """Build, print and write the report of the steps so far; the TraceReport."""
+        if self._run is None:
+            return None
+        self.report = self._run.finish(self.notes)
+        return self.report
+
+
+def _finish_at_exit(reference):
+    instrumented = reference()
+    if instrumented is None or instrumented._run is None or instrumented._raised:
+        return
+    try:
+        instrumented.finish()
+    except Exception as exc:
+        log.warning("nanscope: the instrument report could not be written at exit (%s)", first_line(exc))
+
+
+class GuestRun:
+    """The probe, the buffer, the snapshot and the recorder of one instrumented step function.
+
+    Models and optimizers that are not built yet are built by tracing the step once
+    (no step runs), as its first call would.
+    """
+
+    def __init__(self, python_function, models, optimizers, options, compiled, args, kwargs):
+        self.python_function, self.models, self.optimizers, self.options = python_function, models, optimizers, options
+        if not all(m.built for m in models) or not all(o.built for o in optimizers):
+            tf.function(python_function).get_concrete_function(*args, **kwargs)
+        self.layers = [layer for model in models for layer in probed_layers(model)]
+        self.trainable = _unique(v for model in models for v in model.trainable_variables)
+        self.failure = None
+        self.layer_probe = _layer_probe(self.layers)
+        self.rows = RowBuffer(len(self.layers), len(self.trainable))
+        names = [layer.name for layer in self.layers]
+        self.expected = expected_layer_indices(options.expect_nonfinite, names)
+        state = _unique([v for model in models for v in model.variables]
+                        + [v for optimizer in optimizers for v in optimizer.variables])
+        self.snapshot = StepSnapshot(state) if options.forensics else None
+        forensics = None
+        if self.snapshot is not None:
+            forensics = GuestForensics(self.snapshot, self._replay_call, labelled_arguments, self.layers, models,
+                                       optimizers, self.trainable, expected=[names[i] for i in self.expected])
+        variable_names = (relative_variable_names(self.trainable, models[0]) if len(models) == 1
+                          else relative_variable_names(self.trainable, None))
+        self.recorder = StepRecorder(options, self._header(compiled),
+                                     StepNames(layers=[(layer.name, type(layer).__name__) for layer in self.layers],
+                                               variables=variable_names), self._call_order,
+                                     forensics.locate if forensics is not None else None)
+        self.compiled = tf.function(self._step) if compiled else self._step
+
+    def _header(self, compiled):
+        name, config = optimizer_settings(self.optimizers[0] if self.optimizers else None)
+        return {
+            "spec": f"{getattr(self.python_function, '__qualname__', 'step')} (nanscope.instrument)",
+            "model": ", ".join(f"{m.name} ({type(m).__name__})" for m in self.models) + f", {len(self.layers)} layers",
+            "model_kind": "custom-loop", "parameters": parameter_count(self.models), "data": "the step's arguments",
+            "loss": "the step's return value", "optimizer": name, "optimizer_config": config,
+            "steps_requested": None, "compiled": compiled,
+            **precision(self.layers, self.optimizers),
+        }
+
+    def _call_order(self):
+        return [self.layers[i].name for i in self.layer_probe.call_order]
+
+    def _replay_call(self, batch):
+        args, kwargs = batch
+        return self.python_function(*args, **kwargs)
+
+    def _step(self, *args, **kwargs):
+        capture = StepCapture(None, self.optimizers, self.trainable, keras_models=self.models)
+        self.layer_probe.begin()
+        if self.snapshot is not None:
+            self.snapshot.remember_structure((args, kwargs))
+            self.snapshot.take((args, kwargs), self.rows.counter.read_value())
+        with self.layer_probe.attached(), capture.attached():
+            result = self.python_function(*args, **kwargs)
+        try:
+            self._write(capture, args, kwargs, result)
+        except Exception as exc:
+            self.failure = self.failure or exc
+        return result
+
+    def _write(self, capture, args, kwargs, result):
+        batch = [t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t)]
+        stats = self.layer_probe.stats_matrix()
+        loss = returned_loss(result)
+        # A step that returns no loss records 0: nothing non-finite is claimed about a value not seen.
+        values, var_rows, terms = capture.values([t for t in batch if t.dtype.is_floating], None,
+                                                 loss if loss is not None else tf.constant(0.0), self.layers)
+        rows = tf.cast(tf.shape(batch[0])[0], tf.float32) if batch and batch[0].shape.rank else tf.constant(0.0)
+        self.rows.write(tf.concat([tf.stack([rows]), join([capture.scalars(values, None, None), stats,
+                                                           tf.stack(terms), var_rows])], axis=0))
+        if self.snapshot is not None:
+            keep = [i for i in range(len(self.layers)) if i not in self.expected]
+            layer_bad = tf.reduce_sum(tf.gather(stats[:, NONFINITE], keep)) if keep else tf.constant(0.0)
+            self.snapshot.freeze(not_absorbed(values, layer_bad))
+
+    def read(self):
+        return [self.rows.record(step, row) for step, row in self.rows.read()]
+
+    def finish(self, notes):
+        extra = ["recorded around a custom train step by nanscope.instrument"]
+        if self.snapshot is not None:
+            extra.append(f"forensics: the weights and optimizer state before each step and its arguments were kept on "
+                         f"the device ({self.snapshot.nbytes() / 2**20:.1f} MiB besides the batch)")
+        return self.recorder.finish(RunEvidence(keras_model=self.models[0]), list(notes) + extra)
+
+
+def returned_loss(result):
+    """The loss a step returned: the value itself, its first element, or its "loss" key (None if none)."""
+    if isinstance(result, dict):
+        result = result.get("loss")
+    elif isinstance(result, (list, tuple)):
+        result = result[0] if result else None
+    return result if tf.is_tensor(result) else None
+
+
+def _unique(variables):
+    seen, out = set(), []
+    for v in variables:
+        if id(v) not in seen:
+            seen.add(id(v))
+            out.append(v)
+    return out
+
+
+def _layer_probe(layers):
+    from nanscope.engine.probes import LayerRecorder
+
+    return LayerRecorder(layers)
