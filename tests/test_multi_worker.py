@@ -17,10 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nanscope.report import from_trace
+from nanscope.report import load_trace
 from nanscope.spec import parse_spec
 from nanscope.trace import TraceOptions, run_trace
-from nanscope.tracefile import read_trace
 
 SPECS = Path(__file__).parent / "specs" / "multi_worker"
 
@@ -78,7 +77,7 @@ def test_nan_on_worker_1_is_found_by_the_chief(tmp_path):
     healthy, bad = report["steps"][1]["worker_nonfinite"]
     assert healthy == 0 and bad > 0
     # `nanscope report` redraws the same findings from the chief's trace, per-worker counts included.
-    redrawn = from_trace(*read_trace(tmp_path / "w0.jsonl")).to_json()
+    redrawn = load_trace(tmp_path / "w0.jsonl").to_json()
     assert (redrawn["first_nonfinite"], redrawn["steps"]) == (first, report["steps"])
     # Only the chief writes; the other worker says what it is in one line.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["w0.json", "w0.jsonl"]
