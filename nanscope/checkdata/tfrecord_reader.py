@@ -1,8 +1,9 @@
 """Streaming readers that need TensorFlow: TFRecord files and tf.data datasets.
 
-TFRecord files are read a batch of records at a time and parsed with the feature
-spec of the run spec's `data.features`; when no spec is given (a file passed
-directly) the features are read off the first record. A dataset from a factory is
+TFRecord files are read a batch of records at a time (`data.files.tfrecord_blocks`,
+which training uses too) and parsed with the feature spec of the run spec's
+`data.features`; when no spec is given (a file passed directly) the features are
+read off the first record. A dataset from a factory is
 iterated batch by batch; an unbatched one is batched here. Per output of a
 multi-output model, `data.target` maps output names to label features, and a
 dataset yields `(x, {output: y})` or `(x, (y0, y1, ...))`.
@@ -12,6 +13,7 @@ import numpy as np
 
 from nanscope.checkdata.outputs import array_names, spec_parts, structure_parts
 from nanscope.checkdata.stream import DataStream, outputs_of
+from nanscope.data.files import tfrecord_blocks
 from nanscope.errors import DataError
 from nanscope.runtime import tensorflow
 
@@ -27,24 +29,14 @@ def open_tfrecord(data, path, origin):
     for part in parts:
         if not isinstance(part.source, str) or part.source not in features:
             raise DataError(f"{origin}: {part.field}: {part.source!r} is not one of the features {sorted(features)}")
-    dtypes = {"float32": tf.float32, "float64": tf.float64, "int64": tf.int64}
-    parse_spec = {name: tf.io.FixedLenFeature(shape, dtypes[dtype]) for name, (dtype, shape) in features.items()}
     labels = {part.source for part in parts}
     inputs = [name for name in features if name not in labels]
     targets = array_names(parts, inputs, lambda part: part.source)
 
     def chunks(size):
-        try:
-            for records in tf.data.TFRecordDataset(str(path)).batch(size):
-                parsed = tf.io.parse_example(records, parse_spec)
-                arrays = {name: parsed[name].numpy() for name in features}
-                yield {**{name: arrays[name] for name in inputs},
-                       **{name: arrays[part.source] for name, part in targets.items()}}
-        except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as exc:
-            first_line = str(exc.message).strip().splitlines()[0]
-            raise DataError(
-                f"{origin}: data.features: {path.name} does not match the feature spec: {first_line}"
-            ) from None
+        for arrays in tfrecord_blocks(path, features, origin, size):
+            yield {**{name: arrays[name] for name in inputs},
+                   **{name: arrays[part.source] for name, part in targets.items()}}
 
     return DataStream(path.name, inputs, list(targets), None, chunks, origin=origin, outputs=outputs_of(targets))
 

@@ -6,16 +6,18 @@ the input features and target columns for reports. A diagnosis run draws a few
 hundred batches, so the data is held in memory; `check-data` streams instead.
 """
 
-import csv
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from nanscope.data import inputs, synthetic, targets
+from nanscope.data import files, inputs, synthetic, targets
 from nanscope.data.datasets import materialize
 from nanscope.errors import DataError, first_line
 from nanscope.factory import call_factory, load_callable, received
 
+
+# Rows per block when a file is read whole (the csv and TFRecord readers parse a block at a time).
+READ_ROWS = 65536
 
 @dataclass
 class LoadedData:
@@ -79,19 +81,12 @@ def _from_file(spec, path):
 
 
 def _read_npz(spec, path):
-    try:
-        archive = np.load(path, allow_pickle=False)
-    except Exception as exc:
-        raise DataError(f"{spec.source}: data.path: cannot read {path} as npz: {exc}") from exc
-    with archive:
-        keys = list(archive.keys())
+    with files.NpzFile(path, spec.source) as archive:
+        keys = [spec.data.x, *targets.parts(spec.data.y)]
         for field_name, key in (("data.x", spec.data.x), *(("data.y", k) for k in targets.parts(spec.data.y))):
-            if key not in keys:
-                raise DataError(f"{spec.source}: {field_name}: {path} has no array {key!r}; it holds {keys}")
-        try:
-            x, y = archive[spec.data.x], targets.convert(spec.data.y, lambda key: archive[key])
-        except Exception as exc:  # object arrays (pickles are refused), truncated members
-            raise DataError(f"{spec.source}: data.path: cannot read {path} as npz: {first_line(exc)}") from exc
+            archive.check(field_name, key)
+        arrays = {key: archive.read(key) for key in keys}
+    x, y = arrays[spec.data.x], targets.convert(spec.data.y, lambda key: arrays[key])
     return LoadedData(x, y, f"{path.name}, {len(x)} rows")
 
 
@@ -101,10 +96,8 @@ def _read_npy(spec, path):
         if not y_path.is_file():
             raise DataError(
                 f"{spec.source}: data.y: for an .npy input, `y` names the targets' .npy file; not found: {y_path}")
-    try:
-        x, y = np.load(path, allow_pickle=False), targets.convert(y_paths, lambda p: np.load(p, allow_pickle=False))
-    except Exception as exc:
-        raise DataError(f"{spec.source}: data.path: cannot read {path} / {spec.data.y} as npy: {exc}") from exc
+    x = np.array(files.load_npy(path, spec.source, "data.path"))
+    y = targets.convert(y_paths, lambda p: np.array(files.load_npy(p, spec.source, "data.y")))
     names = " + ".join(p.name for p in targets.parts(y_paths))
     return LoadedData(x, y, f"{path.name} + {names}, {len(x)} rows")
 
@@ -114,21 +107,12 @@ def _read_csv(spec, path):
     columns = [c for group in per_output.values() for c in group]
     if not columns:
         raise DataError(f"{spec.source}: data.target: a csv source needs `target:` naming the target column(s)")
-    try:
-        with open(path, newline="", encoding="utf-8") as handle:
-            reader = csv.reader(handle)
-            header = next(reader, None)
-            if not header:
-                raise DataError(f"{spec.source}: data.path: {path} is empty")
-            header = [h.strip() for h in header]
-            missing = [t for t in columns if t not in header]
-            if missing:
-                raise DataError(f"{spec.source}: data.target: column(s) {missing} not in {path.name}; "
-                                f"columns are {header}")
-            values = [_parse_row(row, header, path, number) for number, row in enumerate(reader, start=2) if row]
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise DataError(f"{spec.source}: data.path: cannot read {path} as a UTF-8 csv: {first_line(exc)}") from exc
-    table = np.asarray(values, dtype=np.float32).reshape(-1, len(header))
+    header = files.csv_header(path, spec.source)
+    missing = [t for t in columns if t not in header]
+    if missing:
+        raise DataError(f"{spec.source}: data.target: column(s) {missing} not in {path.name}; columns are {header}")
+    blocks = list(files.csv_blocks(path, header, spec.source, READ_ROWS))
+    table = np.concatenate(blocks).astype(np.float32) if blocks else np.zeros((0, len(header)), np.float32)
     feature_idx = [i for i in range(len(header)) if header[i] not in columns]
     y = {name: table[:, [header.index(c) for c in group]] for name, group in per_output.items()}
     return LoadedData(
@@ -140,31 +124,11 @@ def _read_csv(spec, path):
 def _target_columns(target):
     """{output name: [columns]} from `data.target`; the key None when there is one output."""
     if isinstance(target, dict):
-        return {name: [cols] if isinstance(cols, str) else list(cols) for name, cols in target.items()}
-    return {None: [target] if isinstance(target, str) else list(target or [])}
-
-
-def _parse_row(row, header, path, number):
-    if len(row) != len(header):
-        raise DataError(f"{path}: line {number}: {len(row)} cells, expected {len(header)}")
-    try:
-        return [float(cell) if cell.strip() else np.nan for cell in row]
-    except ValueError:
-        bad = next(i for i, cell in enumerate(row) if not _is_number(cell))
-        raise DataError(f"{path}: line {number}, column {header[bad]!r}: not a number: {row[bad]!r}") from None
-
-
-def _is_number(cell):
-    try:
-        float(cell) if cell.strip() else None
-        return True
-    except ValueError:
-        return False
+        return {name: files.csv_columns(cols) for name, cols in target.items()}
+    return {None: files.csv_columns(target or [])}
 
 
 def _read_tfrecord(spec, path):
-    import tensorflow as tf
-
     features, target = spec.data.features, spec.data.target
     labels = list(target.values()) if isinstance(target, dict) else [target]
     if not features or not all(isinstance(t, str) and t in features for t in labels):
@@ -172,20 +136,9 @@ def _read_tfrecord(spec, path):
             f"{spec.source}: data.features: a TFRecord source needs `features:` (name -> {{dtype, shape}}) "
             "and `target:` naming one of them (per output of a multi-output model, a mapping from output name)"
         )
-    dtypes = {"float32": tf.float32, "float64": tf.float64, "int64": tf.int64}
-    parse_spec = {name: tf.io.FixedLenFeature(f.shape, dtypes[f.dtype]) for name, f in features.items()}
-    columns = {name: [] for name in features}
-    try:
-        for record in tf.data.TFRecordDataset(str(path)).batch(4096):
-            parsed = tf.io.parse_example(record, parse_spec)
-            for name in features:
-                columns[name].append(parsed[name].numpy())
-    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as exc:
-        first_line = str(exc.message).strip().splitlines()[0]
-        raise DataError(f"{spec.source}: data.features: {path.name} does not match the feature spec: "
-                        f"{first_line}") from exc
-    arrays = {name: np.concatenate(parts) if parts else np.zeros((0, *features[name].shape))
-              for name, parts in columns.items()}
+    parsed = files.whole(files.tfrecord_blocks(path, {name: (f.dtype, f.shape) for name, f in features.items()},
+                                               spec.source, READ_ROWS))
+    arrays = {name: parsed.get(name, np.zeros((0, *f.shape))) for name, f in features.items()}
     input_names = [name for name in features if name not in labels]
     if not input_names:
         raise DataError(f"{spec.source}: data.features: only the target(s) {labels} are listed; "
