@@ -27,6 +27,31 @@ STEP_FIELDS = (
 )
 
 
+# The run header's fields in the order every report and trace writes them. The first ones are
+# in every header (None where a run cannot know them, e.g. the rows of data given to `fit`).
+RUN_FIELDS = (
+    "spec", "model", "model_kind", "parameters", "data", "train_rows", "validation_rows", "input_shape",
+    "batch_size", "shuffle", "loss", "outputs", "optimizer", "optimizer_config", "steps_requested", "seed",
+    "jit_compile", "steps_per_execution", "mixed_precision", "loss_scaling", "layer_dtypes", "distribute",
+)
+REQUIRED_RUN_FIELDS = ("spec", "model", "model_kind", "parameters", "data", "train_rows", "validation_rows",
+                       "batch_size", "shuffle", "loss", "optimizer", "optimizer_config", "steps_requested", "seed",
+                       "jit_compile")
+
+
+def run_header(**fields) -> dict:
+    """The run header of a report (trace-steps, the NanScope callback): what was run, in the one field order.
+
+    Raises:
+        TypeError: a field that is not in RUN_FIELDS, or a required one left out.
+    """
+    unknown = sorted(set(fields) - set(RUN_FIELDS))
+    missing = [name for name in REQUIRED_RUN_FIELDS if name not in fields]
+    if unknown or missing:
+        raise TypeError(f"run_header: unknown fields {unknown}, missing fields {missing}")
+    return {name: fields[name] for name in RUN_FIELDS if name in fields}
+
+
 @dataclass
 class FirstNonfinite:
     """Where the first non-finite value of the run appeared.

@@ -26,7 +26,7 @@ from nanscope.errors import SpecError
 from nanscope.finishing import optional_part
 from nanscope.history import DEFAULT_KEEP, DEFAULT_SAMPLE, StepHistory
 from nanscope.optimizers import optimizer_settings
-from nanscope.report import TraceReport
+from nanscope.report import TraceReport, run_header
 from nanscope.rules.diagnose import diagnose
 from nanscope.rules.evidence import evidence_from_session
 from nanscope.runtime import tensorflow
@@ -342,29 +342,29 @@ def describe_run(session, engine):
     """The run header: what was run, for the report and the trace."""
     spec = session.spec
     optimizer_name, optimizer_config = optimizer_settings(engine.optimizer)
-    return {
-        "spec": spec.source,
-        "model": session.model.description,
-        "model_kind": session.model.kind,
-        "parameters": session.model.param_count,
-        "data": session.train.description,
-        "train_rows": session.train.rows,
-        "validation_rows": session.validation.rows if session.validation is not None else 0,
-        "input_shape": inputs.row_shapes(session.train.x),
-        "batch_size": spec.data.batch_size,
-        "shuffle": spec.data.shuffle,
-        "loss": session.loss.name,
-        "outputs": _outputs(session),
-        "optimizer": optimizer_name,
-        "optimizer_config": optimizer_config,
-        "steps_requested": spec.train.steps,
-        "seed": spec.train.seed,
-        "jit_compile": spec.train.jit_compile,
-        "mixed_precision": spec.train.mixed_precision,
-        "loss_scaling": engine.loss_scaled,
-        "layer_dtypes": {info.name: info.dtype for info in engine.layer_info},
+    return run_header(
+        spec=spec.source,
+        model=session.model.description,
+        model_kind=session.model.kind,
+        parameters=session.model.param_count,
+        data=session.train.description,
+        train_rows=session.train.rows,
+        validation_rows=session.validation.rows if session.validation is not None else 0,
+        input_shape=inputs.row_shapes(session.train.x),
+        batch_size=spec.data.batch_size,
+        shuffle=spec.data.shuffle,
+        loss=session.loss.name,
+        outputs=_outputs(session),
+        optimizer=optimizer_name,
+        optimizer_config=optimizer_config,
+        steps_requested=spec.train.steps,
+        seed=spec.train.seed,
+        jit_compile=spec.train.jit_compile,
+        mixed_precision=spec.train.mixed_precision,
+        loss_scaling=engine.loss_scaled,
+        layer_dtypes={info.name: info.dtype for info in engine.layer_info},
         **_distribution(engine),
-    }
+    )
 
 
 def _outputs(session):
