@@ -16,7 +16,9 @@ def run(spec, *, steps=None, strategies=None, lr=None, batch_size=None, seed=Non
     chosen = parse_strategies(strategies)
     if plot is not None:
         require_matplotlib()
-    check_output_paths(files=[("--json", json_out)], images=[("--plot", plot)])
+
+    def check():
+        check_output_paths(files=[("--json", json_out)], images=[("--plot", plot)])
 
     def work():
         run_spec = apply_overrides(load_spec(spec), steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed)
@@ -24,7 +26,7 @@ def run(spec, *, steps=None, strategies=None, lr=None, batch_size=None, seed=Non
         with clipping_progress() as on_progress:
             return compare_clipping(run_spec, chosen, on_progress=on_progress)
 
-    report = outcome(work, lambda: stopped_before_training(spec, chosen))
+    report = outcome(check, work, lambda: stopped_before_training(spec, chosen))
     writes = [(f"the plot {plot}", lambda: plot_strategies(report, plot))] if plot is not None else []
     return deliver(lambda console: render_clipping_report(report, console), report.to_json, json_out,
                    report.exit_code(), writes=writes)

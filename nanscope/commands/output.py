@@ -6,7 +6,7 @@ from nanscope import interrupt
 from nanscope.finishing import optional_part
 
 
-def outcome(work, fallback):
+def outcome(check, work, fallback):
     """What `work()` returns, or `fallback()` when a signal stops it first; no later signal interrupts the command.
 
     The library turns a signal during training into a report of the steps done; a signal
@@ -15,16 +15,24 @@ def outcome(work, fallback):
     first signal is the only one that raises (`nanscope.interrupt`), so once it is caught
     here nothing can cut the report short.
 
+    A signal before `check` has passed stops the command without a report (exit 130):
+    there is no checked place to write it to yet.
+
     Args:
+        check: callable(). Checks the output paths (raises NanscopeError for one that cannot be written).
         work: callable() -> report. The command's library call.
         fallback: callable() -> report. The report of a run stopped before it began.
     """
-    result = None
+    result, checked = None, False
     try:
+        check()
+        checked = True
         result = work()
         interrupt.defer_from_now()
     except KeyboardInterrupt:
         interrupt.defer_from_now()
+        if not checked:
+            raise
         if result is None:
             result = fallback()
     return result

@@ -19,11 +19,10 @@ def run(spec, *, steps=None, lr=None, batch_size=None, seed=None, json_out=None,
         from nanscope.plotting import require_matplotlib
 
         require_matplotlib()
-    check_output_paths(files=[("--json", json_out), ("--trace", trace)], images=[("--plot", plot)],
-                       folders=[("--save-repro", save_repro), ("--tensorboard", tensorboard)])
-    options = TraceOptions(trace_path=trace, keep_going=keep_going, save_repro=save_repro, verify=verify,
-                           tensorboard=tensorboard, plot=plot, unsafe=unsafe, keep_steps=keep_steps,
-                           sample_steps=sample_steps, trace_full=trace_full)
+
+    def check():
+        check_output_paths(files=[("--json", json_out), ("--trace", trace)], images=[("--plot", plot)],
+                           folders=[("--save-repro", save_repro), ("--tensorboard", tensorboard)])
 
     loaded = []
 
@@ -31,9 +30,12 @@ def run(spec, *, steps=None, lr=None, batch_size=None, seed=None, json_out=None,
         run_spec = apply_overrides(load_spec(spec), steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed)
         loaded.append(run_spec)
         check_spec_paths(run_spec)  # before TensorFlow loads: a missing file is reported at once
-        return run_trace(run_spec, options)
+        return run_trace(run_spec, TraceOptions(trace_path=trace, keep_going=keep_going, save_repro=save_repro,
+                                                verify=verify, tensorboard=tensorboard, plot=plot, unsafe=unsafe,
+                                                keep_steps=keep_steps, sample_steps=sample_steps,
+                                                trace_full=trace_full))
 
-    report = outcome(work, lambda: stopped_before_training(spec))
+    report = outcome(check, work, lambda: stopped_before_training(spec))
     if report.cluster is not None and not report.cluster.is_chief:
         return _worker_exit(report, strict)
     if report.cluster is None and loaded and _other_worker(loaded[0]):  # stopped by a signal while joining
