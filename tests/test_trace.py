@@ -217,3 +217,15 @@ def test_trace_file_and_json_report(tmp_path):
     assert document["steps"][0]["grad_global_norm"] == "nan"
     for rec in document["recommendations"]:
         assert set(rec) >= {"id", "title", "severity", "evidence", "fix"}
+
+
+def test_the_run_header_has_one_field_order_and_rejects_unknown_or_missing_fields():
+    from nanscope.report import REQUIRED_RUN_FIELDS, RUN_FIELDS, run_header
+
+    fields = {name: name.upper() for name in REQUIRED_RUN_FIELDS}
+    header = run_header(distribute={"replicas": 2}, **dict(reversed(list(fields.items()))))
+    assert list(header) == [name for name in RUN_FIELDS if name in fields or name == "distribute"]
+    with pytest.raises(TypeError, match="unknown fields \\['colour'\\]"):
+        run_header(colour="red", **fields)
+    with pytest.raises(TypeError, match="missing fields \\['seed'\\]"):
+        run_header(**{k: v for k, v in fields.items() if k != "seed"})
