@@ -69,3 +69,11 @@ def test_forensics_does_not_import_trace_steps():
     code = "import sys, nanscope.forensics, nanscope.forensics.repro; print('nanscope.trace' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_replay_checks_its_json_path_before_replaying(tmp_path):
+    (tmp_path / "a-file").write_text("not a folder")
+    result = CliRunner().invoke(app, ["replay", str(tmp_path / "no-repro"),
+                                      "--json", str(tmp_path / "a-file" / "r.json")])
+    assert result.exit_code == 2
+    assert "--json" in result.stderr and "no-repro" not in result.stderr

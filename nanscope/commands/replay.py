@@ -1,6 +1,7 @@
 """`nanscope replay`: re-run one saved step eagerly and name the op, layer and line behind the first NaN/Inf."""
 
 from nanscope.commands.output import deliver
+from nanscope.outpaths import check_output_paths
 
 
 def run(directory, *, json_out=None):
@@ -8,6 +9,7 @@ def run(directory, *, json_out=None):
     from nanscope.forensics import replay_document, replay_repro
     from nanscope.render.trace_report import render_replay
 
+    check_output_paths(files=[("--json", json_out)])
     report = replay_repro(directory)
     return deliver(lambda console: render_replay(report, console), lambda: replay_document(report), json_out,
                    report.exit_code())
