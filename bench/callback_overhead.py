@@ -1,9 +1,14 @@
-"""Overhead of the NanScope callback in model.fit: fit with and without it, interleaved rounds.
+"""Overhead of the NanScope callback in model.fit, and of nanscope.instrument on a custom step, interleaved rounds.
 
 Each round runs a 2-epoch `fit` (verbose=0) for each variant on the same model and
 data and times the second epoch, so the (re)tracing that every `fit` with NanScope
 does in its first step is not counted; the ratio printed is the median over rounds
-of (with callback) / (without).
+of (with callback) / (without). The callback runs with its defaults: forensics on
+(the weights, the optimizer's slots and the batch copied on the device every step).
+
+The second table times a custom `tf.function` train step (forward, loss, tape,
+apply_gradients, the loss pulled to Python each step) against the same step under
+`nanscope.instrument` (forensics on), `--steps` calls per round after warm-up.
 
     .venv/bin/python bench/callback_overhead.py [--rounds 7] [--steps 100]
 """
@@ -78,6 +83,37 @@ def fit_variant(build, steps, callback):
     return run
 
 
+def step_variant(build, steps, instrumented):
+    """callable(i) -> ms of `steps` calls of a custom train step, with or without nanscope.instrument."""
+    import nanscope
+
+    keras.utils.set_random_seed(0)
+    model, shape, batch = build()
+    optimizer = keras.optimizers.Adam()
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    rng = np.random.default_rng(0)
+    batches = [(rng.standard_normal((batch, *shape)).astype(np.float32), rng.integers(0, 10, batch).astype(np.int32))
+               for _ in range(4)]
+
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    step = nanscope.instrument(model, optimizer, verbose=0)(train_step) if instrumented else train_step
+
+    def run(i):
+        start = time.perf_counter()
+        for k in range(steps):
+            float(step(*batches[k % len(batches)]))
+        return 1000.0 * (time.perf_counter() - start)
+
+    return run
+
+
 def timed_rounds(variants, rounds):
     """Per variant, ms of the timed epoch in each round; every round runs every variant in turn."""
     times = {name: [] for name in variants}
@@ -107,6 +143,18 @@ def main(argv=None):
         times = timed_rounds(variants, args.rounds)
         print(f"| {name} | {median(times['plain']):.0f} | {median(times['nanscope']):.0f} | "
               f"{median_ratio(times, 'nanscope', 'plain'):.2f}x |", flush=True)
+    print(f"\n| model | step ms/{args.steps} steps | instrument ms/{args.steps} steps | ratio (median of per-round "
+          "ratios) |")
+    print("|---|---:|---:|---:|")
+    for key in args.models.split(","):
+        name, build = CASES[key.strip()]
+        variants = {"plain": step_variant(build, args.steps, False),
+                    "instrument": step_variant(build, args.steps, True)}
+        for run in variants.values():  # warm up (and trace) both
+            run(0)
+        times = timed_rounds(variants, args.rounds)
+        print(f"| {name} | {median(times['plain']):.0f} | {median(times['instrument']):.0f} | "
+              f"{median_ratio(times, 'instrument', 'plain'):.2f}x |", flush=True)
 
 
 if __name__ == "__main__":
