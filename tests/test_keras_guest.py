@@ -202,3 +202,18 @@ def test_forensics_off_keeps_no_copy_and_names_no_op():
     first = scope.report.first_nonfinite
     assert first is not None and first.op is None
     assert any(note.startswith("forensics=False") for note in scope.report.notes)
+
+
+def test_data_scale_rules_fire_from_fit_with_the_features_named():
+    x, y = data(scale=300.0)
+    x[:, 2] = x[:, 2] * 50.0 + 400.0  # feature 2 far from unit scale
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(1e-6), loss="mse")
+    scope = NanScope(verbose=0)
+    fit(model, x, y, scope, epochs=2)
+    found = {rec.id: rec for rec in scope.report.recommendations}
+    assert found["normalize-inputs"].data["features"] == [2]
+    reference = x[:, 2].astype(np.float64)
+    assert f"x[2] (std {reference.std():.3g})" in found["normalize-inputs"].evidence[0]
+    assert found["normalize-targets"].data["y_std"] == pytest.approx(float(y.astype(np.float64).std()), rel=1e-3)

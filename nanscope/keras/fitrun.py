@@ -11,6 +11,7 @@ import logging
 
 from nanscope.engine.records import expected_layer_indices
 from nanscope.engine.step import probed_layers
+from nanscope.data.inputs import id_inputs
 from nanscope.errors import first_line
 from nanscope.internals import flatten_layers, symbolic_build
 from nanscope.keras.forensics import GuestForensics, labelled_fit_batch
@@ -121,6 +122,10 @@ class FitRun:
         run["outputs"] = fit_outputs(self.model, self.probe.output_names)
         run.update(rows_seen(self.recorder.history, self.params.get("steps")))
         evidence = RunEvidence(keras_model=self.model)
+        if self.probe.moments is not None:
+            labels = [(label, "float32") for label in self.probe.moments.labels() if label.startswith("x")]
+            ids = id_inputs(labels, self.model)
+            evidence.features, evidence.targets = self.probe.moments.scales(ids, run.get("loss"))
         return self.recorder.finish(evidence, self.notes + self._notes(), self.last_epoch_logs.get("val_loss"))
 
     def _notes(self):

@@ -20,6 +20,7 @@ from nanscope.engine.schema import LAYER, join
 from nanscope.engine.step import probed_layers, relative_variable_names
 from nanscope.internals import compile_loss, override, restore
 from nanscope.keras.capture import StepCapture, not_absorbed
+from nanscope.keras.moments import FeatureMoments
 from nanscope.keras.rows import RowBuffer
 from nanscope.keras.snapshot import StepSnapshot
 from nanscope.runtime import tensorflow
@@ -62,6 +63,7 @@ class StepProbe:
         if forensics and self.forensics_off is None:
             state = list(model.variables) + (list(optimizer.variables) if optimizer is not None else [])
             self.snapshot = StepSnapshot(state, freezing=self.per_execution > 1)
+        self.moments = FeatureMoments() if self.replicas == 1 else None
         self.original_step = model.train_step
         self.failure = None
         self._saved = None
@@ -170,6 +172,8 @@ class StepProbe:
         row = tf.concat([tf.stack([_batch_rows(x)]),
                          join([capture.scalars(values, y, sample_weight), stats, tf.stack(terms), var_rows])], axis=0)
         self.rows.write(row)
+        if self.moments is not None:
+            self.moments.add(x, y)
         if self.snapshot is not None:
             self.snapshot.freeze(not_absorbed(values, self._layer_nonfinite(stats)))
 

@@ -1,0 +1,77 @@
+"""Per-feature running statistics of a guest step's inputs and targets, measured inside the step.
+
+The callback never sees the training arrays, so the data-scale rules (`normalize-inputs`,
+`normalize-targets`) would have nothing to read. Instead the compiled step adds, per
+column of each float input and target, the count of finite entries, their sum, sum of
+squares and sum of magnitudes into variables on the device (four small reductions over
+the batch); the host reads them once, when the report is built, and turns them into
+the same `FeatureScale` and `TargetScale` numbers trace-steps measures on the arrays.
+Sums are float32: fine for telling unit scale from a scale of 10 or more.
+"""
+
+import numpy as np
+
+from nanscope.data import targets
+from nanscope.rules.evidence import FeatureScale, TargetScale
+from nanscope.runtime import tensorflow
+
+tf, keras = tensorflow()
+
+
+class FeatureMoments:
+    """Running sums per column of the float parts of x and y, kept on the device."""
+
+    def __init__(self):
+        self._sums = {}  # label -> tf.Variable [4, columns]: finite count, sum, sum of squares, sum of |x|
+
+    def add(self, x, y):
+        """In the traced step: add this batch's columns."""
+        for label, part in _float_parts(x, "x") + _float_parts(y, "y"):
+            flat = tf.reshape(tf.cast(part, tf.float32), [tf.shape(part)[0], -1])
+            finite = tf.math.is_finite(flat)
+            clean = tf.where(finite, flat, tf.zeros_like(flat))
+            row = tf.stack([tf.reduce_sum(tf.cast(finite, tf.float32), 0), tf.reduce_sum(clean, 0),
+                            tf.reduce_sum(tf.square(clean), 0), tf.reduce_sum(tf.abs(clean), 0)])
+            variable = self._variable(label, row.shape[1])
+            if variable is not None:
+                variable.assign_add(row)
+
+    def _variable(self, label, columns):
+        if columns is None:
+            return None
+        if label not in self._sums:
+            with tf.init_scope():
+                self._sums[label] = tf.Variable(tf.zeros([4, columns]), trainable=False, name="nanscope_moments")
+        return self._sums[label] if self._sums[label].shape[1] == columns else None
+
+    def labels(self):
+        """The labels of the parts measured so far ("x", "x[0]", "y", ...)."""
+        return list(self._sums)
+
+    def scales(self, ids=(), loss=None):
+        """(features, targets): FeatureScale per input column and TargetScale per target, from the sums so far."""
+        features, targets = [], []
+        for label, variable in self._sums.items():
+            count, total, squares, magnitude = (np.asarray(row, np.float64) for row in variable.numpy())
+            if label.startswith("y"):
+                n = max(count.sum(), 1.0)
+                mean = total.sum() / n
+                targets.append(TargetScale(None if label == "y" else label, loss or "",
+                                           float(np.sqrt(max(squares.sum() / n - mean ** 2, 0.0))),
+                                           float(magnitude.sum() / n)))
+                continue
+            if label in ids:
+                continue
+            n = np.maximum(count, 1.0)
+            mean = total / n
+            std = np.sqrt(np.maximum(squares / n - mean ** 2, 0.0))
+            features += [FeatureScale(f"{label}[{i}]", i if label == "x" else f"{label}[{i}]", float(std[i]),
+                                      float(magnitude[i] / n[i])) for i in range(len(std)) if count[i] > 0]
+        return features, targets
+
+
+def _float_parts(value, label):
+    if value is None:
+        return []
+    return [(name, part) for name, part in targets.named(value, label) if tf.is_tensor(part)
+            and part.dtype.is_floating and part.shape.rank is not None and part.shape.rank >= 1]
