@@ -29,10 +29,11 @@ STEP_FIELDS = (
 
 # The run header's fields in the order every report and trace writes them. The first ones are
 # in every header (None where a run cannot know them, e.g. the rows of data given to `fit`).
+# `compiled` is a custom loop's: whether the step `instrument` wraps is a tf.function.
 RUN_FIELDS = (
     "spec", "model", "model_kind", "parameters", "data", "train_rows", "validation_rows", "input_shape",
     "batch_size", "shuffle", "loss", "outputs", "optimizer", "optimizer_config", "steps_requested", "seed",
-    "jit_compile", "steps_per_execution", "mixed_precision", "loss_scaling", "layer_dtypes", "distribute",
+    "jit_compile", "compiled", "steps_per_execution", "mixed_precision", "loss_scaling", "layer_dtypes", "distribute",
 )
 REQUIRED_RUN_FIELDS = ("spec", "model", "model_kind", "parameters", "data", "train_rows", "validation_rows",
                        "batch_size", "shuffle", "loss", "optimizer", "optimizer_config", "steps_requested", "seed",

@@ -5,13 +5,21 @@ one warning line and a note in the report, the callback stops recording, and
 training goes on as it would have without it.
 """
 
+from __future__ import annotations
+
 import logging
+import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nanscope.errors import first_line
 from nanscope.history import DEFAULT_KEEP, DEFAULT_SAMPLE
 from nanscope.keras.recorder import GuestOptions
 from nanscope.runtime import tensorflow
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 tf, keras = tensorflow()
 log = logging.getLogger("nanscope")
@@ -53,9 +61,11 @@ class NanScope(keras.callbacks.Callback):
         callback.report.first_nonfinite   # FirstNonfinite or None
     """
 
-    def __init__(self, report=None, stop_on_nonfinite=True, verbose=1, console=None, tensorboard=None, trace=None,
-                 expect_nonfinite=(), forensics=True, keep_steps=DEFAULT_KEEP, sample_steps=DEFAULT_SAMPLE,
-                 trace_full=False):
+    def __init__(self, report: str | os.PathLike | None = None, stop_on_nonfinite: bool = True, verbose: int = 1,
+                 console: Console | None = None, tensorboard: str | os.PathLike | None = None,
+                 trace: str | os.PathLike | None = None, expect_nonfinite: Sequence[str] = (),
+                 forensics: bool = True, keep_steps: int = DEFAULT_KEEP, sample_steps: int = DEFAULT_SAMPLE,
+                 trace_full: bool = False) -> None:
         super().__init__()
         if isinstance(expect_nonfinite, str):
             raise ValueError("`expect_nonfinite` must be a list of layer-name patterns. "

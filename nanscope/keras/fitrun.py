@@ -16,6 +16,7 @@ from nanscope.errors import first_line
 from nanscope.internals import flatten_layers, symbolic_build
 from nanscope.keras.forensics import GuestForensics, labelled_fit_batch
 from nanscope.keras.header import fit_header, fit_outputs, rows_seen
+from nanscope.report import run_header
 from nanscope.keras.probe import StepProbe
 from nanscope.attribution import StepNames
 from nanscope.keras.recorder import StepRecorder
@@ -118,9 +119,9 @@ class FitRun:
         """The TraceReport of this fit (None when nanscope never started recording)."""
         if self.recorder is None:
             return None
-        run = self.recorder.report.run
-        run["outputs"] = fit_outputs(self.model, self.probe.output_names)
-        run.update(rows_seen(self.recorder.history, self.params.get("steps")))
+        report = self.recorder.report
+        report.run = run = run_header(**{**report.run, "outputs": fit_outputs(self.model, self.probe.output_names),
+                                         **rows_seen(self.recorder.history, self.params.get("steps"))})
         evidence = RunEvidence(keras_model=self.model)
         if self.probe.moments is not None:
             labels = [(label, "float32") for label in self.probe.moments.labels() if label.startswith("x")]

@@ -3,6 +3,11 @@
 from nanscope.engine.step import is_loss_scale_optimizer
 from nanscope.keras.workers import WorkerRole, describe_strategy
 from nanscope.optimizers import optimizer_settings
+from nanscope.report import run_header
+
+# What a guest run (fit, a custom loop) cannot know when it starts; the callback fills in the
+# rows and the batch size it saw (rows_seen) at the end.
+UNKNOWN_TO_GUESTS = dict.fromkeys(("train_rows", "validation_rows", "batch_size", "shuffle", "seed"))
 
 
 def fit_header(model, params, probe, role=None):
@@ -12,22 +17,24 @@ def fit_header(model, params, probe, role=None):
     """
     optimizer_name, optimizer_config = optimizer_settings(model.optimizer)
     epochs, steps = params.get("epochs"), params.get("steps")
-    return {
-        "spec": "model.fit (nanscope.keras.NanScope)",
-        "model": f"{model.name} ({type(model).__name__}, {len(probe.layers)} layers)",
-        "model_kind": "keras-fit",
-        "parameters": parameter_count([model]),
-        "data": "as given to fit",
-        "loss": loss_name(getattr(model, "loss", None)),
-        "optimizer": optimizer_name,
-        "optimizer_config": optimizer_config,
-        "steps_requested": epochs * steps if epochs and steps else None,
-        "jit_compile": bool(model.jit_compile),
-        "steps_per_execution": probe.per_execution,
+    distribute = ({"distribute": describe_strategy(probe.strategy, probe.replicas, role or WorkerRole())}
+                  if probe.replicas > 1 else {})
+    return run_header(
+        **UNKNOWN_TO_GUESTS,
+        spec="model.fit (nanscope.keras.NanScope)",
+        model=f"{model.name} ({type(model).__name__}, {len(probe.layers)} layers)",
+        model_kind="keras-fit",
+        parameters=parameter_count([model]),
+        data="as given to fit",
+        loss=loss_name(getattr(model, "loss", None)),
+        optimizer=optimizer_name,
+        optimizer_config=optimizer_config,
+        steps_requested=epochs * steps if epochs and steps else None,
+        jit_compile=bool(model.jit_compile),
+        steps_per_execution=probe.per_execution,
         **precision(probe.layers, [model.optimizer]),
-        **({"distribute": describe_strategy(probe.strategy, probe.replicas, role or WorkerRole())}
-           if probe.replicas > 1 else {}),
-    }
+        **distribute,
+    )
 
 
 def rows_seen(history, steps_per_epoch):

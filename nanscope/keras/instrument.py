@@ -8,10 +8,15 @@ call into the same on-device buffer (`RowBuffer`). The host side is the callback
 snapshot, writes the report and raises `NonFiniteError`.
 """
 
+from __future__ import annotations
+
 import atexit
 import functools
 import logging
+import os
 import weakref
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from nanscope.engine.records import expected_layer_indices
 from nanscope.engine.schema import join
@@ -19,22 +24,29 @@ from nanscope.engine.step import probed_layers, relative_variable_names
 from nanscope.errors import NonFiniteError, first_line
 from nanscope.keras.capture import StepCapture, not_absorbed
 from nanscope.keras.forensics import GuestForensics, labelled_arguments
-from nanscope.keras.header import parameter_count, precision
+from nanscope.keras.header import UNKNOWN_TO_GUESTS, parameter_count, precision
 from nanscope.keras.probe import NONFINITE
 from nanscope.attribution import StepNames
 from nanscope.keras.recorder import GuestOptions, StepRecorder
 from nanscope.keras.rows import RowBuffer
 from nanscope.keras.snapshot import StepSnapshot
 from nanscope.optimizers import optimizer_settings
+from nanscope.report import run_header
 from nanscope.rules.evidence import RunEvidence
 from nanscope.runtime import tensorflow
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 tf, keras = tensorflow()
 log = logging.getLogger("nanscope")
 
 
-def instrument(models, optimizers=(), report=None, stop_on_nonfinite=True, verbose=1, console=None,
-               tensorboard=None, trace=None, expect_nonfinite=(), forensics=True):
+def instrument(models: keras.Model | Sequence[keras.Model], optimizers: Any = (),
+               report: str | os.PathLike | None = None, stop_on_nonfinite: bool = True, verbose: int = 1,
+               console: Console | None = None, tensorboard: str | os.PathLike | None = None,
+               trace: str | os.PathLike | None = None, expect_nonfinite: Sequence[str] = (),
+               forensics: bool = True) -> Callable[[Callable[..., Any]], InstrumentedFunction]:
     """Record nanscope's per-step statistics around a custom training step; raise at the first NaN/Inf.
 
     Decorate the step function (a `tf.function`, or a plain function that TensorFlow can
@@ -200,14 +212,15 @@ class GuestRun:
 
     def _header(self, compiled):
         name, config = optimizer_settings(self.optimizers[0] if self.optimizers else None)
-        return {
-            "spec": f"{getattr(self.python_function, '__qualname__', 'step')} (nanscope.instrument)",
-            "model": ", ".join(f"{m.name} ({type(m).__name__})" for m in self.models) + f", {len(self.layers)} layers",
-            "model_kind": "custom-loop", "parameters": parameter_count(self.models), "data": "the step's arguments",
-            "loss": "the step's return value", "optimizer": name, "optimizer_config": config,
-            "steps_requested": None, "compiled": compiled,
+        return run_header(
+            **UNKNOWN_TO_GUESTS,
+            spec=f"{getattr(self.python_function, '__qualname__', 'step')} (nanscope.instrument)",
+            model=", ".join(f"{m.name} ({type(m).__name__})" for m in self.models) + f", {len(self.layers)} layers",
+            model_kind="custom-loop", parameters=parameter_count(self.models), data="the step's arguments",
+            loss="the step's return value", optimizer=name, optimizer_config=config,
+            steps_requested=None, jit_compile=None, compiled=compiled,
             **precision(self.layers, self.optimizers),
-        }
+        )
 
     def _call_order(self):
         return [self.layers[i].name for i in self.layer_probe.call_order]
