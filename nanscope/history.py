@@ -9,7 +9,9 @@ step's full row (every layer and every variable). `StepHistory` keeps:
 - the full `StepRecord` of the first `keep` steps, of the last `keep` (a ring), of an
   even sample of at most `sample` steps in between (its stride doubles whenever it
   fills) and of the `keep` steps before and after each event: the first non-finite
-  step and the first skipped update;
+  step, the first skipped update, and the onsets of the two warnings that can start
+  mid-run (the first loss spike, and the first layer output past the float32
+  activation bound);
 - per layer, variable and output, running aggregates (largest, smallest, last, number
   of non-finite steps, first and last non-finite step), exact over the whole run.
 
@@ -31,6 +33,7 @@ import numpy as np
 
 from nanscope.engine.records import LayerStats, OutputStats
 from nanscope.engine.schema import OUTPUT, SCALARS, Columns
+from nanscope.rules.outliers import SPIKE_FACTOR, SPIKE_WINDOW
 
 # Full rows kept at the start, at the end, and around each event; steps in the even sample.
 DEFAULT_KEEP = 500
@@ -47,6 +50,10 @@ BLOCK_ROWS = 1 << 16
 # qualifies, and this window gives the fits over every step exactly.
 TREND_WINDOW = 1024
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+# The warning onsets that are events. A loss spike is rules.outliers' (the loss SPIKE_FACTOR
+# times the median of the SPIKE_WINDOW finite losses before it); the activation bound is
+# rules.early's for float32 layers (an output whose square overflows float32).
+ACTIVATION_BOUND = math.sqrt(FLOAT32_MAX)
 # A step's phase as a number in the scalar columns: 0 is a finite step.
 PHASES = (None, "data", "forward", "loss", "backward", "update")
 # The columns kept for every step, before SCALARS (and the per-output columns).
@@ -266,6 +273,8 @@ class StepHistory:
         self._trend = np.full((TREND_WINDOW, layers), np.nan, np.float32)
         self._trend_count = 0
         self.first_nonfinite_step = self.first_skipped_step = None
+        self.first_spike_step = self.first_bound_step = None
+        self._recent_losses = collections.deque(maxlen=SPIKE_WINDOW)
 
     @property
     def count(self):
@@ -331,13 +340,30 @@ class StepHistory:
         return record.step in self._sample
 
     def _is_event(self, record):
-        """True for the first non-finite step and the first skipped update."""
+        """True for the first non-finite step, the first skipped update, the first loss spike and the first
+        layer output past the activation bound."""
         event = False
         if record.phase is not None and self.first_nonfinite_step is None:
             self.first_nonfinite_step, event = record.step, True
         if record.update_skipped and self.first_skipped_step is None:
             self.first_skipped_step, event = record.step, True
+        if self.first_spike_step is None and self._spiked(record.loss):
+            self.first_spike_step, event = record.step, True
+        if self.first_bound_step is None and any(s.called and s.max_abs > ACTIVATION_BOUND for s in record.layers):
+            self.first_bound_step, event = record.step, True
         return event
+
+    def _spiked(self, loss):
+        before = self._recent_losses
+        if not math.isfinite(loss):
+            return False
+        spiked = False
+        # The median is at least the minimum, so most steps are decided without it.
+        if before and loss > SPIKE_FACTOR * min(before):
+            median = float(np.median(np.fromiter(before, np.float64)))
+            spiked = median > 0 and loss > SPIKE_FACTOR * median
+        before.append(loss)
+        return spiked
 
     def unwritten(self):
         """Kept rows not yet handed out by `add`: the ring's, in step order."""
@@ -391,5 +417,6 @@ class StepHistory:
             return f"all {self.count} steps are kept"
         return (f"{kept} of {self.count} steps are kept with every layer and variable: the first {self.keep}, "
                 f"the last {self.keep}, every {self._stride}th step in between and the {self.keep} steps before and "
-                "after the first non-finite step and the first skipped update; every step's scalars are kept, and "
+                "after the first non-finite step, the first skipped update, the first loss spike and the first layer "
+                "output past the float32 activation bound; every step's scalars are kept, and "
                 "the layer, variable and output tables are exact over all steps")

@@ -25,8 +25,9 @@ SPECS = Path(__file__).parent / "specs"
 LAYOUT = StepLayout(outputs=0, layers=3, terms=4, variables=4)
 
 
-def synthetic_records(count, seed=0, bad_from=None, skipped_at=()):
-    """StepRecords from random step outputs; non-finite layer and gradient values from `bad_from` on."""
+def synthetic_records(count, seed=0, bad_from=None, skipped_at=(), spike_at=None, bound_at=None):
+    """StepRecords from random step outputs; non-finite layer and gradient values from `bad_from` on; a loss
+    of 1e6 at `spike_at` (the others are below 10); a layer output of 1e20 at `bound_at`."""
     rng = np.random.default_rng(seed)
     for step in range(count):
         scalars, layers, terms, variables = (rng.random(shape) * 10 for shape in LAYOUT.shapes)
@@ -40,7 +41,30 @@ def synthetic_records(count, seed=0, bad_from=None, skipped_at=()):
             variables[2, VARIABLE.at("grad_nonfinite")] = 1
         if step in skipped_at:
             scalars[SCALARS.at("update_skipped")] = 1
+        if step == spike_at:
+            scalars[SCALARS.at("loss")] = 1e6
+        if step == bound_at:
+            layers[0, LAYER.at("max_abs")] = 1e20  # past sqrt(float32 max) = 1.8e19
         yield StepRecord.from_arrays(step, 16, scalars, layers, terms, variables)
+
+
+def test_warning_onsets_keep_their_neighbours_rows():
+    # A loss spike and a layer output past the float32 activation bound, each mid-run, far from the
+    # first and last steps and off the sample's stride: their rows and their neighbours' are kept.
+    history = StepHistory(layers=3, variables=4, keep=5, sample=4)
+    for record in synthetic_records(3000, spike_at=1001, bound_at=2001):
+        history.add(record)
+    steps = {r.step for r in history.kept()}
+    assert (history.first_spike_step, history.first_bound_step) == (1001, 2001)
+    for event in (1001, 2001):
+        assert set(range(event - 5, event + 6)) <= steps, event
+    assert "the first loss spike" in history.sampling_note()
+    # Without them, those steps are not kept: the rows above are the events' doing.
+    plain = StepHistory(layers=3, variables=4, keep=5, sample=4)
+    for record in synthetic_records(3000):
+        plain.add(record)
+    assert not {1001, 2001} & {r.step for r in plain.kept()}
+    assert (plain.first_spike_step, plain.first_bound_step) == (None, None)
 
 
 def test_full_rows_stay_bounded_and_aggregates_stay_exact():
