@@ -68,16 +68,11 @@ def scan_data(source: str | os.PathLike, target: str | None = None, loss: str | 
         for name, s in settings.items() if s.kind in LABEL_KINDS
     }
     rows = 0
-    for chunk in stream.chunks(chunk_rows or _chunk_rows(stream)):
-        n = _chunk_length(chunk, stream)
-        chosen = sampler.rows(rows, n)
-        if chosen is None:
-            break
-        picked = {name: a[chosen - rows] if sampler.active else a for name, a in chunk.items()}
+    for chunk, chosen, start, rows in _sampled_chunks(stream, sampler, chunk_rows):
+        picked = {name: a[chosen - start] if sampler.active else a for name, a in chunk.items()}
         arrays.update(picked, chosen)
         for name, tally in tallies.items():
             tally.update(picked[name], chosen)
-        rows += n
         if on_progress is not None:
             on_progress(rows, stream.rows)
     if rows == 0:
@@ -103,18 +98,24 @@ def _count_outliers(path, target, loss, classes, sample, chunk_rows, suspects):
     stream, _ = _open(path, target, loss, classes)
     sampler = _Sampler(sample, stream.rows)
     counts = {name: OutlierCount(columns, median, scale) for name, (median, scale, columns) in suspects.items()}
+    for chunk, chosen, start, _ in _sampled_chunks(stream, sampler, chunk_rows):
+        for name, count in counts.items():
+            array = np.asarray(chunk[name])
+            array = array[chosen - start] if sampler.active else array
+            count.update(array.reshape(len(array), -1), chosen)
+    return counts
+
+
+def _sampled_chunks(stream, sampler, chunk_rows):
+    """(chunk, its sampled rows, its first row, the row after it) for each chunk the sampler still wants."""
     rows = 0
     for chunk in stream.chunks(chunk_rows or _chunk_rows(stream)):
         n = _chunk_length(chunk, stream)
         chosen = sampler.rows(rows, n)
         if chosen is None:
-            break
-        for name, count in counts.items():
-            array = np.asarray(chunk[name])
-            array = array[chosen - rows] if sampler.active else array
-            count.update(array.reshape(len(array), -1), chosen)
+            return
+        yield chunk, chosen, rows, rows + n
         rows += n
-    return counts
 
 
 class _LabelSettings(NamedTuple):
