@@ -185,13 +185,17 @@ def trace_steps(
 
 @app.command("replay", cls=Command)
 def replay(
-    directory: Annotated[Path, typer.Argument(help="A folder written by `trace-steps --save-repro DIR`.")],
+    directory: Annotated[Path, typer.Argument(
+        help="A folder written by `trace-steps --save-repro DIR` or by `NanScope(repro=DIR)` in fit.")],
     json_out: JsonOpt = None,
+    verify: Annotated[
+        bool, flag("--verify", "Apply each fix nanscope can apply to the saved step and say whether it stays finite.")
+    ] = False,
 ):
     """Re-run one saved step eagerly and show the op, layer and line that produced the first NaN/Inf."""
     from nanscope.commands import replay as command
 
-    run_command(lambda: command.run(directory, json_out=json_out))
+    run_command(lambda: command.run(directory, json_out=json_out, verify=verify))
 
 
 @app.command("check-data", cls=Command)

@@ -65,6 +65,11 @@ def _is_path(module_ref):
     return module_ref.endswith(".py") or "/" in module_ref or "\\" in module_ref
 
 
+def load_module_file(path, field, error=NanscopeError):
+    """Import the Python file `path` as a module of its own (not `__main__`); a failure is `error` naming `field`."""
+    return _import_file(Path(path), field, error)
+
+
 def _import_file(path, field, error):
     module_name = f"nanscope_user_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(module_name, path)

@@ -36,7 +36,9 @@ def replay_call(function, args, layers, models, optimizers, trainable):
     started = time.perf_counter()
     watch = OpWatch(layers)
     with watch.attached(), _phases(watch, models, optimizers):
-        watch.phase = "forward"
+        # Outside every model call the step is computing its loss: a model's call marks the forward pass
+        # (a model called inside another stays in it) and hands back to the loss when it returns.
+        watch.phase = "loss"
         watch.settle(function(*args))
     event = watch.first
     if event is None and not all(np.isfinite(v.numpy()).all() for v in trainable):

@@ -3,6 +3,10 @@
 A repro folder holds `repro.json` (schema, step, the validated spec and the file
 it came from, so relative paths still resolve) and `state.npz` (the model's and
 the optimizer's variables as they were before the step, and the batch).
+
+Two kinds share the schema: `"kind": "spec"` (written by trace-steps, replayed through
+the spec) and `"kind": "fit"` (written by `NanScope(repro=DIR)` inside a user's `fit`,
+with the saved model: `nanscope.keras.bundle`). A folder without `kind` is a spec bundle.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from nanscope.data import inputs, targets
-from nanscope.errors import NanscopeError
+from nanscope.errors import NanscopeError, first_line
 from nanscope.jsonio import write_text_atomic
 
 if TYPE_CHECKING:
@@ -42,7 +46,7 @@ def save_repro(directory, session, step, x, y, state_before):
     batch = {f"x_{i}": part for i, part in enumerate(inputs.parts(x))} if inputs.is_multi(x) else {"x": x}
     np.savez(directory / "state.npz", rows=session.order.indices(step), **batch, **targets, **arrays)
     source = str(Path(session.spec.source).resolve()) if session.spec.source else None
-    document = {"schema": SCHEMA, "step": step, "spec_source": source,
+    document = {"schema": SCHEMA, "kind": "spec", "step": step, "spec_source": source,
                 "spec": session.spec.model_dump(mode="json"), "variables": len(state_before),
                 "inputs": list(x) if isinstance(x, dict) else len(x) if inputs.is_multi(x) else None}
     write_text_atomic(directory / "repro.json", json.dumps(document, indent=2) + "\n")
@@ -59,20 +63,35 @@ def load_repro(directory):
     meta, state = directory / "repro.json", directory / "state.npz"
     if not meta.is_file() or not state.is_file():
         raise NanscopeError(f"{directory}: not a repro folder (expected repro.json and state.npz)",
-                            hint="write one with `nanscope trace-steps SPEC --save-repro DIR`")
+                            hint="write one with `nanscope trace-steps SPEC --save-repro DIR` or "
+                                 "`NanScope(repro=DIR)` in fit")
     try:
         document = json.loads(meta.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise NanscopeError(f"{meta}: cannot read: {exc}") from exc
-    if document.get("schema") != SCHEMA:
-        raise NanscopeError(f"{meta}: `schema` must be {SCHEMA!r}. Received: schema={document.get('schema')!r}")
-    with np.load(state, allow_pickle=False) as archive:
-        arrays = {key: archive[key] for key in archive.files}
+    if not isinstance(document, dict) or document.get("schema") != SCHEMA:
+        received = document.get("schema") if isinstance(document, dict) else document
+        raise NanscopeError(f"{meta}: `schema` must be {SCHEMA!r}. Received: schema={received!r}")
+    if document.get("kind", "spec") not in ("spec", "fit"):
+        raise NanscopeError(f"{meta}: `kind` must be 'spec' or 'fit'. Received: kind={document.get('kind')!r}")
+    if not isinstance(document.get("step"), int):
+        raise NanscopeError(f"{meta}: `step` must be an int. Received: step={document.get('step')!r}")
+    try:
+        with np.load(state, allow_pickle=False) as archive:
+            arrays = {key: archive[key] for key in archive.files}
+    except (OSError, ValueError, EOFError) as exc:
+        raise NanscopeError(f"{state}: cannot read: {first_line(exc)}") from exc
     return document, arrays
 
 
-def replay_repro(directory: str | os.PathLike) -> TraceReport:
-    """Re-run the saved step with the full localization; a TraceReport with its first_nonfinite and findings."""
+def replay_repro(directory: str | os.PathLike, verify: bool = False) -> TraceReport:
+    """Re-run the saved step with the full localization; a TraceReport with its first_nonfinite and findings.
+
+    Args:
+        directory: str or Path. A repro folder of either kind.
+        verify: bool, default False. Also try each fix nanscope can apply on the saved step (fit bundles:
+            `nanscope.keras.bundle_verify`; spec bundles: `verify_spec_step`).
+    """
     from nanscope.forensics.replay import describe_event, replay_step, state_variables
     from nanscope.optimizers import build_optimizer
     from nanscope.report import FirstNonfinite, TraceReport
@@ -83,6 +102,10 @@ def replay_repro(directory: str | os.PathLike) -> TraceReport:
     from nanscope.attribution import describe_bad_batch
 
     document, arrays = load_repro(directory)
+    if document.get("kind") == "fit":
+        from nanscope.keras.bundle_replay import replay_fit_bundle
+
+        return replay_fit_bundle(directory, document, arrays, verify=verify)
     spec = parse_spec(document["spec"], source=document.get("spec_source") or str(directory))
     session = open_session(spec)
     optimizer = build_optimizer(spec, session.model)

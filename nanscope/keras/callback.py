@@ -55,17 +55,22 @@ class NanScope(keras.callbacks.Callback):
             steps and the steps around an event; memory stays bounded at any run length.
         sample_steps: int, default 500. Full rows kept of an even sample of the steps in between.
         trace_full: bool, default False. Write every step's full row to `trace`.
+        repro: str or Path, default None. Save the first non-finite step to this folder as a repro bundle:
+            the model (`model.save`), the weights and optimizer state before the step, and its batch.
+            `nanscope replay DIR` replays it op by op; `nanscope replay DIR --verify` tries the fixes on it.
+            Needs `forensics=True`. A model that cannot be saved and loaded back gets a note instead.
 
     Example:
         model.fit(x, y, epochs=3, callbacks=[NanScope(report="nanscope.json")])
         callback.report.first_nonfinite   # FirstNonfinite or None
+        model.fit(x, y, callbacks=[NanScope(repro="nan-step")])   # then: nanscope replay nan-step --verify
     """
 
     def __init__(self, report: str | os.PathLike | None = None, stop_on_nonfinite: bool = True, verbose: int = 1,
                  console: Console | None = None, tensorboard: str | os.PathLike | None = None,
                  trace: str | os.PathLike | None = None, expect_nonfinite: Sequence[str] = (),
                  forensics: bool = True, keep_steps: int = DEFAULT_KEEP, sample_steps: int = DEFAULT_SAMPLE,
-                 trace_full: bool = False) -> None:
+                 trace_full: bool = False, repro: str | os.PathLike | None = None) -> None:
         super().__init__()
         if isinstance(expect_nonfinite, str):
             raise ValueError("`expect_nonfinite` must be a list of layer-name patterns. "
@@ -74,10 +79,14 @@ class NanScope(keras.callbacks.Callback):
             raise ValueError(f"`keep_steps` must be an int >= 1. Received: keep_steps={keep_steps!r}")
         if not isinstance(sample_steps, int) or sample_steps < 2:
             raise ValueError(f"`sample_steps` must be an int >= 2. Received: sample_steps={sample_steps!r}")
+        if repro is not None and not forensics:
+            raise ValueError("`repro` needs the snapshot that `forensics=True` keeps. "
+                             f"Received: repro={str(repro)!r}, forensics=False")
         self.options = GuestOptions(
             report=Path(report) if report else None, stop_on_nonfinite=stop_on_nonfinite, verbose=verbose,
             console=console, tensorboard=tensorboard, trace=trace, expect_nonfinite=list(expect_nonfinite),
-            forensics=forensics, keep_steps=keep_steps, sample_steps=sample_steps, trace_full=trace_full)
+            forensics=forensics, keep_steps=keep_steps, sample_steps=sample_steps, trace_full=trace_full,
+            repro=Path(repro) if repro is not None else None)
         self.report = None
         self._run = None
 
@@ -94,6 +103,10 @@ class NanScope(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if self._run is not None and self._run.recording:
             self._run.guarded("recording", self._run.collect)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self._run is not None:
+            self._run.epoch = epoch
 
     def on_epoch_end(self, epoch, logs=None):
         if self._run is not None:

@@ -39,7 +39,7 @@ class FitRun:
         self.model, self.params, self.options = model, params, options
         self.probe = self.recorder = self.forensics = None
         self.recording, self.notes, self.steps_seen = True, [], 0
-        self.last_epoch_logs = {}
+        self.last_epoch_logs, self.epoch, self.repro_note, self.repro_written = {}, 0, None, False
         if is_built(model):
             self._start()
         else:
@@ -57,8 +57,34 @@ class FitRun:
                                             [probe.layers[i].name for i in expected])
         role = worker_role(model.distribute_strategy)
         self.recorder = StepRecorder(options, fit_header(model, self.params, probe, role), names,
-                                     lambda: probe.call_order, self.forensics.locate if self.forensics else None, role)
+                                     lambda: probe.call_order, self._locate if self.forensics else None, role)
         probe.attach()
+
+    def _locate(self, record, first):
+        """The forensic replay of the first non-finite step, then its repro bundle when `repro` asks for one."""
+        self.forensics.locate(record, first)
+        if self.options.repro is not None:
+            self._save_repro(record.step)
+
+    def _save_repro(self, step):
+        """Write the bundle of `step`; a failure is one warning line and a note, never the end of fit."""
+        from nanscope.keras.bundle import save_fit_repro
+
+        snapshot, where = self.probe.snapshot, self.options.repro
+        if snapshot.held_step() != step:
+            self.repro_note = f"repro: no bundle written: the device holds step {snapshot.held_step()}, not {step}"
+            return
+        try:
+            save_fit_repro(where, self.model, [copy.numpy() for copy in snapshot.state.copies], snapshot.batch(),
+                           step, self.epoch)
+        except Exception as exc:
+            log.warning("nanscope: the repro bundle of step %d could not be written to %s (%s: %s); training was "
+                        "not affected", step, where, type(exc).__name__, first_line(exc))
+            self.repro_note = (f"repro: no bundle written to {where}: {type(exc).__name__}: {first_line(exc)}")
+            return
+        self.repro_written = True
+        self.repro_note = (f"repro: step {step} (epoch {self.epoch}) saved to {where}; `nanscope replay {where}` "
+                           "replays it, `--verify` tries the fixes on it")
 
     def _start_on_first_call(self):
         """Build the model from the first batch's spec when fit first calls its train function, then attach."""
@@ -127,7 +153,19 @@ class FitRun:
             labels = [(label, "float32") for label in self.probe.moments.labels() if label.startswith("x")]
             ids = id_inputs(labels, self.model)
             evidence.features, evidence.targets = self.probe.moments.scales(ids, run.get("loss"))
-        return self.recorder.finish(evidence, self.notes + self._notes(), self.last_epoch_logs.get("val_loss"))
+        report = self.recorder.finish(evidence, self.notes + self._notes(), self.last_epoch_logs.get("val_loss"))
+        if self.repro_written:
+            self._add_findings_to_bundle(report.recommendations)
+        return report
+
+    def _add_findings_to_bundle(self, recommendations):
+        from nanscope.keras.bundle import record_run_findings
+
+        try:
+            record_run_findings(self.options.repro, recommendations)
+        except Exception as exc:
+            log.warning("nanscope: the run's findings could not be added to the repro bundle %s (%s: %s)",
+                        self.options.repro, type(exc).__name__, first_line(exc))
 
     def _notes(self):
         notes = ["recorded inside model.fit by nanscope.keras.NanScope"]
@@ -139,6 +177,10 @@ class FitRun:
             notes.append(f"forensics: under {probe.forensics_off} the failing step is not replayed op by op")
         else:
             notes.append("forensics=False: the failing step was not replayed, so no op or source line is named")
+        if self.options.repro is not None:
+            notes.append(self.repro_note or (f"repro: no bundle written to {self.options.repro}: " + (
+                f"under {probe.forensics_off} no snapshot is kept" if probe.snapshot is None
+                else "no step went non-finite")))
         if probe.per_execution > 1:
             notes.append(f"steps_per_execution={probe.per_execution}: every step was recorded (a buffer row per "
                          "step of an execution)")

@@ -61,13 +61,7 @@ class GuestForensics:
 
     def describe_batch(self, batch):
         """Lines naming the non-finite columns and the rows within the batch."""
-        lines = []
-        for label, array, kind in self.labelled(batch):
-            line = bad_values_line(label, array, np.arange(len(array)) if array.ndim else [], kind=kind,
-                                   rows_are="rows within the batch")
-            if line is not None:
-                lines.append(line)
-        return lines
+        return batch_lines(self.labelled(batch))
 
     def replay(self, batch):
         """Replay the held step from the held state; the state is left as it was after the step."""
@@ -80,6 +74,17 @@ class GuestForensics:
         finally:
             for variable, value in zip(variables, after):
                 variable.assign(value)
+
+
+def batch_lines(labelled):
+    """Lines naming the non-finite columns and the rows within a batch, from its (label, array, kind) parts."""
+    lines = []
+    for label, array, kind in labelled:
+        line = bad_values_line(label, array, np.arange(len(array)) if array.ndim else [], kind=kind,
+                               rows_are="rows within the batch")
+        if line is not None:
+            lines.append(line)
+    return lines
 
 
 def labelled_fit_batch(batch):

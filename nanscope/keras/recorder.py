@@ -32,6 +32,7 @@ class GuestOptions:
         forensics: bool, default True. Keep what a replay needs on the device and replay the first non-finite step.
         keep_steps, sample_steps: int. Full rows the bounded history keeps (`nanscope.history`).
         trace_full: bool, default False. Write every step's full row to the trace.
+        repro: Path, optional. Write the repro bundle of the first non-finite step to this folder (`fit` only).
     """
 
     report: Path | None = None
@@ -45,6 +46,7 @@ class GuestOptions:
     keep_steps: int = DEFAULT_KEEP
     sample_steps: int = DEFAULT_SAMPLE
     trace_full: bool = False
+    repro: Path | None = None
 
 
 class StepRecorder:

@@ -1,0 +1,165 @@
+"""`nanscope replay DIR` on a fit bundle: the saved step, replayed op by op from the state before it.
+
+The model is loaded with the user's code, the weights and optimizer state from before
+the step are put back, and the model's own `train_step` runs eagerly on the saved batch
+under the op watch the callback uses (`forensics.guest.replay_call`). The report names
+the phase, the op, its layer and its source line, and the rule catalogue runs on it:
+rules that need the run's history (gradient growth, update ratios) cannot fire from one
+step; the data rules read the saved batch.
+"""
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from nanscope.engine.step import probed_layers
+from nanscope.forensics.guest import replay_call
+from nanscope.forensics.replay import describe_event
+from nanscope.internals import compile_loss
+from nanscope.keras.forensics import batch_lines, labelled_fit_batch
+from nanscope.keras.header import loss_name, precision
+from nanscope.optimizers import optimizer_settings
+from nanscope.runtime import tensorflow
+
+
+@dataclass
+class StepOutcome:
+    """What one run of the saved step did.
+
+    Args:
+        event: OpEvent or None. The first non-finite op (None: the step, its gradients and its update stayed finite).
+        loss: float or None. The loss the step logged (on the weights before the step).
+        loss_after: float or None. The loss on the same batch with the weights after the step (None: not measured,
+            a model without a compiled loss).
+        seconds: float.
+    """
+
+    event: object
+    loss: float | None
+    loss_after: float | None
+    seconds: float
+
+    @property
+    def finite(self):
+        values = [v for v in (self.loss, self.loss_after) if v is not None]
+        return self.event is None and all(math.isfinite(v) for v in values)
+
+
+def run_saved_step(bundle, batch=None, change=None):
+    """Put the state before the step back and run `train_step` once, eagerly, under the op watch.
+
+    Args:
+        bundle: FitBundle.
+        batch: the batch to run on, default the saved one.
+        change: callable(model) -> callable undo, optional. A fix applied once the state is back, undone after.
+    """
+    model, batch = bundle.model, bundle.batch if batch is None else batch
+    bundle.restore()
+    _reset_metrics(model)
+    undo = change(model) if change is not None else None
+    logs = {}
+
+    def step(data):
+        result = model.train_step(data)
+        logs.update(result if isinstance(result, dict) else {"loss": result})
+        return result
+
+    started = time.perf_counter()
+    try:
+        found = replay_call(step, (batch,), probed_layers(model), [model], [model.optimizer],
+                            model.trainable_variables)
+        return StepOutcome(found.event, _scalar(logs.get("loss")), _loss_on(model, batch),
+                           time.perf_counter() - started)
+    finally:
+        if undo is not None:
+            undo()
+
+
+def _loss_on(model, batch):
+    """The compiled loss on `batch` with the model's current weights; None for a model without a compiled loss."""
+    if compile_loss(model) is None:
+        return None
+    _reset_metrics(model)
+    return _scalar(model.test_step(batch).get("loss"))
+
+
+def _reset_metrics(model):
+    for metric in model.metrics:
+        metric.reset_state()
+
+
+def _scalar(value):
+    if value is None:
+        return None
+    try:
+        return float(np.asarray(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def replay_fit_bundle(directory, document, arrays, verify=False):
+    """The TraceReport of a fit bundle's step replayed: first_nonfinite and recommendations (verified with `verify`).
+
+    Raises:
+        NanscopeError: the bundle is incomplete, its user code is gone or its model does not load.
+    """
+    from nanscope.keras.bundle import load_fit_repro, run_findings
+    from nanscope.report import FirstNonfinite, TraceReport
+    from nanscope.rules.diagnose import diagnose
+
+    bundle = load_fit_repro(directory, document, arrays)
+    model, step = bundle.model, int(document["step"])
+    report = TraceReport(run=_header(bundle, directory), layers=[], layer_order=[], variables=[])
+    outcome = run_saved_step(bundle)
+    report.run["replay_seconds"] = outcome.seconds
+    bad_rows = batch_lines(labelled_fit_batch(bundle.batch))
+    if bad_rows:
+        report.first_nonfinite = FirstNonfinite(step, "data", detail=bad_rows)
+    elif outcome.event is not None:
+        report.first_nonfinite = describe_event(FirstNonfinite(step, outcome.event.phase), outcome.event,
+                                                loss_name=report.run["loss"])
+    else:
+        report.notes.append(f"the replay of step {step} stayed finite (loss {outcome.loss:.6g}): a non-deterministic "
+                            "op (dropout), or a value only the compiled step produced")
+    report.notes.append("replayed from a fit bundle: one step, so the rules that need the run's history (gradient "
+                        "growth, update ratios) cannot fire; the data rules read this step's batch only")
+    report.recommendations = diagnose(report, batch_evidence(model, bundle.batch, report.run["loss"]))
+    fired = {rec.id for rec in report.recommendations}
+    for rec in run_findings(document, Path(directory) / "repro.json"):
+        if rec.id not in fired:
+            rec.evidence.append("from the fit run's report (this rule reads the whole run, not one step)")
+            report.recommendations.append(rec)
+    if verify:
+        from nanscope.keras.bundle_verify import verify_saved_step
+
+        verify_saved_step(bundle, report, outcome)
+    return report
+
+
+def _header(bundle, directory):
+    model, document = bundle.model, bundle.document
+    name, config = optimizer_settings(model.optimizer)
+    return {"spec": None, "replay": str(directory), "kind": "fit", "step": document.get("step"),
+            "epoch": document.get("epoch"), "model": f"{model.name} ({type(model).__name__})",
+            "loss": loss_name(getattr(model, "loss", None)), "optimizer": name, "optimizer_config": config,
+            **precision(probed_layers(model), [model.optimizer]), "versions": document.get("versions"),
+            "user_code": [f"{entry['qualname']} ({entry['file']})" for entry in document.get("user_code", [])]}
+
+
+def batch_evidence(model, batch, loss):
+    """RunEvidence from the saved batch alone: the model, its float inputs' and (one output's) targets' scales."""
+    from nanscope.rules.evidence import RunEvidence, feature_scales, target_scales
+
+    tf, keras = tensorflow()
+    x, y, _ = keras.utils.unpack_x_y_sample_weight(batch)
+    evidence = RunEvidence(keras_model=model)
+    x = tf.nest.map_structure(np.asarray, x)
+    if isinstance(x, (np.ndarray, dict)) or (isinstance(x, (tuple, list)) and all(
+            isinstance(part, np.ndarray) for part in x)):
+        evidence.features = feature_scales(x if not isinstance(x, list) else tuple(x))
+    if y is not None and tf.is_tensor(y):
+        evidence.targets = target_scales([(None, loss, np.asarray(y))])
+    return evidence

@@ -1,0 +1,159 @@
+"""`NanScope(repro=DIR)`: the bundle of a fit's first non-finite step, `nanscope replay DIR` and `--verify` on it."""
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from nanscope.cli import app
+from nanscope.keras import NanScope
+from nanscope.runtime import tensorflow
+
+tf, keras = tensorflow()
+SPECS = Path(__file__).parent / "specs"
+sys.path.insert(0, str(SPECS))
+import fit_bundle  # noqa: E402  (the user's own loss and models, in a file)
+
+ROWS, BATCH = 64, 16
+
+
+def data(bad_rows=()):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((ROWS, 8)).astype(np.float32)
+    y = (x @ rng.standard_normal((8, 1))).astype(np.float32)
+    x[list(bad_rows)] = np.nan
+    return x, y
+
+
+def dense(loss):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1, name="out")])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss=loss)
+    return model
+
+
+def fit(model, bundle, bad_rows=(), **kwargs):
+    x, y = data(bad_rows)
+    scope = NanScope(verbose=0, repro=bundle, **kwargs)
+    keras.utils.set_random_seed(0)
+    model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, callbacks=[scope])
+    return scope
+
+
+def replay(bundle, *options):
+    return CliRunner().invoke(app, ["replay", str(bundle), *options])
+
+
+def tagged_line(tag):
+    lines = (SPECS / "fit_bundle.py").read_text().splitlines()
+    return next(i for i, line in enumerate(lines, start=1) if f"# {tag}" in line)
+
+
+def test_the_bundle_holds_the_state_before_the_step_and_replays_the_sqrt_in_the_loss_file(tmp_path):
+    model = dense(fit_bundle.root_loss)
+    kernel_before = model.get_layer("out").kernel.numpy()
+    bundle = tmp_path / "nan-step"
+    scope = fit(model, bundle)
+    assert any(note.startswith(f"repro: step 0 (epoch 0) saved to {bundle}") for note in scope.report.notes)
+    assert sorted(p.name for p in bundle.iterdir()) == ["model.keras", "repro.json", "state.npz"]
+    document = json.loads((bundle / "repro.json").read_text())
+    assert (document["kind"], document["step"], document["epoch"]) == ("fit", 0, 0)
+    assert [entry["qualname"] for entry in document["user_code"]] == ["root_loss"]
+    assert document["user_code"][0]["file"] == str((SPECS / "fit_bundle.py").resolve())
+    with np.load(bundle / "state.npz") as arrays:
+        np.testing.assert_array_equal(arrays["state_0"], kernel_before)  # before the step, not after
+        np.testing.assert_array_equal(arrays["batch_0"], data()[0][:BATCH])
+
+    result = replay(bundle)
+    assert result.exit_code == 1, result.output
+    assert "Sqrt" in result.stdout and f"fit_bundle.py:{tagged_line('producer: sqrt')}" in result.stdout
+
+    result = replay(bundle, "--json", "-")
+    document = json.loads(result.stdout)
+    first = document["first_nonfinite"]
+    assert (document["schema"], first["step"], first["phase"], first["op"]) == ("nanscope.replay/1", 0, "loss", "Sqrt")
+    assert first["source"].endswith(f"fit_bundle.py:{tagged_line('producer: sqrt')}")
+    assert first["inputs"]["negative_fraction"] > 0
+    assert document["recommendations"][0]["id"] == "safe-sqrt"
+
+
+@pytest.mark.parametrize(("loss", "helped"), [("mse", True), (fit_bundle.root_loss, False)])
+def test_verify_drops_the_nonfinite_rows_and_says_whether_the_step_then_stays_finite(tmp_path, loss, helped):
+    bundle = tmp_path / "nan-rows"
+    fit(dense(loss), bundle, bad_rows=(3, 5))
+    result = replay(bundle, "--verify", "--json", "-")
+    assert result.exit_code == 1, result.output
+    document = json.loads(result.stdout)
+    assert document["first_nonfinite"]["phase"] == "data"
+    rec = next(r for r in document["recommendations"] if r["id"] == "clean-input-data")
+    (row,) = rec["verification"]
+    assert row["fix"] == "drop 2 non-finite rows" and row["params"]["dropped_rows"] == [3, 5]
+    assert (rec["verified"], row["helped"], row["finite"], row["steps_run"]) == (helped, helped, helped, 1)
+    if helped:  # the loss on the 14 finite rows, from the weights before the step, as Keras computes it
+        model, (x, y) = dense("mse"), data()
+        kept = [i for i in range(BATCH) if i not in (3, 5)]
+        expected = float(keras.losses.MeanSquaredError()(y[kept], model(x[kept])))
+        assert row["loss"] == pytest.approx(expected, rel=1e-5)
+        assert np.isfinite(row["final_loss"])
+    else:
+        assert (row["nonfinite_phase"], row["nonfinite_op"]) == ("loss", "Sqrt")
+    assert any("one step" in note for note in document["notes"])
+
+
+def test_a_subclassed_model_in_a_file_replays_from_its_bundle(tmp_path):
+    keras.utils.set_random_seed(0)
+    model = fit_bundle.TwoLayer()  # not built when fit starts
+    model.compile(optimizer="adam", loss=fit_bundle.root_loss)
+    bundle = tmp_path / "sub"
+    fit(model, bundle)
+    document = json.loads((bundle / "repro.json").read_text())
+    assert sorted(entry["qualname"] for entry in document["user_code"]) == ["TwoLayer", "root_loss"]
+    result = replay(bundle, "--json", "-")
+    assert result.exit_code == 1, result.output
+    first = json.loads(result.stdout)["first_nonfinite"]
+    assert (first["phase"], first["op"]) == ("loss", "Sqrt")
+    assert first["source"].endswith(f"fit_bundle.py:{tagged_line('producer: sqrt')}")
+
+
+def test_a_model_keras_cannot_save_leaves_fit_running_and_no_folder(tmp_path, caplog):
+    keras.utils.set_random_seed(0)
+    model = fit_bundle.Unsaveable(1)
+    model.compile(optimizer="sgd", loss=fit_bundle.root_loss)
+    with caplog.at_level(logging.WARNING, logger="nanscope"):
+        scope = fit(model, tmp_path / "bundle", stop_on_nonfinite=False)
+    assert scope.report.steps_run == 2 * ROWS // BATCH  # fit ran to its end, recording every step
+    assert scope.report.first_nonfinite.op == "Sqrt"
+    warnings = [r.getMessage() for r in caplog.records if r.name == "nanscope"]
+    assert len(warnings) == 1 and "repro bundle" in warnings[0] and "\n" not in warnings[0]
+    assert any(note.startswith(f"repro: no bundle written to {tmp_path / 'bundle'}: NotImplementedError")
+               for note in scope.report.notes)
+    assert list(tmp_path.iterdir()) == []  # nothing half-written left behind
+
+
+def test_a_corrupt_bundle_or_a_missing_user_file_is_bad_input(tmp_path):
+    bundle = tmp_path / "b"
+    fit(dense(fit_bundle.root_loss), bundle)
+    meta = bundle / "repro.json"
+    document = json.loads(meta.read_text())
+    meta.write_text(json.dumps({**document, "user_code": [{**document["user_code"][0], "file": "/gone/losses.py"}]}))
+    result = replay(bundle)
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1 and "user_code[0].file: file not found: /gone/losses.py" in result.stderr
+    meta.write_text(json.dumps({**document, "variables": document["variables"][:1]}))
+    result = replay(bundle)
+    assert result.exit_code == 2 and "`variables`" in result.stderr and "Traceback" not in result.output
+    meta.write_text("{")
+    result = replay(bundle)
+    assert result.exit_code == 2 and f"{meta}: cannot read" in result.stderr
+
+
+def test_repro_needs_forensics():
+    with pytest.raises(ValueError, match="`repro` needs"):
+        NanScope(repro="dir", forensics=False)
