@@ -4,9 +4,10 @@ Runs `nanscope trace-steps` on the test suite's healthy small MLP
 (tests/specs/healthy.yaml: Dense 4-8-1, batch 16) for a short and a long run, each
 in its own process, and reports per length: peak RSS, the JSON report's size, the
 trace's size (and bytes per step), the time `nanscope report TRACE` takes to redraw
-it (and its peak RSS), the time from the last step to the process's exit, the time
-from a SIGINT to the exit (a second run stopped at the same step), and the steps per
-second over the first and the last 10% of the steps. Then the growth from the short
+it (and its peak RSS, whose growth from the short run to the long one is checked
+too), the time from the last step to the process's exit, the time from a SIGINT
+to the exit (a second run stopped at the same step), and the steps per second over
+the first and the last 10% of the steps. Then the growth from the short
 run to the long one, against the targets of issue 14.
 
 `--fit-steps N` instead runs one `model.fit` of N steps with the NanScope callback
@@ -34,7 +35,9 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "tests" / "specs" / "healthy.yaml"
-TARGETS = {"rss_growth_mb": 100, "json_mb": 5, "trace_mb": 60, "redraw_s": 10, "finish_s": 2, "rate_drop": 0.10}
+# The redraw reads the trace in constant memory: its peak RSS may move by allocator noise, not by the trace's length.
+TARGETS = {"rss_growth_mb": 100, "json_mb": 5, "trace_mb": 60, "redraw_s": 10, "redraw_rss_growth_mb": 10,
+           "finish_s": 2, "rate_drop": 0.10}
 
 
 class StepWatch:
@@ -168,6 +171,7 @@ def compare(short, long):
         "json_mb": long["json_mb"],
         "trace_mb": long["trace_mb"],
         "redraw_s": long["redraw_s"],
+        "redraw_rss_growth_mb": long["redraw_peak_rss_mb"] - short["redraw_peak_rss_mb"],
         "finish_s": max(v for v in (long.get("last_step_to_exit_s"), long.get("signal_to_exit_s")) if v is not None),
         "rate_drop": drop,
     }

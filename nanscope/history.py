@@ -34,15 +34,13 @@ import numpy as np
 from nanscope.engine.records import LayerStats, OutputStats
 from nanscope.engine.schema import OUTPUT, SCALARS, Columns
 from nanscope.rules.outliers import SPIKE_FACTOR, SPIKE_WINDOW
+from nanscope.series import OVERVIEW_WIDTH, ScalarColumns, overview
 
 # Full rows kept at the start, at the end, and around each event; steps in the even sample.
 DEFAULT_KEEP = 500
 DEFAULT_SAMPLE = 500
 # Events beyond this many add no rows (each costs up to 2 * keep rows).
 MAX_EVENTS = 8
-# Rows of the scalar columns' first preallocated block; each next block doubles the rows, up to BLOCK_ROWS.
-FIRST_BLOCK_ROWS = 1 << 10
-BLOCK_ROWS = 1 << 16
 # Healthy steps whose per-layer max |x| is kept for the rules' trend fits (rules.early). A
 # least-squares slope over n points whose log values span D is at most 1.5 * D / n; log
 # float32 magnitudes span D = ln(3.4e38 / 1.4e-45) = 191, so a fitted growth of 1.5x a
@@ -87,49 +85,6 @@ def scalar_row(record):
     for output in record.outputs:
         row += [output.loss, output.target_nonfinite, output.prediction_nonfinite]
     return row
-
-
-class ScalarColumns:
-    """Float32 rows in preallocated blocks, plus an int64 step per row: append one, read a column whole.
-
-    Args:
-        columns: Columns. The names of a row's values.
-    """
-
-    def __init__(self, columns):
-        self.columns = columns
-        self.count = 0
-        self._values, self._steps = [], []
-        self._at = self._size = 0  # rows filled in the last block, and its size
-
-    def append(self, step, row):
-        if self._at == self._size:
-            self._size = min(BLOCK_ROWS, max(FIRST_BLOCK_ROWS, self.count))
-            self._values.append(np.empty((self._size, len(self.columns)), np.float32))
-            self._steps.append(np.empty(self._size, np.int64))
-            self._at = 0
-        self._values[-1][self._at] = row
-        self._steps[-1][self._at] = step
-        self._at += 1
-        self.count += 1
-
-    def steps(self):
-        """Every row's step, as an int64 array."""
-        return self._joined(self._steps)
-
-    def column(self, name):
-        """Every row's value of column `name`, as a float64 array."""
-        index = self.columns.at(name)
-        return self._joined([block[:, index] for block in self._values]).astype(np.float64)
-
-    def _joined(self, blocks):
-        if not blocks:
-            return np.empty(0, np.float64)
-        return np.concatenate(blocks)[:self.count]
-
-    @property
-    def nbytes(self):
-        return sum(b.nbytes for b in self._values) + sum(b.nbytes for b in self._steps)
 
 
 @dataclass
@@ -255,13 +210,16 @@ class StepHistory:
         outputs: int. Outputs of a multi-output model (0 for one output).
         keep: int, default DEFAULT_KEEP. Full rows kept at the start, at the end and around each event.
         sample: int, default DEFAULT_SAMPLE. Full rows kept of an even sample of the steps in between.
+        series: callable(Columns) -> ScalarColumns or TraceColumns, default ScalarColumns. Where every
+            step's scalars live (nanscope/series.py): in memory, or in the trace a report is redrawn from.
     """
 
-    def __init__(self, layers, variables, outputs=0, keep=DEFAULT_KEEP, sample=DEFAULT_SAMPLE):
+    def __init__(self, layers, variables, outputs=0, keep=DEFAULT_KEEP, sample=DEFAULT_SAMPLE, series=None):
         if keep < 1 or sample < 2:
             raise ValueError(f"`keep` must be >= 1 and `sample` >= 2. Received: keep={keep}, sample={sample}")
         self.keep, self.sample_size = keep, sample
-        self.series = ScalarColumns(series_columns(outputs))
+        self.series = (series or ScalarColumns)(series_columns(outputs))
+        self._overview = None
         self.layers = [LayerAggregate() for _ in range(layers)]
         self.variables = [VariableAggregate() for _ in range(variables)]
         self.outputs = [OutputAggregate() for _ in range(outputs)]
@@ -292,10 +250,6 @@ class StepHistory:
         self.series.append(record.step, scalar_row(record))
         self.aggregate(record)
         return self.keep_row(record)
-
-    def add_scalars(self, step, row):
-        """Record one step's scalars only (a SERIES row without the step), as read back from a trace."""
-        self.series.append(step, row)
 
     def aggregate(self, record):
         """Fold one record into the per-layer, per-variable and per-output aggregates."""
@@ -398,6 +352,12 @@ class StepHistory:
     def column(self, name):
         """Every step's value of SERIES column `name` (a SCALARS name, "phase", "weight_norm", ...), float64."""
         return self.series.column(name)
+
+    def overview(self, width=OVERVIEW_WIDTH):
+        """What a report shows of every step's scalars (series.Overview), in bounded size; cached until a new step."""
+        if self._overview is None or self._overview[0] != (self.count, width):
+            self._overview = ((self.count, width), overview(self.series, width))
+        return self._overview[1]
 
     def phases(self):
         """Every step's phase code (an index into PHASES; 0 is a finite step)."""

@@ -12,13 +12,17 @@ aggregates, which the tables below are made of.
 import os
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from nanscope.engine.records import LayerStats, OutputStats, VariableStats
 from nanscope.errors import EXIT_HEALTHY, EXIT_INTERRUPTED, EXIT_PROBLEM
 from nanscope.history import (
     DEFAULT_KEEP, DEFAULT_SAMPLE, PHASES, LayerAggregate, OutputAggregate, StepHistory, VariableAggregate,
+    scalar_row,
 )
 from nanscope.jsonio import jsonable
 from nanscope.rules.catalogue import Recommendation
+from nanscope.series import TraceColumns
 
 SCHEMA = "nanscope.trace/1"
 STEP_FIELDS = (
@@ -334,19 +338,18 @@ def load_trace(path: str | os.PathLike) -> TraceReport:
 
 def _first_bad(history):
     """FirstNonfinite(step, phase) of the first non-finite step in a history's scalars, or None."""
-    phases = history.phases()
-    bad = phases.nonzero()[0]
-    if not len(bad):
-        return None
-    return FirstNonfinite(int(history.steps()[bad[0]]), PHASES[phases[bad[0]]])
+    first = history.overview().first_nonfinite
+    return FirstNonfinite(first[0], PHASES[first[1]]) if first else None
 
 
 class _TraceReader:
-    """Folds a trace's lines into a StepHistory: scalars lines into its columns, step lines into its kept rows."""
+    """Folds a trace's lines into a StepHistory: step lines into its kept rows and aggregates, scalars lines into
+    its row count; the scalars stay in the file (series.TraceColumns), so memory does not grow with the trace."""
 
     def __init__(self, header, path):
         from nanscope.errors import NanscopeError
 
+        self.path = path
         # A trace written before scalars lines existed has a full step line for every step.
         self.full = header.get("rows", "full") == "full"
         self.series = header.get("series")
@@ -359,16 +362,21 @@ class _TraceReader:
         self.history, self.exact = None, False
         if not self.full:
             outputs = sum(1 for name in self.series if name.endswith("/loss"))
-            self.history = StepHistory(self.layers, self.variables, outputs, self.keep, self.sample)
+            self.history = self._history(outputs)
             # A trace written with other scalar columns (an older or newer nanscope) is read by name;
             # a column it lacks reads 0, which the columns' readers take as "not measured".
             names = self.series[1:]
             wanted = list(self.history.series.columns)
-            self.order = None if names == wanted else [names.index(n) if n in names else None for n in wanted]
+            self.take = np.array([names.index(n) if n in names else 0 for n in wanted], np.int64)
+            self.lacking = np.array([n not in names for n in wanted])
+
+    def _history(self, outputs):
+        return StepHistory(self.layers, self.variables, outputs, self.keep, self.sample,
+                           series=lambda columns: TraceColumns(self.path, columns, self.rows))
 
     def step(self, record):
         if self.history is None:
-            self.history = StepHistory(self.layers, self.variables, len(record.outputs), self.keep, self.sample)
+            self.history = self._history(len(record.outputs))
         if self.full:
             self.history.add(record)
         else:
@@ -376,19 +384,24 @@ class _TraceReader:
             self.history.keep_row(record)
 
     def scalars(self, path, number, line):
-        from nanscope.errors import NanscopeError
+        self.history.series.extend(self.rows(path, number, line)[0])
 
-        width, where = len(self.series), f"{path}: line {number}"
-        for row in line.get("rows", []):
-            if not isinstance(row, list) or len(row) != width:
-                raise NanscopeError(f"{where}: a scalars row has {width} values ({', '.join(self.series)})")
-            try:
-                values = [float(v) for v in row[1:]]
-                if self.order is not None:
-                    values = [0.0 if i is None else values[i] for i in self.order]
-                self.history.add_scalars(int(row[0]), values)
-            except (TypeError, ValueError):
-                raise NanscopeError(f"{where}: a scalars row holds a value that is not a number") from None
+    def rows(self, path, number, line):
+        """(steps, float32 values in the history's column order) of one line's scalar rows, or None."""
+        from nanscope.tracefile import step_record
+
+        if self.full:
+            if line.get("kind") != "step":
+                return None
+            record = step_record(path, number, line)
+            return np.array([record.step], np.int64), np.array([scalar_row(record)], np.float32)
+        if line.get("kind") != "scalars":
+            return None
+        array = _scalar_array(path, number, line.get("rows", []), self.series)
+        values = array[:, 1:][:, self.take]
+        values[:, self.lacking] = 0.0
+        with np.errstate(over="ignore"):  # beyond float32's range reads inf, as the run's own columns hold it
+            return array[:, 0].astype(np.int64), values.astype(np.float32)
 
     def aggregates(self, line):
         history = self.history
@@ -408,6 +421,31 @@ class _TraceReader:
             return []
         return ["the trace has no aggregates line (the run ended early): the layer, variable and output tables are "
                 "taken over the kept steps only"]
+
+
+def _scalar_array(path, number, rows, series):
+    """The rows of a scalars line as one float64 array [rows, len(series)], checked.
+
+    Raises:
+        NanscopeError: a row of another width, or a value that is not a number.
+    """
+    from nanscope.errors import NanscopeError
+
+    width, where = len(series), f"{path}: line {number}"
+    if isinstance(rows, list) and not rows:
+        return np.empty((0, width))
+    try:
+        array = np.array(rows, dtype=np.float64)
+    except (TypeError, ValueError):
+        array = None
+    if array is None or array.ndim != 2 or array.shape[1] != width:
+        if not isinstance(rows, list) or any(not isinstance(row, list) or len(row) != width for row in rows):
+            raise NanscopeError(f"{where}: a scalars row has {width} values ({', '.join(series)})")
+        array = None
+    # numpy reads null as NaN; the trace spells a NaN "nan", so a null is not a number.
+    if array is None or (np.isnan(array).any() and any(v is None for row in rows for v in row)):
+        raise NanscopeError(f"{where}: a scalars row holds a value that is not a number")
+    return array
 
 
 def _aggregate(cls, row, stats_cls, stats_fields=("last",)):

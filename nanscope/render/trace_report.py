@@ -1,7 +1,5 @@
 """Rich rendering of a TraceReport: header, step curves, worst layers, first non-finite, findings."""
 
-import math
-
 from rich.console import Group
 from rich.padding import Padding
 from rich.panel import Panel
@@ -80,22 +78,21 @@ def _data_text(run):
 def _loss_scale_text(report):
     if not report.run.get("loss_scaling"):
         return ""
-    history = report.history
-    scales = [s for s in history.column("loss_scale").tolist() if s] if history is not None else []
-    skipped = int((history.column("update_skipped") != 0).sum()) if history is not None else 0
-    now = f", now {fmt(scales[-1])}" if scales else ""
+    seen = report.history.overview() if report.history is not None else None
+    now = f", now {fmt(seen.last_loss_scale)}" if seen is not None and seen.last_loss_scale is not None else ""
+    skipped = seen.skipped_updates if seen is not None else 0
     return f" with loss scaling ({report.run.get('mixed_precision')}{now}; {skipped} update(s) skipped)"
 
 
 def _curves(report):
-    losses = report.history.column("loss").tolist()
-    norms = report.history.column("grad_global_norm").tolist()
+    curves = report.history.overview().curves
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
     grid.add_column(style="dim")
-    grid.add_row("loss", sparkline(losses), f"{fmt(_first_finite(losses))} -> {fmt(losses[-1])}")
-    grid.add_row("grad norm", sparkline(norms), f"{fmt(_first_finite(norms))} -> {fmt(norms[-1])}")
+    for label, name in (("loss", "loss"), ("grad norm", "grad_global_norm")):
+        curve = curves[name]
+        grid.add_row(label, sparkline(curve.points), f"{fmt(curve.first_finite)} -> {fmt(curve.last)}")
     return Panel(grid, title="over steps (log scale; x = non-finite)", title_align="left")
 
 
@@ -264,7 +261,3 @@ def _recommendations(report):
         parts.append(Syntax(rec.fix, "yaml" if rec.fix.lstrip().startswith(("train:", "data:", "model:")) else "python",
                             theme="ansi_dark", background_color="default", padding=(0, 3), word_wrap=True))
     return Panel(Group(*parts), title="recommendations", title_align="left")
-
-
-def _first_finite(values):
-    return next((v for v in values if v is not None and math.isfinite(v)), values[0] if values else None)
