@@ -58,6 +58,15 @@ def test_replay_command_prints_json(tmp_path):
     assert (document["first_nonfinite"]["phase"], document["first_nonfinite"]["op"]) == ("backward", "SqrtGrad")
 
 
+def test_verify_on_a_trace_steps_bundle_is_bad_input_that_names_the_command_that_verifies(tmp_path):
+    run_trace(load_spec(SPECS / "division-by-zero.yaml"),
+              TraceOptions(trace_path=tmp_path / "t.jsonl", save_repro=tmp_path / "repro"))
+    assert json.loads((tmp_path / "repro" / "repro.json").read_text())["kind"] == "spec"
+    result = CliRunner().invoke(app, ["replay", str(tmp_path / "repro"), "--verify"])
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert "--verify replays fit bundles" in result.stderr and "trace-steps SPEC --verify" in result.stderr
+
+
 def test_replay_of_a_folder_that_is_not_a_repro_is_bad_input(tmp_path):
     result = CliRunner().invoke(app, ["replay", str(tmp_path)])
     assert result.exit_code == 2

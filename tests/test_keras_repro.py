@@ -157,3 +157,25 @@ def test_a_corrupt_bundle_or_a_missing_user_file_is_bad_input(tmp_path):
 def test_repro_needs_forensics():
     with pytest.raises(ValueError, match="`repro` needs"):
         NanScope(repro="dir", forensics=False)
+
+
+def test_fixes_to_the_update_are_not_judged_on_a_step_whose_weights_already_overflow(tmp_path):
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((ROWS, 8)) * 3).astype(np.float32)
+    y = (x @ rng.standard_normal((8, 1))).astype(np.float32)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(1.0), loss="mse")  # diverges within a few steps
+    bundle = tmp_path / "diverged"
+    scope = NanScope(verbose=0, repro=bundle)
+    model.fit(x, y, batch_size=BATCH, epochs=5, shuffle=False, verbose=0, callbacks=[scope])
+    first = scope.report.first_nonfinite
+    assert first.step > 0 and first.phase == "loss"
+    assert "lower-learning-rate" in [rec.id for rec in scope.report.recommendations]
+
+    document = json.loads(replay(bundle, "--verify", "--json", "-").stdout)
+    assert (document["first_nonfinite"]["step"], document["first_nonfinite"]["op"]) == (first.step, "Square")
+    rec = next(r for r in document["recommendations"] if r["id"] == "lower-learning-rate")
+    assert "from the fit run's report" in rec["evidence"][-1]
+    assert (rec["verified"], rec["verification"]) == (None, [])  # undecided, not a false "no"
+    assert any(note.startswith("--verify: lr/10, lr/100 (lower-learning-rate) not tried") for note in document["notes"])

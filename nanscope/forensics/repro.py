@@ -89,8 +89,8 @@ def replay_repro(directory: str | os.PathLike, verify: bool = False) -> TraceRep
 
     Args:
         directory: str or Path. A repro folder of either kind.
-        verify: bool, default False. Also try each fix nanscope can apply on the saved step (fit bundles:
-            `nanscope.keras.bundle_verify`; spec bundles: `verify_spec_step`).
+        verify: bool, default False. Also try each fix nanscope can apply on the saved step
+            (`nanscope.keras.bundle_verify`; fit bundles only).
     """
     from nanscope.forensics.replay import describe_event, replay_step, state_variables
     from nanscope.optimizers import build_optimizer
@@ -106,6 +106,10 @@ def replay_repro(directory: str | os.PathLike, verify: bool = False) -> TraceRep
         from nanscope.keras.bundle_replay import replay_fit_bundle
 
         return replay_fit_bundle(directory, document, arrays, verify=verify)
+    if verify:
+        raise NanscopeError(f"{directory}: --verify replays fit bundles (`NanScope(repro=DIR)`); this bundle was "
+                            "written by trace-steps", hint="`nanscope trace-steps SPEC --verify` verifies each fix "
+                            "over the whole run")
     spec = parse_spec(document["spec"], source=document.get("spec_source") or str(directory))
     session = open_session(spec)
     optimizer = build_optimizer(spec, session.model)

@@ -11,7 +11,9 @@ finite. It cannot show that training stays finite afterwards (`trace-steps --ver
 trains whole runs for that). When the weights from before the step already give a
 non-finite forward pass or loss, a fix that acts only on the gradients or the update
 (learning rate, clipping, epsilon) cannot change this step: it is not tried, and its
-`verified` stays null (undecided), never a false "no".
+`verified` stays null (undecided), never a false "no". Past step 0 those weights are what
+the earlier steps made of them, without the fix: a fix of the data or the model that
+still fails on this step is undecided too (null), not "no".
 """
 
 from dataclasses import dataclass, field
@@ -63,6 +65,9 @@ def verify_saved_step(bundle, report, unfixed):
                             "tell a fix apart; no fix was tried")
         return report
     too_late = unfixed.event is not None and unfixed.event.phase in BEFORE_UPDATE
+    # Past step 0 the weights are what the run's earlier steps made of them: when they already give a non-finite
+    # forward pass, a fix that fails on this step may still have prevented it from the start.
+    inherited = step > 0 and report.first_nonfinite is not None and report.first_nonfinite.phase in BEFORE_UPDATE
     for rec in report.recommendations:
         fixes = fixes_for(rec, bundle, report)
         skipped = [fix.name for fix in fixes if too_late and fix.acts_on == "update"]
@@ -76,6 +81,10 @@ def verify_saved_step(bundle, report, unfixed):
             continue
         rec.verification = [_row(fix, _tried(bundle, fix), unfixed, step) for fix in fixes]
         rec.verified = any(row["helped"] for row in rec.verification)
+        if not rec.verified and inherited:
+            rec.verified = None
+            report.notes.append(f"--verify: {rec.id}: step {step} stays non-finite with the fix, but its weights "
+                                "come from the earlier steps, which ran without it: undecided")
     bundle.restore()
     report.recommendations = ranked_by_verification(report.recommendations)
     return report

@@ -231,6 +231,8 @@ def render_replay(report, console):
 
 
 def _verification(rec):
+    if any(row.get("one_step") for row in rec.verification):
+        return _step_verification(rec)
     table = Table(show_edge=False, padding=(0, 1))
     for column in ("fix", "finite", "final loss", "best loss", "unfixed final", "unfixed best"):
         table.add_column(column, justify="left" if column == "fix" else "right", no_wrap=column == "fix")
@@ -243,6 +245,19 @@ def _verification(rec):
     return Padding(table, (0, 0, 0, 3))
 
 
+def _step_verification(rec):
+    """The rows of `replay --verify`: one saved step per fix, where it went non-finite, the losses before and after."""
+    table = Table(show_edge=False, padding=(0, 1))
+    for column in ("fix", "step finite", "loss", "loss after the step"):
+        table.add_column(column, justify="left" if column == "fix" else "right", no_wrap=column == "fix")
+    for row in rec.verification:
+        where = " ".join(part for part in (row.get("nonfinite_phase"), row.get("nonfinite_op")) if part)
+        finite = "yes" if row["finite"] else f"no ({where})" if where else "no"
+        table.add_row(row["fix"], finite, fmt(row["loss"]), fmt(row["final_loss"]),
+                      style="green" if row["helped"] else "red")
+    return Padding(table, (0, 0, 0, 3))
+
+
 def _recommendations(report):
     if not report.recommendations:
         return Panel(Text("no findings", style="green"), title="recommendations", title_align="left")
@@ -250,6 +265,8 @@ def _recommendations(report):
     for number, rec in enumerate(report.recommendations, start=1):
         verified = {True: "  [verified: the fix stays finite]", False: "  [verified: the fix did NOT help]"}.get(
             rec.verified, "")
+        if rec.verified and any(row.get("one_step") for row in rec.verification):
+            verified = "  [verified on the saved step: it stays finite]"
         if rec.verified and rec.data.get("verified_with"):
             verified = f"  [verified together with {', '.join(rec.data['verified_with'])}: the fixes stay finite]"
         parts.append(Text.assemble(f"{number}. ", (f"[{rec.severity}] ", SEVERITY_STYLE.get(rec.severity, "")),
