@@ -26,6 +26,7 @@ Example:
 """
 
 import collections
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -58,6 +59,7 @@ PHASES = (None, "data", "forward", "loss", "backward", "update")
 HEAD = ("batch_rows", "phase", "weight_norm", "update_ratio")
 
 
+@functools.lru_cache(maxsize=None)
 def series_columns(outputs):
     """The per-step scalar columns for a model with `outputs` outputs (0: one output)."""
     per_output = [f"output{i}/{name}" for i in range(outputs) for name in OUTPUT]
@@ -73,18 +75,25 @@ def global_update_ratio(record):
 
 
 def scalar_row(record):
-    """The SERIES values of one record, in column order (without the step)."""
+    """The SERIES values of one record, in column order (without the step), each put by its column's name."""
     # The two norms taken here, in float64, are kept as float32 like the step's own values: capped at its max.
     weight_norm = min(math.sqrt(sum(v.weight_norm ** 2 for v in record.variables)), FLOAT32_MAX)
-    update_ratio = min(global_update_ratio(record), FLOAT32_MAX)
-    row = [record.batch_rows, PHASES.index(record.phase), weight_norm, update_ratio,
-           record.loss, record.data_loss, record.x_nonfinite, record.y_nonfinite, record.output_nonfinite,
-           float(record.loss_nonfinite), record.grad_global_norm, record.grad_nonfinite, record.weights_nonfinite,
-           record.applied_grad_global_norm, record.loss_scale or 0.0, float(record.update_skipped),
-           record.loss_scale_before or 0.0]
-    for output in record.outputs:
-        row += [output.loss, output.target_nonfinite, output.prediction_nonfinite]
-    return row
+    values = {
+        "batch_rows": record.batch_rows, "phase": PHASES.index(record.phase), "weight_norm": weight_norm,
+        "update_ratio": min(global_update_ratio(record), FLOAT32_MAX),
+        "loss": record.loss, "data_loss": record.data_loss, "x_nonfinite": record.x_nonfinite,
+        "y_nonfinite": record.y_nonfinite, "output_nonfinite": record.output_nonfinite,
+        "loss_nonfinite": float(record.loss_nonfinite), "grad_global_norm": record.grad_global_norm,
+        "grad_nonfinite": record.grad_nonfinite, "weights_nonfinite": record.weights_nonfinite,
+        "applied_grad_global_norm": record.applied_grad_global_norm,
+        # 0 is "no loss scaling" (a StepRecord's None), as the step writes it.
+        "loss_scale": record.loss_scale or 0.0, "update_skipped": float(record.update_skipped),
+        "loss_scale_before": record.loss_scale_before or 0.0,
+    }
+    for index, output in enumerate(record.outputs):
+        values.update({f"output{index}/loss": output.loss, f"output{index}/target_nonfinite": output.target_nonfinite,
+                       f"output{index}/prediction_nonfinite": output.prediction_nonfinite})
+    return series_columns(len(record.outputs)).pack(values)
 
 
 @dataclass

@@ -180,3 +180,26 @@ def test_the_keras_callback_decodes_to_the_reference(session, tmp_path):
     # The callback measures the layers' loss terms after the update (this SGD step moves the
     # penalty by ~6%), and data_loss = loss - terms by ~0.5%; loss and data_loss differ by ~8%.
     check(record, ref, model, halved=False, terms_after_update=True)
+
+
+def test_the_history_row_puts_every_value_in_the_column_of_its_name():
+    """Distinct values in every field of a record: a history row that swapped two columns fails here."""
+    from nanscope.engine.records import OutputStats, VariableStats
+    from nanscope.history import PHASES, scalar_row, series_columns
+
+    record = StepRecord(step=3, batch_rows=8, loss=1.5, data_loss=2.5, grad_global_norm=3.5,
+                        applied_grad_global_norm=4.5, x_nonfinite=5, y_nonfinite=6, output_nonfinite=7,
+                        loss_nonfinite=False, grad_nonfinite=9, weights_nonfinite=10, loss_scale=11.0,
+                        update_skipped=True, loss_scale_before=22.0,
+                        variables=[VariableStats(grad_norm=1.0, grad_nonfinite=0, weight_norm=3.0, update_ratio=0.5,
+                                                 weight_nonfinite=0)],
+                        outputs=[OutputStats(12.5, 13, 14), OutputStats(15.5, 16, 17)])
+    row = series_columns(2).named(scalar_row(record))
+    expected = {name: float(getattr(record, name)) for name in SCALARS}
+    expected.update({"batch_rows": 8, "phase": PHASES.index(record.phase), "weight_norm": 3.0, "update_ratio": 0.5})
+    for index, output in enumerate(record.outputs):
+        expected.update({f"output{index}/{name}": getattr(output, name) for name in OUTPUT})
+    assert row == expected
+    # Every value distinct, so any two swapped columns fail the comparison above; only the flag
+    # update_skipped (1.0) and the phase ("data", 1) share one.
+    assert len(set(row.values())) == len(row) - 1
