@@ -75,11 +75,29 @@ class ExperimentResult:
     def losses(self):
         return [r.loss for r in self.records]
 
+    @property
+    def skipped_updates(self):
+        """Updates a LossScaleOptimizer skipped on steps that stayed finite: its scaled gradients overflowed
+        float16, which dynamic loss scaling absorbs (the step is not a failure, but no weight changed)."""
+        return sum(1 for r in self.records if r.update_skipped and r.phase is None)
+
+    @property
+    def stalled(self):
+        """True when loss scaling skipped so many updates that the run did not train: every one of them, or so
+        many after its warm-up that the scale collapsed (`rules.precision.collapsed_window`). Such a run can
+        stay finite only because no weight changed."""
+        from nanscope.rules.precision import collapsed_window, record_flags
+
+        if not self.records or not any(r.update_skipped for r in self.records):
+            return False
+        return all(r.update_skipped for r in self.records) or collapsed_window(*record_flags(self.records)) is not None
+
     def to_json(self):
         return jsonable({
             "name": self.name, "params": self.params, "first_nonfinite_step": self.first_nonfinite_step,
             "final_loss": self.final_loss, "best_loss": self.best_loss, "val_loss": self.val_loss,
-            "steps_run": len(self.records), "losses": self.losses,
+            "steps_run": len(self.records), "skipped_updates": self.skipped_updates, "stalled": self.stalled,
+            "losses": self.losses,
         })
 
 

@@ -59,7 +59,7 @@ PHASES = (None, "data", "forward", "loss", "backward", "update")
 HEAD = ("batch_rows", "phase", "weight_norm", "update_ratio")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def series_columns(outputs):
     """The per-step scalar columns for a model with `outputs` outputs (0: one output)."""
     per_output = [f"output{i}/{name}" for i in range(outputs) for name in OUTPUT]
@@ -139,7 +139,7 @@ class VariableAggregate:
     first_nonfinite_step: int | None = None
     last_nonfinite_step: int | None = None
 
-    def add(self, step, stats):
+    def add(self, step, stats, absorbed=False):
         if math.isfinite(stats.grad_norm):
             self.max_grad_norm = _max(self.max_grad_norm, stats.grad_norm)
             self.min_grad_norm = stats.grad_norm if self.min_grad_norm is None else min(self.min_grad_norm,
@@ -151,7 +151,7 @@ class VariableAggregate:
             self.max_update_ratio_after_first = _max(self.max_update_ratio_after_first, ratio)
         self.steps += 1
         self.last = stats
-        if stats.grad_nonfinite or stats.weight_nonfinite:
+        if (stats.grad_nonfinite and not absorbed) or stats.weight_nonfinite:
             self.nonfinite_steps += 1
             self.first_nonfinite_step = step if self.first_nonfinite_step is None else self.first_nonfinite_step
             self.last_nonfinite_step = step
@@ -270,8 +270,10 @@ class StepHistory:
             self._trend_steps[at] = step
             self._trend[at] = [s.max_abs if s.called else np.nan for s in record.layers[:len(self.layers)]]
             self._trend_count += 1
+        # A skipped update whose scaled gradients overflowed is loss scaling at work, not a non-finite step.
+        absorbed = healthy and record.update_skipped
         for aggregate, stats in zip(self.variables, record.variables):
-            aggregate.add(step, stats)
+            aggregate.add(step, stats, absorbed)
         for aggregate, stats in zip(self.outputs, record.outputs):
             aggregate.add(step, stats)
 

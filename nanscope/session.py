@@ -66,6 +66,12 @@ class Session:
         """(x, y) of the batch drawn at `step`."""
         return batch(self.train, self.order, step)
 
+    @property
+    def scales_loss(self):
+        """True when training wraps the optimizer in a LossScaleOptimizer (the `mixed_float16` policy, as
+        `model.compile` does)."""
+        return self.spec.train.mixed_precision == "mixed_float16"
+
     def instrumented_step(self, optimizer_overrides=None, grad_transform=None, model=None, loss_scaling=None):
         """A compiled InstrumentedStep for `model` (default: this session's) with a fresh optimizer.
 
@@ -78,7 +84,7 @@ class Session:
             return self._distributed_step(model, optimizer_overrides, grad_transform)
         optimizer = build_optimizer(self.spec, model, optimizer_overrides)
         if loss_scaling is None:
-            loss_scaling = self.spec.train.mixed_precision == "mixed_float16"
+            loss_scaling = self.scales_loss
         if loss_scaling and not is_loss_scale_optimizer(optimizer):
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         x, y = self.batch(0)

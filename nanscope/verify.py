@@ -307,5 +307,7 @@ def _row(result, baseline, rescaled=False):
         "final_loss": result.final_loss, "best_loss": result.best_loss, "val_loss": result.val_loss,
         "unfixed_finite": baseline["finite"], "unfixed_final_loss": baseline["final_loss"],
         "unfixed_best_loss": baseline["best_loss"],
-        "helped": bool(result.finite and better),
+        # A run that stayed finite only because loss scaling skipped its updates trained nothing: no help.
+        "skipped_updates": result.skipped_updates, "stalled": result.stalled,
+        "helped": bool(result.finite and better and not result.stalled),
     }

@@ -1,7 +1,11 @@
 """Mixed precision: float16 layers, loss scaling, float16 overflow, a collapsed loss scale."""
 
+import json
 from pathlib import Path
 
+from rich.console import Console
+
+from nanscope.render.trace_report import render_trace_report
 from nanscope.runtime import tensorflow
 from nanscope.spec import parse_spec
 from nanscope.trace import TraceOptions, run_trace
@@ -10,15 +14,17 @@ tf, keras = tensorflow()
 SPECS = Path(__file__).parent / "specs"
 
 
-def run(tmp_path, factory, steps=6, scale=1.0, policy="mixed_float16", verify=False):
+def run(tmp_path, factory, steps=6, scale=1.0, policy="mixed_float16", verify=False, data="arrays", **data_args):
     document = {
         "model": {"factory": f"{SPECS / 'precision_models.py'}:{factory}"},
-        "data": {"factory": f"{SPECS / 'data_factories.py'}:arrays", "batch_size": 16, "shuffle": False},
+        "data": {"factory": f"{SPECS / 'data_factories.py'}:{data}", "batch_size": 16, "shuffle": False},
         "train": {"loss": "mse", "optimizer": {"name": "sgd", "learning_rate": 0.01}, "steps": steps, "seed": 0,
                   "mixed_precision": policy},
     }
     if scale != 1.0:
-        document["data"]["args"] = {"scale": scale}
+        data_args["scale"] = scale
+    if data_args:
+        document["data"]["args"] = data_args
     spec = parse_spec(document, source=str(tmp_path / "spec.yaml"))
     return run_trace(spec, TraceOptions(trace_path=tmp_path / "t.jsonl", keep_going=not verify, verify=verify))
 
@@ -68,3 +74,119 @@ def test_verify_tries_loss_scaling_on_float16_layers_that_lack_it(tmp_path):
     assert [row["fix"] for row in rec.verification] == ["loss scaling"]
     # The overflow is in the forward pass, before any gradient: scaling the loss cannot prevent it.
     assert rec.verified is False and rec.verification[0]["finite"] is False
+
+
+def test_skipped_updates_at_the_start_are_not_the_failure_a_later_float16_exp_overflow_is(tmp_path):
+    """The LossScaleOptimizer's scale starts at 2^15: steps 0 and 1 overflow and are skipped (the scale halves),
+    step 2 trains; batch 4 is 40x larger and its float16 Exp overflows in the forward pass."""
+    report = run(tmp_path, "exp_late_overflow", data="late_spike", spike=40.0, target_scale=3.0)
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.layer, first.op) == (4, "forward", "exp", "Exp")
+    skipped = [(r.step, r.loss_scale_before, r.loss_scale) for r in report.records if r.update_skipped]
+    assert skipped[:2] == [(0, 32768.0, 16384.0), (1, 16384.0, 8192.0)]
+    assert all(r.phase is None for r in report.records[:4]) and not report.records[2].update_skipped
+    steps = {row["step"]: row for row in report.to_json()["steps"]}
+    assert steps[0]["update_skipped"] is True and steps[0]["loss_scale_before"] == 32768.0
+    assert steps[0]["loss_scale"] == 16384.0 and steps[0]["phase"] is None
+    trace = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert next(line for line in trace if line.get("kind") == "step" and line["step"] == 0)["update_skipped"] is True
+    ids = [r.id for r in report.recommendations]
+    assert ids[0] == "stable-exp" and "11.0" in report.recommendations[0].fix and "loss-scaling" not in ids
+    # The warm-up's skips are not a collapsed loss scale.
+    assert not any("skipped" in line for rec in report.recommendations for line in rec.evidence)
+    variables = {row["name"]: row["nonfinite_steps"] for row in report.to_json()["variables"]}
+    assert set(variables.values()) == {1}  # only the failing step, not the skipped updates
+    console = Console(width=120, record=True)
+    render_trace_report(report, console)
+    text = console.export_text()
+    assert "skipped (scale 32768 -> 16384)" in text and "4 update(s) skipped" in text
+
+
+def test_skipped_updates_down_to_the_scale_floor_are_the_failure(tmp_path):
+    """A gradient that is infinite at every scale: 15 halvings from 2^15 reach the floor of 1, where a skip is no
+    longer absorbed."""
+    report = run(tmp_path, "infinite_gradient", steps=16)
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.op) == (15, "backward", "SqrtGrad")
+    assert report.records[15].loss_scale_before == 1.0 and all(r.phase is None for r in report.records[:15])
+    assert any("reached its floor" in line for line in first.detail)
+    top = next(r for r in report.recommendations if r.id == "float32-layer")
+    assert "loss scale fell from 32768 to 0.5" in " ".join(top.evidence)
+
+
+def test_verify_does_not_credit_a_fix_that_stays_finite_by_skipping_every_update(tmp_path):
+    """float16 layers without loss scaling, a gradient infinite at any scale: the loss-scaling fix stays finite
+    only because the LossScaleOptimizer skips every update, and the last batch's loss (smaller targets) is below
+    the first; that is not a fix."""
+    report = run(tmp_path, "float16_infinite_gradient", steps=4, policy=None, verify=True, growth=0.3)
+    assert report.first_nonfinite.phase == "backward"
+    rec = next(r for r in report.recommendations if r.id == "loss-scaling")
+    (row,) = rec.verification
+    assert row["finite"] and row["final_loss"] < report.records[0].loss
+    assert row["skipped_updates"] == 4 and row["stalled"] and not row["helped"] and rec.verified is False
+
+
+def test_compare_clipping_under_mixed_float16_skipped_updates_are_not_failures_and_clipping_sees_true_gradients(
+        tmp_path):
+    """The exploding regression under mixed_float16: every strategy starts with skipped updates (the scale starts
+    at 2^15); unclipped it goes non-finite at step 20, clipped it stays finite, and the clipping is judged on the
+    updates that were applied, on the unscaled gradients."""
+    from typer.testing import CliRunner
+
+    from nanscope.cli import app
+
+    repo = SPECS.parent.parent
+    spec = tmp_path / "mixed.yaml"
+    spec.write_text(
+        (repo / "configs" / "exploding-regression.yaml").read_text()
+        .replace("models.py:exploding_mlp", f"{repo / 'configs' / 'models.py'}:exploding_mlp")
+        + "  mixed_precision: mixed_float16\n")
+    out = tmp_path / "clip.json"
+    result = CliRunner().invoke(app, ["compare-clipping", str(spec), "--steps", "30", "--json", str(out),
+                                      "--strategies", "none,clipnorm,manual_clip_by_global_norm"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    runs = {s["name"]: s for s in doc["strategies"]}
+    assert runs["none"]["first_nonfinite_step"] == 20 and runs["none"]["skipped_updates"] >= 1
+    clipped = [s for name, s in runs.items() if name != "none"]
+    for strategy in clipped:
+        assert strategy["first_nonfinite_step"] is None and strategy["steps_run"] == 30, strategy["name"]
+        assert strategy["skipped_updates"] >= 2 and not strategy["stalled"]
+        effect = strategy["clip_effect"]
+        # Judged on the applied updates only: the skipped ones' gradients were not finite.
+        assert effect["took_effect"] is True and effect["steps_bit"] == effect["steps_within_threshold"] > 0
+        assert effect["steps_bit"] <= 30 - strategy["skipped_updates"]
+    # Thresholds come from the unclipped run's unscaled gradient norms (x 2^15 they would be ~1e5 and more).
+    assert 0 < doc["thresholds"]["global_norm_bound"] < 100
+    check = next(s for s in clipped if s["name"].startswith("clipnorm"))["clip_effect"]["optimizer_check"]
+    assert check["verified"] is True and "LossScaleOptimizer" in check["detail"]
+    assert doc["recommended"] in {s["name"] for s in clipped}
+    assert any("skipped" in line for line in doc["recommendations"][0]["why"])
+    assert "skipped" in result.stdout and "updates" in result.stdout
+
+
+def test_the_manual_clipping_snippet_under_loss_scaling_clips_the_unscaled_gradients():
+    """The verdict's training-script code, run as written in a loop with a LossScaleOptimizer: the update is the
+    unscaled gradient clipped to the threshold (clipping the scaled one would move the weights 2^15 times less)."""
+    import numpy as np
+
+    from nanscope.clipping import Strategy
+    from nanscope.clipping.verdict import fix_snippets
+
+    strategy = Strategy("manual_clip_by_global_norm", 0.5)
+    _, code = fix_snippets(strategy, {"name": "sgd", "learning_rate": 1.0}, loss_scaling=True)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(1.0))
+    optimizer.build(model.trainable_variables)
+    x, y = np.ones((4, 3), np.float32), np.full((4, 2), 10.0, np.float32)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(x) - y))
+        scaled = optimizer.scale_loss(loss)
+    grads = tape.gradient(scaled, model.trainable_variables)
+    true_grads = [g / optimizer.dynamic_scale for g in grads]
+    expected = [v.numpy() - g.numpy() for v, g in zip(model.trainable_variables,
+                                                       tf.clip_by_global_norm(true_grads, 0.5)[0])]
+    exec(code, {"tf": tf, "grads": grads, "optimizer": optimizer, "model": model})
+    for variable, value in zip(model.trainable_variables, expected):
+        np.testing.assert_allclose(variable.numpy(), value, rtol=1e-5, atol=1e-6)

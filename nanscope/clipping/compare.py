@@ -180,8 +180,10 @@ def _run_strategy(session, strategy, steps, progress):
     progress.finish(strategy.name, steps - len(result.records))
     finite_steps = result.first_nonfinite_step if result.first_nonfinite_step is not None else len(result.records)
     stats = monitor.read(len(result.records)) if monitor is not None else None
+    skipped = [record.update_skipped for record in result.records]
     return StrategyRun(
-        strategy=strategy, result=result, effect=step_effect(strategy, stats, finite_steps), optimizer_check=check,
+        strategy=strategy, result=result, effect=step_effect(strategy, stats, finite_steps, skipped),
+        optimizer_check=check,
     )
 
 
@@ -199,7 +201,8 @@ def _describe(session, steps):
         "train_rows": session.train.rows, "validation_rows": session.validation.rows if session.validation else 0,
         "batch_size": spec.data.batch_size, "loss": session.loss.name,
         "optimizer": optimizer.model_dump() if optimizer is not None else "from the compiled model",
-        "steps": steps, "seed": spec.train.seed,
+        "steps": steps, "seed": spec.train.seed, "mixed_precision": spec.train.mixed_precision,
+        "loss_scaling": session.scales_loss,
     }
 
 

@@ -8,9 +8,12 @@ Two checks, reported per strategy:
    clipped by `keras_clip` (Keras' documented semantics), one without it on the raw
    gradient. The clipped optimizer's realised update Δw must equal the reference
    one; if it equals the unclipped one instead, the option was silently ignored. The
-   gradient is scaled up first when needed so the threshold bites.
+   gradient is scaled up first when needed so the threshold bites. Under loss scaling
+   the clipped optimizer is wrapped in a LossScaleOptimizer and handed the scaled
+   gradient, as in training: its inner optimizer must clip the unscaled one.
 2. `step_effect` (every strategy): on each step where the raw gradient exceeded
-   the threshold, the gradient the update used must be within it.
+   the threshold, the gradient the update used must be within it. Updates that a
+   LossScaleOptimizer skipped are left out: nothing was applied.
 """
 
 import math
@@ -26,6 +29,8 @@ from nanscope.spec import CLIP_FIELDS
 # float32 rounding of a clipped norm: the clipped value may exceed the threshold by a few ulps.
 WITHIN_TOLERANCE = 1e-4
 MATCH_RTOL, MATCH_ATOL = 1e-4, 1e-6
+# The loss scale the first-step check hands a LossScaleOptimizer's gradients at (its own initial scale).
+LOSS_SCALE_CHECKED = 2.0 ** 15
 
 
 def clip_overrides(kind=None, threshold=None):
@@ -71,9 +76,8 @@ def verify_optimizer_clip(session, strategy):
                               f"not tested: the first gradient's {strategy.measure} is {measure:g}")
     scale = max(1.0, 4.0 * strategy.threshold / measure)
     grads = [g * scale for g in grads]
-    clipped = _update(session,
-                      build_optimizer(session.spec, session.model,
-                                      clip_overrides(strategy.kind, strategy.threshold)), grads)
+    clipped = _update(session, *_as_trained(session, build_optimizer(
+        session.spec, session.model, clip_overrides(strategy.kind, strategy.threshold)), grads))
     plain = build_optimizer(session.spec, session.model, clip_overrides())
     reference = _update(session, plain, keras_clip(grads, strategy.kind, strategy.threshold))
     unclipped = _update(session, build_optimizer(session.spec, session.model, clip_overrides()), grads)
@@ -84,6 +88,9 @@ def verify_optimizer_clip(session, strategy):
     ignored = not matches and all(np.allclose(a, b, rtol=MATCH_RTOL, atol=MATCH_ATOL)
                                   for a, b in zip(clipped, unclipped))
     scaled = f" (gradient scaled x{scale:.3g} so the threshold bites)" if scale > 1 else ""
+    if session.scales_loss:
+        scaled += (f"; applied through a LossScaleOptimizer, handed the gradient times its loss scale "
+                   f"{LOSS_SCALE_CHECKED:g}, which it unscales before its inner optimizer clips")
     if matches:
         detail = ("the optimizer's first update equals an unclipped optimizer's update on the Keras-clipped "
                   f"gradient{scaled}")
@@ -92,6 +99,17 @@ def verify_optimizer_clip(session, strategy):
     else:
         detail = f"first-step update differs from the Keras-clipped reference by up to {error:.3g}{scaled}"
     return OptimizerCheck(matches, ignored, error, scale, detail)
+
+
+def _as_trained(session, optimizer, grads):
+    """(optimizer, gradients) as a training step hands them over: under loss scaling, the optimizer wrapped in a
+    LossScaleOptimizer and the gradients multiplied by its scale. The inner optimizer must clip the unscaled
+    gradient; one that clipped the scaled one would update by a factor of the scale less."""
+    if not session.scales_loss:
+        return optimizer, grads
+    _, keras = tensorflow()
+    wrapped = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=LOSS_SCALE_CHECKED)
+    return wrapped, [g * LOSS_SCALE_CHECKED for g in grads]
 
 
 def _measure(grads, measure):
@@ -115,7 +133,7 @@ def _update(session, optimizer, grads):
 
 @dataclass
 class StepEffect:
-    """How clipping acted over a run (finite steps only).
+    """How clipping acted over a run (finite steps whose update was applied: not skipped by loss scaling).
 
     Args:
         clipped_fraction: float or None. Fraction of steps where the raw gradient exceeded the threshold.
@@ -135,11 +153,21 @@ class StepEffect:
         return None if self.steps_bit == 0 else self.steps_within == self.steps_bit
 
 
-def step_effect(strategy, stats, finite_steps):
-    """Summarise a ClipMonitor's per-step statistics for the first `finite_steps` steps."""
+def step_effect(strategy, stats, finite_steps, skipped=()):
+    """Summarise a ClipMonitor's per-step statistics for the first `finite_steps` steps.
+
+    `skipped` flags, per step, the updates a LossScaleOptimizer skipped: their gradients overflowed
+    float16 when scaled, so no clipped gradient was applied and their statistics (inf, NaN) say
+    nothing about the clipping; they are left out.
+    """
     if strategy.kind == "none" or finite_steps == 0:
         return StepEffect(None, None, 0, 0)
-    stats = stats[:finite_steps]
+    applied = np.ones(finite_steps, bool)
+    flags = np.asarray(list(skipped)[:finite_steps], bool)
+    applied[:len(flags)] = ~flags
+    stats = stats[:finite_steps][applied]
+    if len(stats) == 0:
+        return StepEffect(None, None, 0, 0)
     raw = stats[:, STAT_COLUMNS.index("raw_" + strategy.measure)]
     used = stats[:, STAT_COLUMNS.index(strategy.measure)]
     bit = raw > strategy.threshold * (1 + WITHIN_TOLERANCE)

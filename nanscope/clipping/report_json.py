@@ -30,6 +30,8 @@ def _strategy_json(run):
         "first_nonfinite_step": result.first_nonfinite_step,
         "first_nonfinite_phase": next((r.phase for r in result.records if r.phase is not None), None),
         "steps_run": len(result.records),
+        "skipped_updates": result.skipped_updates,
+        "stalled": result.stalled,
         "final_loss": result.final_loss,
         "best_loss": result.best_loss,
         "val_loss": result.val_loss,

@@ -36,7 +36,8 @@ def derive_thresholds(strategies, unclipped, learning_rate, parameter_count, wei
     Returns:
         dict: how the thresholds were chosen, for the report.
     """
-    healthy = [r for r in unclipped.records if r.phase is None and math.isfinite(r.grad_global_norm)]
+    healthy = [r for r in unclipped.records
+               if r.phase is None and not r.update_skipped and math.isfinite(r.grad_global_norm)]
     if healthy:
         if weight_norm is None:
             weight_norm = math.sqrt(sum(v.weight_norm ** 2 for v in healthy[0].variables))

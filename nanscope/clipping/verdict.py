@@ -38,7 +38,8 @@ def _stays_finite(run):
 
 
 def _learns(run, baseline):
-    return baseline is None or baseline.beaten_by(_metric(run)[1])
+    # A run that loss scaling kept from updating stays finite without learning anything.
+    return not run.result.stalled and (baseline is None or baseline.beaten_by(_metric(run)[1]))
 
 
 def _metric(run):
@@ -59,6 +60,9 @@ def _recommendation(run, report, rank):
     unclipped = next((r for r in report.runs if r.strategy.kind == "none"), None)
     why = [f"stayed finite for all {len(run.result.records)} steps; {metric} {value:.4g}"
            + (" (lowest of the strategies that stayed finite)" if rank == 0 else "")]
+    if run.result.skipped_updates:
+        why.append(f"the LossScaleOptimizer skipped {run.result.skipped_updates} of its updates (scaled gradients "
+                   "overflowed float16 and its scale was halved): loss scaling at work, not failures")
     if report.baseline is not None:
         why.append(f"it learned: below the trivial baseline {report.baseline.value:.4g} ({report.baseline.how}, "
                    f"{report.baseline.rows} rows)")
@@ -69,19 +73,27 @@ def _recommendation(run, report, rank):
     else:
         why.append(f"threshold {strategy.threshold:g}: {strategy.threshold_source}")
         if run.effect.clipped_fraction is not None:
-            why.append(f"clipping was active on {run.effect.clipped_fraction:.0%} of the steps, removing on average "
+            steps = "of the steps whose update was applied" if run.result.skipped_updates else "of the steps"
+            why.append(f"clipping was active on {run.effect.clipped_fraction:.0%} {steps}, removing on average "
                        f"{run.effect.norm_removed:.0%} of the gradient norm where it was")
         if run.optimizer_check is not None:
             why.append(run.optimizer_check.detail)
-    yaml_text, code = fix_snippets(strategy, report.run.get("optimizer"))
+    yaml_text, code = fix_snippets(strategy, report.run.get("optimizer"), report.run.get("loss_scaling", False))
     return {"name": strategy.name, "metric": metric, "value": value, "why": why, "yaml": yaml_text, "code": code}
 
 
 APPLY_GRADIENTS = "optimizer.apply_gradients(zip(grads, model.trainable_variables))"
+APPLY_SCALED_GRADIENTS = ("optimizer.apply_gradients(zip([g * optimizer.dynamic_scale for g in grads], "
+                          "model.trainable_variables))")
 
 
-def fix_snippets(strategy, optimizer):
-    """(YAML for the run spec, Python for a training script) that apply `strategy`."""
+def fix_snippets(strategy, optimizer, loss_scaling=False):
+    """(YAML for the run spec, Python for a training script) that apply `strategy`.
+
+    Under loss scaling (`loss_scaling`) the script's gradients are those of the scaled loss: a manual clip
+    unscales them first, and a Keras option goes on the optimizer inside the LossScaleOptimizer, which
+    unscales before its inner optimizer clips.
+    """
     threshold = f"{strategy.threshold:g}" if strategy.threshold is not None else None
     name = optimizer.get("name", "sgd") if isinstance(optimizer, dict) else "sgd"
     keras_args = ", ".join(
@@ -105,6 +117,12 @@ def fix_snippets(strategy, optimizer):
         code = f"grads, _ = tf.clip_by_global_norm(grads, {threshold})\n{APPLY_GRADIENTS}"
     else:
         code = f"optimizer = keras.optimizers.{cls}({keras_args + ', ' if keras_args else ''}{option}={threshold})"
+        if loss_scaling:
+            code += "\noptimizer = keras.optimizers.LossScaleOptimizer(optimizer)  # unscales, then the inner one clips"
+    if loss_scaling and not strategy.is_keras_option:
+        code = ("# grads of optimizer.scale_loss(loss) are scaled: clip them unscaled\n"
+                "grads = [g / optimizer.dynamic_scale for g in grads]\n"
+                + code.replace(APPLY_GRADIENTS, APPLY_SCALED_GRADIENTS))
     return yaml_text, code
 
 

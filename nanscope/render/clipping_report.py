@@ -58,17 +58,29 @@ def _outcome_table(report):
     """Per strategy: where it went non-finite, its losses and its loss curve."""
     table = _table("strategies (* recommended; loss curve: log scale, x = non-finite)")
     table.add_column("strategy", overflow="fold", min_width=12)
-    for header in ("NaN\nat", "final\nloss", "best\nloss", "val\nloss"):
+    scaled = any(run.result.skipped_updates for run in report.runs)
+    for header in ("NaN\nat",) + (("skipped\nupdates",) if scaled else ()) + ("final\nloss", "best\nloss",
+                                                                              "val\nloss"):
         table.add_column(header, justify="right", no_wrap=True)
     table.add_column("loss curve", no_wrap=True)
     for run in report.runs:
         result = run.result
+        skipped = (_skipped_cell(result),) if scaled else ()
         table.add_row(
             _name_cell(run, report), Text(fmt(result.first_nonfinite_step), style="red") if not result.finite else "-",
-            fmt(result.final_loss), fmt(result.best_loss), fmt(result.val_loss),
+            *skipped, fmt(result.final_loss), fmt(result.best_loss), fmt(result.val_loss),
             sparkline(result.losses, width=CURVE_WIDTH),
         )
+    if scaled:
+        table.caption = ("skipped updates: the LossScaleOptimizer's scaled gradients overflowed float16 and it "
+                         "skipped the update; not a failure (stalled: so many that the run did not train)")
+        table.caption_justify = "left"
     return table
+
+
+def _skipped_cell(result):
+    text = str(result.skipped_updates)
+    return Text(text + " stalled", style="red") if result.stalled else text
 
 
 def _clipping_table(report):

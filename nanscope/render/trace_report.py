@@ -106,8 +106,16 @@ def _steps_table(report):
         counts = f"{record.x_nonfinite + record.y_nonfinite}/{record.output_nonfinite}/" \
                  f"{record.grad_nonfinite}/{record.weights_nonfinite}"
         table.add_row(str(record.step), fmt(record.loss), fmt(record.grad_global_norm),
-                      fmt(record.applied_grad_global_norm), counts, record.phase or "", style=style)
+                      fmt(record.applied_grad_global_norm), counts, record.phase or _skipped_text(record), style=style)
     return table
+
+
+def _skipped_text(record):
+    """The phase cell of a finite step: empty, or the skipped update that loss scaling absorbed."""
+    if not record.update_skipped:
+        return ""
+    scales = f" (scale {record.loss_scale_before or 0:g} -> {record.loss_scale:g})" if record.loss_scale else ""
+    return Text("skipped" + scales, style="dim")
 
 
 def _outputs_table(outputs):
@@ -238,6 +246,8 @@ def _verification(rec):
         table.add_column(column, justify="left" if column == "fix" else "right", no_wrap=column == "fix")
     for row in rec.verification:
         finite = "yes" if row["finite"] else f"no (step {row['first_nonfinite_step']})"
+        if row.get("stalled"):
+            finite += f", {row['skipped_updates']} update(s) skipped: it did not train"
         fix = row["fix"] + (" (together)" if row.get("together_with") else "")
         table.add_row(fix, finite, fmt(row["final_loss"]), fmt(row["best_loss"]), fmt(row["unfixed_final_loss"]),
                       fmt(row["unfixed_best_loss"]),

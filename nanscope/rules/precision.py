@@ -7,6 +7,7 @@ it works; skipping every step means no training happens at all (keras#16100).
 
 import numpy as np
 
+from nanscope.history import PHASES
 from nanscope.rules.catalogue import recommend
 
 # Largest finite float16 (numpy.finfo(float16).max). Outputs within a factor of 2 of it
@@ -20,6 +21,13 @@ UNDERFLOW_FRACTION_LIMIT = 0.1
 # not the occasional overflow that dynamic loss scaling expects.
 SKIP_WINDOW = 5
 SKIP_FRACTION_LIMIT = 0.8
+# The LossScaleOptimizer starts at 2^15 on purpose and halves on every overflow, so a run of
+# skips at the start is its warm-up, not a problem. Ten halvings (to 32) fit gradients whose
+# scaled float16 values stay below 65504 / 32 ~ 2000; a warm-up longer than that means no
+# weight has changed for ten steps, and is reported.
+WARM_UP_SKIPS = 10
+# The phases (as history's scalar columns number them) of a value that went non-finite before any gradient existed.
+BEFORE_GRADIENTS = tuple(PHASES.index(phase) for phase in ("data", "forward", "loss"))
 
 
 def precision_findings(report, evidence, healthy):
@@ -40,26 +48,59 @@ def _skipped_updates(report):
     history = report.history
     if history is None or not history.count:
         return []
-    # A loss scale of 0 is a step without loss scaling (see history.scalar_row).
-    scales, skips, steps = history.column("loss_scale"), history.column("update_skipped"), history.steps()
-    window = slice(-max(SKIP_WINDOW * 4, SKIP_WINDOW), None)
-    scaled = scales[window] != 0
-    if scaled.sum() < SKIP_WINDOW:
+    steps, skips, scales, before = (history.steps(), history.column("update_skipped"), history.column("loss_scale"),
+                                    history.column("loss_scale_before"))
+    window = collapsed_window(skips != 0, scales != 0, np.isin(history.column("phase"), BEFORE_GRADIENTS))
+    if window is None:
         return []
-    skipped = steps[window][scaled & (skips[window] != 0)]
-    if len(skipped) / scaled.sum() < SKIP_FRACTION_LIMIT:
-        return []
-    first_scale, last_scale = float(scales[scales != 0][0]), float(scales[window][scaled][-1])
+    skipped = window[skips[window] != 0]
+    first = window[0]
+    first_scale = float(before[first] or (2 * scales[first] if skips[first] else scales[first]))
+    last_scale = float(scales[window[-1]])
     evidence = [
-        f"the LossScaleOptimizer skipped {len(skipped)} of the last {scaled.sum()} updates (steps "
-        f"{skipped[0]}-{skipped[-1]}): the gradients overflow float16 at every scale it tried",
+        f"the LossScaleOptimizer skipped {len(skipped)} of the last {len(window)} updates (steps "
+        f"{steps[skipped[0]]}-{steps[skipped[-1]]}): the gradients overflow float16 at every scale it tried",
         f"loss scale fell from {first_scale:g} to {last_scale:.3g}; no weight changed on those steps",
     ]
     fix = ("# the gradient itself is not finite: find the op with `nanscope trace-steps` on float32\n"
            "train:\n  mixed_precision: null   # or keep the failing layer in float32: dtype='float32'")
     return [(0.9, recommend(overflow_rule(report), "error", evidence, fix,
-                            data={"skipped": len(skipped), "window": int(scaled.sum()),
-                                  "loss_scale": last_scale}))]
+                            data={"skipped": len(skipped), "window": len(window), "loss_scale": last_scale}))]
+
+
+def collapsed_window(skipped, scaled, before_gradients):
+    """The steps (indices) over which a LossScaleOptimizer skipped so many updates that training stalled; None if it
+    did not.
+
+    Args:
+        skipped: bool array, per step. The update was skipped.
+        scaled: bool array. The step scaled its loss (a LossScaleOptimizer was in use).
+        before_gradients: bool array. The step went non-finite before any gradient existed: its update was
+            skipped as a consequence, not by loss scaling, and does not count.
+    """
+    considered = _after_warm_up(np.flatnonzero(scaled & ~before_gradients), skipped)
+    window = considered[-SKIP_WINDOW * 4:]
+    if len(window) < SKIP_WINDOW or skipped[window].sum() / len(window) < SKIP_FRACTION_LIMIT:
+        return None
+    return window
+
+
+def record_flags(records):
+    """(skipped, scaled, before_gradients) bool arrays of StepRecords, for `collapsed_window`."""
+    return (np.array([bool(r.update_skipped) for r in records], bool), np.array([bool(r.loss_scale) for r in records],
+                                                                              bool),
+            np.array([r.phase in ("data", "forward", "loss") for r in records], bool))
+
+
+def _after_warm_up(considered, skipped):
+    """The steps `considered` (indices) less the LossScaleOptimizer's warm-up: the run of skipped updates it starts
+    with while it halves its scale down from 2^15. A warm-up still going after WARM_UP_SKIPS steps is kept: by then
+    no weight has changed for that long."""
+    flags = skipped[considered]
+    warm_up = int(np.argmin(flags)) if not flags.all() else len(considered)
+    if warm_up == len(considered):
+        return considered if warm_up >= WARM_UP_SKIPS else considered[:0]
+    return considered[warm_up:]
 
 
 def _float16_layers(report):

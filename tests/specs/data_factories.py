@@ -19,3 +19,12 @@ def dataset(rows=64, features=4):
 
     x, y = arrays(rows, features)
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+
+
+def late_spike(rows=96, features=4, block=16, spike_block=4, spike=20.0, target_scale=1.0):
+    """Random regression rows whose batch `spike_block` (of `block` rows, unshuffled) is `spike` times larger."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((rows, features)).astype(np.float32)
+    y = (target_scale * (x[:, :1] * 2.0 + 1.0)).astype(np.float32)
+    x[spike_block * block:(spike_block + 1) * block] *= spike
+    return x, y

@@ -27,3 +27,29 @@ def float16_layers(features=4):
     return keras.Sequential([keras.Input((features,)),
                              keras.layers.Dense(8, activation="relu", name="hidden", dtype="mixed_float16"),
                              keras.layers.Dense(1, name="out", dtype="float32")])
+
+
+class Exp(keras.layers.Layer):
+    """exp of its input, in the layer's compute dtype: float16 overflows above log(65504) ~ 11.09."""
+
+    def call(self, x):
+        return ops.exp(x)
+
+
+def exp_late_overflow(features=4):
+    """A float16 Exp whose inputs grow with the data: it overflows once a batch's pre-activations pass 11.09."""
+    return keras.Sequential([
+        keras.Input((features,)),
+        keras.layers.Dense(2, kernel_initializer=keras.initializers.Constant(0.25), bias_initializer="zeros",
+                           name="hidden"),
+        Exp(name="exp"),
+        keras.layers.Dense(1, kernel_initializer=keras.initializers.Constant(0.5), name="out", dtype="float32")])
+
+
+def float16_infinite_gradient(features=4):
+    """`infinite_gradient` in float16 layers built without the mixed-precision policy: nothing scales the loss."""
+    return keras.Sequential([keras.Input((features,)),
+                             keras.layers.Dense(3, kernel_initializer="zeros", bias_initializer="zeros", name="hidden",
+                                                dtype="mixed_float16"),
+                             SqrtAtZero(name="sqrt", dtype="mixed_float16"),
+                             keras.layers.Dense(1, name="out", dtype="float32")])
