@@ -179,3 +179,26 @@ def test_fixes_to_the_update_are_not_judged_on_a_step_whose_weights_already_over
     assert "from the fit run's report" in rec["evidence"][-1]
     assert (rec["verified"], rec["verification"]) == (None, [])  # undecided, not a false "no"
     assert any(note.startswith("--verify: lr/10, lr/100 (lower-learning-rate) not tried") for note in document["notes"])
+
+
+def test_a_mixed_float16_bundle_loads_with_its_loss_scale_optimizer(tmp_path):
+    x, y = data()
+    x[2 * BATCH + 3] *= 40.0  # a row of step 2 drives exp past float16's range
+    keras.utils.set_random_seed(0)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, name="proj"), fit_bundle.Exp(name="exp"),
+                                  keras.layers.Dense(1, name="out", dtype="float32")])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    model.compile(optimizer=keras.optimizers.SGD(1e-4), loss="mse")
+    bundle = tmp_path / "mixed"
+    scope = NanScope(verbose=0, repro=bundle)
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[scope])
+    assert scope.report.first_nonfinite.step == 2
+    document = json.loads(replay(bundle, "--json", "-").stdout)
+    first = document["first_nonfinite"]
+    assert (first["step"], first["phase"], first["layer"], first["op"]) == (2, "forward", "exp", "Exp")
+    assert first["inputs"]["dtype"] == "float16"
+    assert first["source"].endswith(f"fit_bundle.py:{tagged_line('producer: exp')}")
+    assert document["run"]["loss_scaling"] is True and keras.config.dtype_policy().name == "float32"

@@ -106,7 +106,7 @@ def replay_fit_bundle(directory, document, arrays, verify=False):
     Raises:
         NanscopeError: the bundle is incomplete, its user code is gone or its model does not load.
     """
-    from nanscope.keras.bundle import load_fit_repro, run_findings
+    from nanscope.keras.bundle_load import load_fit_repro, run_findings
     from nanscope.report import FirstNonfinite, TraceReport
     from nanscope.rules.diagnose import diagnose
 

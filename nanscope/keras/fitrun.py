@@ -75,8 +75,8 @@ class FitRun:
             self.repro_note = f"repro: no bundle written: the device holds step {snapshot.held_step()}, not {step}"
             return
         try:
-            save_fit_repro(where, self.model, [copy.numpy() for copy in snapshot.state.copies], snapshot.batch(),
-                           step, self.epoch)
+            code = save_fit_repro(where, self.model, [copy.numpy() for copy in snapshot.state.copies],
+                                  snapshot.batch(), step, self.epoch)
         except Exception as exc:
             log.warning("nanscope: the repro bundle of step %d could not be written to %s (%s: %s); training was "
                         "not affected", step, where, type(exc).__name__, first_line(exc))
@@ -85,6 +85,10 @@ class FitRun:
         self.repro_written = True
         self.repro_note = (f"repro: step {step} (epoch {self.epoch}) saved to {where}; `nanscope replay {where}` "
                            "replays it, `--verify` tries the fixes on it")
+        scripts = sorted({entry["file"] for entry in code if entry["module"] == "__main__"})
+        if scripts:
+            self.repro_note += (f"; replay imports the running script {', '.join(scripts)} for the model's code: keep "
+                                "its training under `if __name__ == \"__main__\":`")
 
     def _start_on_first_call(self):
         """Build the model from the first batch's spec when fit first calls its train function, then attach."""
