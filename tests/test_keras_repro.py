@@ -202,3 +202,24 @@ def test_a_mixed_float16_bundle_loads_with_its_loss_scale_optimizer(tmp_path):
     assert first["inputs"]["dtype"] == "float16"
     assert first["source"].endswith(f"fit_bundle.py:{tagged_line('producer: exp')}")
     assert document["run"]["loss_scaling"] is True and keras.config.dtype_policy().name == "float32"
+
+
+def test_verify_raises_the_epsilon_of_an_update_that_divides_by_zero(tmp_path):
+    x, y = data()
+    x[:, 0] = 0.0  # the kernel row of feature 0 gets a zero gradient: Adam's update is 0 / (0 + epsilon)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1, name="out")])
+    model.compile(optimizer=keras.optimizers.Adam(epsilon=0.0), loss="mse")
+    bundle = tmp_path / "eps"
+    scope = NanScope(verbose=0, repro=bundle)
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[scope])
+    assert (scope.report.first_nonfinite.step, scope.report.first_nonfinite.phase) == (0, "update")
+    result = replay(bundle, "--verify")
+    assert result.exit_code == 1 and "epsilon=0.0001" in result.stdout and "step finite" in result.stdout
+    document = json.loads(replay(bundle, "--verify", "--json", "-").stdout)
+    assert (document["first_nonfinite"]["phase"], document["first_nonfinite"]["op"]) == ("update", "RealDiv")
+    rec = document["recommendations"][0]
+    (row,) = rec["verification"]
+    assert (rec["id"], rec["verified"], row["fix"], row["finite"]) == ("optimizer-epsilon", True, "epsilon=0.0001",
+                                                                        True)
+    assert row["final_loss"] < row["loss"]  # the fixed update moved the weights downhill on this batch
