@@ -122,17 +122,23 @@ def test_a_subclassed_model_in_a_file_replays_from_its_bundle(tmp_path):
     assert first["source"].endswith(f"fit_bundle.py:{tagged_line('producer: sqrt')}")
 
 
-def test_a_model_keras_cannot_save_leaves_fit_running_and_no_folder(tmp_path, caplog):
+@pytest.mark.parametrize(("kind", "why"), [("no get_config", "NotImplementedError"),
+                                         ("lambda loss", "BundleError: test_a_model_keras_cannot_save")])
+def test_a_model_keras_cannot_save_leaves_fit_running_and_no_folder(tmp_path, caplog, kind, why):
     keras.utils.set_random_seed(0)
-    model = fit_bundle.Unsaveable(1)
-    model.compile(optimizer="sgd", loss=fit_bundle.root_loss)
+    if kind == "no get_config":
+        model = fit_bundle.Unsaveable(1)
+        model.compile(optimizer="sgd", loss=fit_bundle.root_loss)
+    else:
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss=lambda y, p: tf.reduce_mean(tf.sqrt(p - y)))
     with caplog.at_level(logging.WARNING, logger="nanscope"):
         scope = fit(model, tmp_path / "bundle", stop_on_nonfinite=False)
     assert scope.report.steps_run == 2 * ROWS // BATCH  # fit ran to its end, recording every step
     assert scope.report.first_nonfinite.op == "Sqrt"
     warnings = [r.getMessage() for r in caplog.records if r.name == "nanscope"]
     assert len(warnings) == 1 and "repro bundle" in warnings[0] and "\n" not in warnings[0]
-    assert any(note.startswith(f"repro: no bundle written to {tmp_path / 'bundle'}: NotImplementedError")
+    assert any(note.startswith(f"repro: no bundle written to {tmp_path / 'bundle'}: {why}")
                for note in scope.report.notes)
     assert list(tmp_path.iterdir()) == []  # nothing half-written left behind
 
