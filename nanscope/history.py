@@ -88,7 +88,7 @@ def scalar_row(record):
         "applied_grad_global_norm": record.applied_grad_global_norm,
         # 0 is "no loss scaling" (a StepRecord's None), as the step writes it.
         "loss_scale": record.loss_scale or 0.0, "update_skipped": float(record.update_skipped),
-        "loss_scale_before": record.loss_scale_before or 0.0,
+        "loss_scale_before": record.loss_scale_before or 0.0, "loss_missing": float(record.loss_missing),
     }
     for index, output in enumerate(record.outputs):
         values.update({f"output{index}/loss": output.loss, f"output{index}/target_nonfinite": output.target_nonfinite,

@@ -28,6 +28,7 @@ SCHEMA = "nanscope.trace/1"
 STEP_FIELDS = (
     "step", "loss", "data_loss", "grad_global_norm", "applied_grad_global_norm", "x_nonfinite", "y_nonfinite",
     "output_nonfinite", "grad_nonfinite", "weights_nonfinite", "loss_scale", "update_skipped", "loss_scale_before",
+    "loss_missing",
 )
 
 
@@ -283,6 +284,8 @@ def step_json(record, output_names=()):
     """A step of the report's JSON: STEP_FIELDS, the phase, per-replica non-finite counts under tf.distribute,
     and per output of a multi-output model its loss and non-finite counts."""
     row = {**{f: getattr(record, f) for f in STEP_FIELDS}, "phase": record.phase}
+    if record.loss_missing:
+        row["loss"] = row["data_loss"] = None  # unknown: the step gave no loss, which is not a non-finite one
     if record.replica_nonfinite:
         row["replica_nonfinite"] = list(record.replica_nonfinite)
     if record.worker_nonfinite:

@@ -169,6 +169,7 @@ class Overview:
         curves: dict of str -> Curve. The CURVES columns.
         last_loss_scale: float or None. The last non-zero loss scale (0 is a step without loss scaling).
         skipped_updates: int. Steps whose update was skipped.
+        loss_missing: int. Steps that gave no loss to record (`instrument` around a step that returns none).
         first_nonfinite: (int, int) or None. (step, phase code) of the first step with a non-zero phase.
     """
 
@@ -176,6 +177,7 @@ class Overview:
     curves: dict = field(default_factory=dict)
     last_loss_scale: float | None = None
     skipped_updates: int = 0
+    loss_missing: int = 0
     first_nonfinite: tuple | None = None
 
 
@@ -184,6 +186,7 @@ def overview(series, width=OVERVIEW_WIDTH):
     count = series.count
     at = {name: series.columns.at(name) for name in (*CURVES, "loss_scale", "update_skipped", "phase")}
     curves = {name: _CurveReducer(count, width) for name in CURVES}
+    missing = series.columns.at("loss_missing") if "loss_missing" in series.columns else None
     result, start = Overview(), 0
     for steps, values in series.chunks():
         for name, reducer in curves.items():
@@ -193,6 +196,8 @@ def overview(series, width=OVERVIEW_WIDTH):
         if len(nonzero):
             result.last_loss_scale = float(scales[nonzero[-1]])
         result.skipped_updates += int(np.count_nonzero(values[:, at["update_skipped"]] != 0))
+        if missing is not None:  # a trace written before the column existed has none
+            result.loss_missing += int(np.count_nonzero(values[:, missing] != 0))
         bad = np.flatnonzero(values[:, at["phase"]] != 0)
         if result.first_nonfinite is None and len(bad):
             result.first_nonfinite = (int(steps[bad[0]]), int(values[bad[0], at["phase"]]))

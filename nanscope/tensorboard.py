@@ -59,7 +59,8 @@ class TensorBoardLog:
         """Write one step's scalars."""
         with self._writer.as_default(step=record.step):
             for tag, attribute in STEP_SCALARS.items():
-                self._scalar(tag, getattr(record, attribute))
+                if not (record.loss_missing and attribute in ("loss", "data_loss")):  # unknown: nothing to draw
+                    self._scalar(tag, getattr(record, attribute))
             for name, stats in zip(self.layer_names, record.layers):
                 if stats.called:
                     for quantity in LAYER_SCALARS:

@@ -170,3 +170,64 @@ def test_a_gan_whose_generator_goes_nonfinite_names_it():
         train_step(rng.standard_normal((8, 4)).astype(np.float32), rng.standard_normal((8, 2)).astype(np.float32))
     first = train_step.nanscope.report.first_nonfinite
     assert (first.step, first.phase, first.layer, first.op) == (0, "forward", "g_log", "Log")
+
+
+def test_a_step_that_returns_no_loss_records_it_as_unknown_not_as_a_value(tmp_path):
+    model, optimizer = regression()
+    loss_fn = keras.losses.MeanSquaredError()
+
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+    path = tmp_path / "nanscope.json"
+    instrumented = nanscope.instrument(model, optimizer, report=path, verbose=0)(train_step)
+    for x, y in batches(3):
+        instrumented(x, y)
+    report = instrumented.nanscope.finish()
+    assert all(r.loss_missing and np.isnan(r.loss) and r.phase is None for r in report.records)
+    assert report.first_nonfinite is None and report.status == "healthy"
+    assert all(r.grad_global_norm > 0 for r in report.records)  # the rest is still measured
+    assert any("returned no loss on 3 of 3 step(s)" in note for note in report.notes)
+    document = json.loads(path.read_text())
+    assert [(s["loss"], s["loss_missing"]) for s in document["steps"]] == [(None, True)] * 3
+    from rich.console import Console
+
+    from nanscope.render.trace_report import render_trace_report
+
+    console = Console(width=120, record=True)
+    render_trace_report(report, console)
+    text = console.export_text()
+    assert "unknown: the step returned no loss" in text and "none returned" in text
+
+
+class SqrtAtZero(keras.layers.Layer):
+    def call(self, x):
+        return tf.sqrt(tf.nn.relu(x))  # finite at 0, its gradient is not
+
+
+def test_without_a_returned_loss_a_nonfinite_gradient_is_still_found():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3, kernel_initializer="zeros", name="hidden"),
+                              SqrtAtZero(name="sqrt"), keras.layers.Dense(1, name="out")])
+    optimizer = keras.optimizers.SGD(0.01)
+    loss_fn = keras.losses.MeanSquaredError()
+
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return {"grad_norm": tf.linalg.global_norm(grads)}  # a structure without a "loss" key
+
+    instrumented = nanscope.instrument(model, optimizer, verbose=0)(train_step)
+    with pytest.raises(nanscope.NonFiniteError):
+        for x, y in batches(3):
+            instrumented(x, y)
+    report = instrumented.nanscope.report
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.layer, first.op) == (0, "backward", "sqrt", "SqrtGrad")
+    assert report.records[0].loss_missing and not report.records[0].loss_nonfinite

@@ -7,6 +7,8 @@ x and y non-finite counts by their number). A producer and a decoder that disagr
 where a column is put one of these values in the wrong field, and the test fails.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -200,6 +202,12 @@ def test_the_history_row_puts_every_value_in_the_column_of_its_name():
     for index, output in enumerate(record.outputs):
         expected.update({f"output{index}/{name}": getattr(output, name) for name in OUTPUT})
     assert row == expected
-    # Every value distinct, so any two swapped columns fail the comparison above; only the flag
-    # update_skipped (1.0) and the phase ("data", 1) share one.
-    assert len(set(row.values())) == len(row) - 1
+    # Every value but the flags' distinct, so any two swapped columns fail the comparison above;
+    # each flag set alone must land in its own column.
+    flags = ("loss_nonfinite", "update_skipped", "loss_missing")
+    numbers = [value for name, value in row.items() if name not in flags]
+    assert len(set(numbers)) == len(numbers)
+    for flag in flags:
+        alone = dataclasses.replace(record, **{name: name == flag for name in flags})
+        row = series_columns(2).named(scalar_row(alone))
+        assert {name: row[name] for name in flags} == {name: float(name == flag) for name in flags}

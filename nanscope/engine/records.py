@@ -77,6 +77,9 @@ class StepRecord:
         loss_scale_before: float or None. Its scale before the step, the one this step's loss was scaled by.
         update_skipped: bool. The LossScaleOptimizer skipped this update: its scaled gradients
             overflowed, which is how dynamic loss scaling works, not a failure of the run.
+        loss_missing: bool. The step gave no loss to record (a custom step under `instrument` that
+            returns none): `loss` and `data_loss` are NaN for "unknown", and do not make the step
+            non-finite; the batch, layers, gradients and weights still do.
         expected_nonfinite: list of int. Indices of layers whose non-finite outputs are
             intended (an attention mask's -inf): reported, but they do not make a step non-finite.
         replica_nonfinite: list of int. Under tf.distribute, per replica: non-finite entries in
@@ -107,6 +110,7 @@ class StepRecord:
     loss_scale: float | None = None
     update_skipped: bool = False
     loss_scale_before: float | None = None
+    loss_missing: bool = False
     replica_nonfinite: list = field(default_factory=list)
     worker_nonfinite: list = field(default_factory=list)
     outputs: list = field(default_factory=list)
@@ -134,6 +138,7 @@ class StepRecord:
             loss_scale=s["loss_scale"] or None,
             update_skipped=bool(s["update_skipped"]),
             loss_scale_before=s["loss_scale_before"] or None,
+            loss_missing=bool(s["loss_missing"]),
             outputs=outputs,
         )
 
@@ -149,7 +154,7 @@ class StepRecord:
             return "data"
         if self.unexpected_nonfinite_layers() or (self.output_nonfinite and not self._expected_layers_nonfinite()):
             return "forward"
-        if self.loss_nonfinite or not math.isfinite(self.loss):
+        if self.loss_nonfinite or not (self.loss_missing or math.isfinite(self.loss)):
             return "loss"
         if (self.grad_nonfinite or not math.isfinite(self.grad_global_norm)) and not self.absorbed:
             return "backward"

@@ -68,8 +68,10 @@ class Columns(tuple):
 SCALARS = Columns(
     "loss", "data_loss", "x_nonfinite", "y_nonfinite", "output_nonfinite", "loss_nonfinite",
     "grad_global_norm", "grad_nonfinite", "weights_nonfinite", "applied_grad_global_norm", "loss_scale",
-    "update_skipped", "loss_scale_before",
+    "update_skipped", "loss_scale_before", "loss_missing",
 )
+# `loss_missing` is 1 where the step gave no loss to record (a custom step under `instrument` that returns
+# none): `loss` and `data_loss` then hold NaN, which means "unknown", not a non-finite loss.
 # Scalars that count non-finite entries (or flag a non-finite value) in some phase.
 SCALAR_COUNTS = ("x_nonfinite", "y_nonfinite", "output_nonfinite", "loss_nonfinite", "grad_nonfinite",
                  "weights_nonfinite")

@@ -206,6 +206,7 @@ class InstrumentedStep:
             if self.loss_scaled else 0.0,
             "update_skipped": self._skipped(applied, scale),
             "loss_scale_before": scale if self.loss_scaled else 0.0,
+            "loss_missing": 0.0,
         }) + [column for row in (per_output if self.loss.multi_output else []) for column in row])
         layer_terms = tf.stack(self._loss_terms) if self._loss_terms else tf.zeros([0])
         return scalars, self._recorder.stats_matrix(), layer_terms, var_stats

@@ -140,13 +140,17 @@ class StepCapture:
 
         Args:
             x, y: the batch's inputs and targets (structures of tensors, y may be None).
-            loss: the step's loss tensor, or None where the `compute_loss` hook caught it.
+            loss: the step's loss tensor, or None where the `compute_loss` hook caught it (or there is none).
             layers: the probed layers, for their loss terms.
+
+        A step with no loss at all records `loss_missing`: NaN for the loss, which is then unknown, and no
+        non-finite loss (that would be a finding about a value nobody saw).
         """
         flat_x = [t for t in tf.nest.flatten(x) if t is not None and tf.is_tensor(t)]
         var_rows, grad_norm, applied_norm = self._variable_rows()
         total = self.loss if loss is None else loss
-        total = tf.cast(tf.reduce_sum(total), tf.float32) if total is not None else tf.constant(float("nan"))
+        missing = total is None
+        total = tf.cast(tf.reduce_sum(total), tf.float32) if not missing else tf.constant(float("nan"))
         if self.replicas > 1:
             total = total * self.replicas  # Keras divides each replica's loss by the replica count
         terms = loss_terms(layers, self.keras_models)
@@ -156,7 +160,8 @@ class StepCapture:
             "x_nonfinite": count_nonfinite(flat_x),
             "y_nonfinite": count_nonfinite([t for t in tf.nest.flatten(y) if tf.is_tensor(t)] if y is not None else []),
             "output_nonfinite": count_nonfinite(tf.nest.flatten(self.y_pred) if self.y_pred is not None else []),
-            "loss_nonfinite": tf.cast(tf.logical_not(tf.math.is_finite(total)), tf.float32),
+            "loss_nonfinite": tf.constant(0.0) if missing else tf.cast(tf.logical_not(tf.math.is_finite(total)),
+                                                                       tf.float32),
             "grad_global_norm": grad_norm,
             "grad_nonfinite": tf.reduce_sum(var_rows[:, VARIABLE.at("grad_nonfinite")]),
             "weights_nonfinite": tf.reduce_sum(var_rows[:, VARIABLE.at("weight_nonfinite")]),
@@ -164,6 +169,7 @@ class StepCapture:
             "loss_scale": self.scale_after if self.scale_after is not None else tf.constant(0.0),
             "update_skipped": skipped,
             "loss_scale_before": self.scale_before if self.scale_before is not None else tf.constant(0.0),
+            "loss_missing": tf.constant(1.0 if missing else 0.0),
         }
         return values, var_rows, terms
 

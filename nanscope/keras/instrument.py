@@ -246,10 +246,9 @@ class GuestRun:
     def _write(self, capture, args, kwargs, result):
         batch = [t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t)]
         stats = self.layer_probe.stats_matrix()
-        loss = returned_loss(result)
-        # A step that returns no loss records 0: nothing non-finite is claimed about a value not seen.
+        # A step that returns no loss records it as unknown (`loss_missing`), never as a value.
         values, var_rows, terms = capture.values([t for t in batch if t.dtype.is_floating], None,
-                                                 loss if loss is not None else tf.constant(0.0), self.layers)
+                                                 returned_loss(result), self.layers)
         rows = tf.cast(tf.shape(batch[0])[0], tf.float32) if batch and batch[0].shape.rank else tf.constant(0.0)
         self.rows.write(tf.concat([tf.stack([rows]), join([capture.scalars(values, None, None), stats,
                                                            tf.stack(terms), var_rows])], axis=0))

@@ -164,6 +164,12 @@ class StepRecorder:
 
     def _notes(self):
         notes = []
+        missing = self.history.overview().loss_missing
+        if missing:
+            notes.append(f"the step returned no loss on {missing} of {self.history.count} step(s) (None, or nothing "
+                         "that is a tensor or has a \"loss\" key): the loss is unknown there (null in the JSON) and "
+                         "not counted as non-finite; non-finite values are still found in the batch, the layers, "
+                         "the gradients and the weights")
         if self.dropped:
             notes.append(f"{self.dropped} step(s) after the first non-finite one ran in the same execution "
                          "(steps_per_execution) before training could stop; their records are left out")

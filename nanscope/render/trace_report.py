@@ -85,13 +85,17 @@ def _loss_scale_text(report):
 
 
 def _curves(report):
-    curves = report.history.overview().curves
+    seen = report.history.overview()
+    curves = seen.curves
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
     grid.add_column(style="dim")
     for label, name in (("loss", "loss"), ("grad norm", "grad_global_norm")):
         curve = curves[name]
+        if name == "loss" and seen.steps and seen.loss_missing == seen.steps:
+            grid.add_row(label, Text("unknown: the step returned no loss", style="yellow"), "")
+            continue
         grid.add_row(label, sparkline(curve.points), f"{fmt(curve.first_finite)} -> {fmt(curve.last)}")
     return Panel(grid, title="over steps (log scale; x = non-finite)", title_align="left")
 
@@ -105,7 +109,8 @@ def _steps_table(report):
         style = "red" if record.phase else None
         counts = f"{record.x_nonfinite + record.y_nonfinite}/{record.output_nonfinite}/" \
                  f"{record.grad_nonfinite}/{record.weights_nonfinite}"
-        table.add_row(str(record.step), fmt(record.loss), fmt(record.grad_global_norm),
+        loss = "none returned" if record.loss_missing else fmt(record.loss)
+        table.add_row(str(record.step), loss, fmt(record.grad_global_norm),
                       fmt(record.applied_grad_global_norm), counts, record.phase or _skipped_text(record), style=style)
     return table
 
