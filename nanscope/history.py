@@ -35,7 +35,7 @@ import numpy as np
 from nanscope.engine.records import LayerStats, OutputStats
 from nanscope.engine.schema import OUTPUT, SCALARS, Columns
 from nanscope.rules.outliers import SPIKE_FACTOR, SPIKE_WINDOW
-from nanscope.series import OVERVIEW_WIDTH, ScalarColumns, overview
+from nanscope.series import OVERVIEW_WIDTH, ScalarColumns
 
 # Full rows kept at the start, at the end, and around each event; steps in the even sample.
 DEFAULT_KEEP = 500
@@ -367,7 +367,7 @@ class StepHistory:
     def overview(self, width=OVERVIEW_WIDTH):
         """What a report shows of every step's scalars (series.Overview), in bounded size; cached until a new step."""
         if self._overview is None or self._overview[0] != (self.count, width):
-            self._overview = ((self.count, width), overview(self.series, width))
+            self._overview = ((self.count, width), self.series.overview(width))
         return self._overview[1]
 
     def phases(self):

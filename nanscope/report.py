@@ -387,7 +387,7 @@ class _TraceReader:
             self.history.keep_row(record)
 
     def scalars(self, path, number, line):
-        self.history.series.extend(self.rows(path, number, line)[0])
+        self.history.series.extend(*self.rows(path, number, line))
 
     def rows(self, path, number, line):
         """(steps, float32 values in the history's column order) of one line's scalar rows, or None."""

@@ -1,22 +1,24 @@
-"""Every step's scalars: held in memory while a run records them, or read back from its trace in chunks.
+"""Every step's scalars: held in memory while a run records them, or folded as a trace streams past.
 
 A `StepHistory` keeps one scalar row per step (loss, gradient norms, non-finite
 counts, phase, ...; see history.series_columns). A running `trace-steps`, the
 callback and `instrument` hold them in `ScalarColumns`, float32 blocks a few dozen
 bytes a step, because the plot, TensorBoard and the rules read them whole.
-`nanscope report TRACE` needs only a few reductions of them (`Overview`: the
+`nanscope report TRACE` needs only what the report shows of them (`Overview`: the
 curves' sparklines, first and last values, the last loss scale, the skipped
-updates), so it holds `TraceColumns`, which counts the rows as the trace streams
-past and reads them back from the file, chunk by chunk, when asked: its memory
-does not grow with the run's length.
+updates, the first non-finite step), so it holds `TraceColumns`, which folds the
+rows into an Overview as the trace streams past and reads them back from the file
+only for a caller that asks for whole columns: its memory does not grow with the
+run's length.
 
-Both give their rows as chunks of (steps, float32 values); `overview` reduces
-chunks, so a report redrawn from its trace shows what the run showed.
+Both fold their rows with the same `OverviewFold`, in constant memory (a curve is
+at most 2 * OVERVIEW_WIDTH buckets whose size doubles as steps come), so a report
+redrawn from its trace shows what the run showed.
 
 Example:
     columns = ScalarColumns(series_columns(0))
     columns.append(0, row)
-    overview(columns).curves["loss"].points      # at most OVERVIEW_WIDTH values
+    columns.overview().curves["loss"].points      # at most 2 * OVERVIEW_WIDTH values
 """
 
 import math
@@ -73,16 +75,20 @@ class ScalarColumns:
         index = self.columns.at(name)
         return _joined([values[:, index] for _, values in self.chunks()], np.float32).astype(np.float64)
 
+    def overview(self, width=OVERVIEW_WIDTH):
+        """The Overview of every row."""
+        return fold_overview(self, width)
+
     @property
     def nbytes(self):
         return sum(b.nbytes for b in self._values) + sum(b.nbytes for b in self._steps)
 
 
 class TraceColumns:
-    """The scalar rows of a trace file: counted as the reader streams past them, read back in chunks on demand.
+    """The scalar rows of a trace file: folded into an Overview as the reader streams past them, read back from
+    the file in chunks only when a caller asks for whole columns.
 
-    Nothing per step stays in memory. `column` and `steps` still give whole arrays, for a
-    caller that asks for them; `overview` reads the file once more, in chunks.
+    Nothing per step stays in memory.
 
     Args:
         path: Path. The trace file.
@@ -95,14 +101,31 @@ class TraceColumns:
     def __init__(self, path, columns, rows):
         self.columns, self.count = columns, 0
         self._path, self._rows = path, rows
+        self._fold, self._pending, self._held = OverviewFold(columns), [], 0
 
     def append(self, step, row):
-        """Count one row (the reader gives it back from the file when asked)."""
-        self.count += 1
+        """Add one row (a trace whose every step is a full row)."""
+        self.extend(np.array([step], np.int64), np.array([row], np.float32))
 
-    def extend(self, steps):
-        """Count the rows of one trace line."""
+    def extend(self, steps, values):
+        """Add the rows of one trace line: (steps int64, float32 values [rows, columns])."""
         self.count += len(steps)
+        self._pending.append((steps, values))
+        self._held += len(steps)
+        if self._held >= READ_ROWS:
+            self._flush()
+
+    def _flush(self):
+        if self._pending:
+            self._fold.add(np.concatenate([s for s, _ in self._pending]), np.concatenate([v for _, v in self._pending]))
+            self._pending, self._held = [], 0
+
+    def overview(self, width=OVERVIEW_WIDTH):
+        """The Overview of the rows added so far (read back from the file for another width)."""
+        if width != self._fold.width:
+            return fold_overview(self, width)
+        self._flush()
+        return self._fold.overview()
 
     def chunks(self):
         """(steps int64, values float32 [rows, columns]) of the first `count` rows of the file, in order."""
@@ -148,9 +171,10 @@ class Curve:
     """A column over the whole run, for a sparkline.
 
     Args:
-        points: list of float. Every value for a run of at most `width` steps; else `width`
-            buckets of consecutive steps, each its largest |value|, or NaN where it holds a
-            non-finite one.
+        points: list of float. At most 2 * width buckets of consecutive steps, all of one
+            power-of-two size (one step each for a run of at most 2 * width steps), each its
+            largest |value|, or NaN where it holds a non-finite value; render.format.sparkline
+            resamples them to `width`.
         first_finite: float or None. The first finite value (the first value when none is finite).
         last: float or None. The last value.
     """
@@ -165,7 +189,7 @@ class Overview:
     """What a report shows of every step's scalars, in bounded size.
 
     Args:
-        steps: int. Rows reduced.
+        steps: int. Rows folded.
         curves: dict of str -> Curve. The CURVES columns.
         last_loss_scale: float or None. The last non-zero loss scale (0 is a step without loss scaling).
         skipped_updates: int. Steps whose update was skipped.
@@ -181,44 +205,65 @@ class Overview:
     first_nonfinite: tuple | None = None
 
 
-def overview(series, width=OVERVIEW_WIDTH):
-    """The Overview of `series` (ScalarColumns or TraceColumns), in one pass over its chunks."""
-    count = series.count
-    at = {name: series.columns.at(name) for name in (*CURVES, "loss_scale", "update_skipped", "phase")}
-    curves = {name: _CurveReducer(count, width) for name in CURVES}
-    missing = series.columns.at("loss_missing") if "loss_missing" in series.columns else None
-    result, start = Overview(), 0
+def fold_overview(series, width=OVERVIEW_WIDTH):
+    """The Overview of `series` (anything with `columns` and `chunks()`), in one pass over its chunks."""
+    fold = OverviewFold(series.columns, width)
     for steps, values in series.chunks():
-        for name, reducer in curves.items():
-            reducer.add(start, values[:, at[name]].astype(np.float64))
-        scales = values[:, at["loss_scale"]]
+        fold.add(steps, values)
+    return fold.overview()
+
+
+class OverviewFold:
+    """Folds chunks of scalar rows, in step order, into an Overview, in constant memory.
+
+    Args:
+        columns: Columns. The names of a row's values.
+        width: int, default OVERVIEW_WIDTH. The sparkline's width.
+    """
+
+    def __init__(self, columns, width=OVERVIEW_WIDTH):
+        self.width = width
+        self._at = {name: columns.at(name) for name in ("loss_scale", "update_skipped", "phase")}
+        self._curves = {name: _CurveFold(columns.at(name), 2 * width) for name in CURVES}
+        # A trace written before the loss_missing column existed has none.
+        self._missing = columns.at("loss_missing") if "loss_missing" in columns else None
+        self._result = Overview()
+
+    def add(self, steps, values):
+        """Fold (steps int64, values float32 [rows, columns])."""
+        result = self._result
+        for curve in self._curves.values():
+            curve.add(values)
+        scales = values[:, self._at["loss_scale"]]
         nonzero = np.flatnonzero(scales != 0)
         if len(nonzero):
             result.last_loss_scale = float(scales[nonzero[-1]])
-        result.skipped_updates += int(np.count_nonzero(values[:, at["update_skipped"]] != 0))
-        if missing is not None:  # a trace written before the column existed has none
-            result.loss_missing += int(np.count_nonzero(values[:, missing] != 0))
-        bad = np.flatnonzero(values[:, at["phase"]] != 0)
+        result.skipped_updates += int(np.count_nonzero(values[:, self._at["update_skipped"]] != 0))
+        if self._missing is not None:
+            result.loss_missing += int(np.count_nonzero(values[:, self._missing] != 0))
+        bad = np.flatnonzero(values[:, self._at["phase"]] != 0)
         if result.first_nonfinite is None and len(bad):
-            result.first_nonfinite = (int(steps[bad[0]]), int(values[bad[0], at["phase"]]))
-        start += len(steps)
-    result.steps = start
-    result.curves = {name: reducer.curve() for name, reducer in curves.items()}
-    return result
+            result.first_nonfinite = (int(steps[bad[0]]), int(values[bad[0], self._at["phase"]]))
+        result.steps += len(steps)
+
+    def overview(self):
+        """The Overview of the rows folded so far."""
+        return Overview(self._result.steps, {name: curve.curve() for name, curve in self._curves.items()},
+                        self._result.last_loss_scale, self._result.skipped_updates, self._result.loss_missing,
+                        self._result.first_nonfinite)
 
 
-class _CurveReducer:
-    """Folds chunks of one column into a Curve; the buckets are render.format.sparkline's for `count` values."""
+class _CurveFold:
+    """One column's Curve: its values' largest |value| in `capacity` buckets whose size doubles as steps come."""
 
-    def __init__(self, count, width):
-        self.resampled = count > width
-        bucket = count / width
-        self.edges = np.array([int(i * bucket) for i in range(width + 1)], np.int64) if self.resampled else None
-        self.peak = np.zeros(width)
-        self.bad = np.zeros(width, bool)
-        self.points, self.first_finite, self.first, self.last = [], None, None, None
+    def __init__(self, index, capacity):
+        self.index, self.capacity = index, capacity
+        self.size, self.count = 1, 0
+        self.peak, self.bad = np.zeros(capacity), np.zeros(capacity, bool)
+        self.first_finite = self.first = self.last = None
 
-    def add(self, start, values):
+    def add(self, rows):
+        values = rows[:, self.index].astype(np.float64)
         if not len(values):
             return
         self.first = values[0] if self.first is None else self.first
@@ -226,15 +271,24 @@ class _CurveReducer:
         finite = np.isfinite(values)
         if self.first_finite is None and finite.any():
             self.first_finite = values[np.argmax(finite)]
-        if not self.resampled:
-            self.points.extend(values.tolist())
-            return
-        bucket = np.searchsorted(self.edges, np.arange(start, start + len(values)), side="right") - 1
-        inside = bucket < len(self.peak)  # a value past the last edge is in no bucket (as in sparkline)
-        np.maximum.at(self.peak, bucket[inside & finite], np.abs(values[inside & finite]))
-        self.bad[bucket[inside & ~finite]] = True
+        while (self.count + len(values) - 1) // self.size >= self.capacity:
+            self._halve()
+        bucket = np.arange(self.count, self.count + len(values)) // self.size
+        starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
+        at = bucket[starts]
+        self.peak[at] = np.maximum(self.peak[at], np.maximum.reduceat(np.where(finite, np.abs(values), 0.0), starts))
+        self.bad[at] |= np.logical_or.reduceat(~finite, starts)
+        self.count += len(values)
+
+    def _halve(self):
+        """Merge neighbouring buckets pairwise: twice the steps per bucket, half the buckets."""
+        half = self.capacity // 2
+        self.peak = np.r_[np.maximum(self.peak[0::2], self.peak[1::2]), np.zeros(half)]
+        self.bad = np.r_[self.bad[0::2] | self.bad[1::2], np.zeros(half, bool)]
+        self.size *= 2
 
     def curve(self):
-        points = self.points if not self.resampled else np.where(self.bad, math.nan, self.peak).tolist()
+        used = -(-self.count // self.size)
         first = self.first_finite if self.first_finite is not None else self.first
-        return Curve(points, None if first is None else float(first), None if self.last is None else float(self.last))
+        return Curve(np.where(self.bad[:used], math.nan, self.peak[:used]).tolist(),
+                     None if first is None else float(first), None if self.last is None else float(self.last))

@@ -15,14 +15,23 @@ from nanscope.history import StepHistory, series_columns
 from nanscope.render.format import sparkline
 from nanscope.render.trace_report import render_trace_report
 from nanscope.report import aggregates_json, load_trace
-from nanscope.series import ScalarColumns, overview
+from nanscope.series import OverviewFold, ScalarColumns
 from nanscope.tracefile import TraceWriter
 
 LAYOUT = StepLayout(outputs=0, layers=3, terms=4, variables=4)
 
 
-@pytest.mark.parametrize("count", [0, 1, 59, 60, 61, 121, 5000])
-def test_the_overview_is_what_the_sparkline_of_every_step_shows(count):
+def reference_points(values, width=60):
+    """The curve's buckets, slowly: the smallest power-of-two size that needs at most 2 * width of them."""
+    size = 1
+    while -(-len(values) // size) > 2 * width:
+        size *= 2
+    buckets = [values[i:i + size] for i in range(0, len(values), size)]
+    return [math.nan if any(not math.isfinite(v) for v in b) else max(abs(v) for v in b) for b in buckets]
+
+
+@pytest.mark.parametrize("count", [0, 1, 59, 60, 61, 120, 121, 5000])
+def test_the_overview_folds_every_step_in_bounded_size(count):
     columns = series_columns(0)
     series, rng = ScalarColumns(columns), np.random.default_rng(count)
     for step in range(count):
@@ -31,11 +40,14 @@ def test_the_overview_is_what_the_sparkline_of_every_step_shows(count):
         row[columns.at("loss")] = [math.nan, math.inf, -1e30, 2.0][step % 4] if step % 97 == 5 else row[0]
         row[columns.at("loss_scale")] = 0 if step % 3 else step
         series.append(step, row.tolist())
-    seen = overview(series)
+    seen = series.overview()
     for name in ("loss", "grad_global_norm"):
         values = series.column(name).tolist()
-        assert len(seen.curves[name].points) <= 60
-        assert sparkline(seen.curves[name].points) == sparkline(values)  # the slow, obvious reference
+        points = seen.curves[name].points
+        assert len(points) <= 120
+        np.testing.assert_array_equal(points, reference_points(values))  # the slow, obvious reference
+        if count <= 120:  # a short run's sparkline is the one of its every step
+            assert sparkline(points) == sparkline(values)
         assert seen.curves[name].last == (values[-1] if values else None)
         finite = [v for v in values if math.isfinite(v)]
         assert seen.curves[name].first_finite == (finite[0] if finite else values[0] if values else None)
@@ -43,6 +55,15 @@ def test_the_overview_is_what_the_sparkline_of_every_step_shows(count):
     assert seen.last_loss_scale == (scales[-1] if scales else None)
     assert seen.skipped_updates == int((series.column("update_skipped") != 0).sum())
     assert seen.first_nonfinite == ((count - 7, 3) if count >= 7 else None)
+
+    # Folded in chunks of any size, as a trace streams past: the same overview.
+    fold, start = OverviewFold(columns), 0
+    steps, values = series.steps(), np.concatenate([v for _, v in series.chunks()]) if count else None
+    while start < count:
+        end = start + int(rng.integers(1, 300))
+        fold.add(steps[start:end], values[start:end])
+        start = end
+    assert repr(fold.overview()) == repr(seen)
 
 
 def synthetic_trace(path, steps, real=64):
