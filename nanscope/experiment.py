@@ -11,8 +11,11 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from nanscope import interrupt
 from nanscope.data import targets
+from nanscope.history import StepHistory
 from nanscope.jsonio import jsonable
 
 
@@ -45,58 +48,89 @@ class Change:
 
 @dataclass
 class ExperimentResult:
-    """What one run with a change did.
+    """What one run with a change did, in memory that does not hold a Python object per step.
 
     Args:
         name, params: from the Change.
-        records: list of StepRecord.
+        history: StepHistory. Every step's scalars (float32 columns), the full rows of a bounded
+            set of steps (every step of a short run) and exact per-layer and per-variable aggregates.
         first_nonfinite_step: int or None.
         final_loss, best_loss: float or None. Training loss at the last step / lowest over finite steps.
         val_loss: float or None. Validation loss after the last step (None when non-finite or no validation part).
         start_fingerprint: float or None. Sum of |w| over the model's state as the run started (fingerprint=True).
         batches_fingerprint: int or None. CRC32 of the bytes of every batch fed, in order (fingerprint=True).
+        first_nonfinite_phase: str or None. The phase of the first non-finite step.
+        first_loss: float or None. The training loss of the first step.
+        first_healthy: StepRecord or None. The full row of the first finite step whose update was applied and
+            whose global gradient norm is finite.
     """
 
     name: str
     params: dict
-    records: list
+    history: StepHistory
     first_nonfinite_step: int | None
     final_loss: float | None
     best_loss: float | None
     val_loss: float | None
     start_fingerprint: float | None = None
     batches_fingerprint: int | None = None
+    first_nonfinite_phase: str | None = None
+    first_loss: float | None = None
+    first_healthy: object | None = None
 
     @property
     def finite(self):
         return self.first_nonfinite_step is None
 
     @property
+    def steps_run(self):
+        return self.history.count
+
+    @property
+    def records(self):
+        """The kept full rows (StepRecord), in step order: every step of a run shorter than 2 * keep steps."""
+        return self.history.kept()
+
+    @property
     def losses(self):
-        return [r.loss for r in self.records]
+        """Every step's training loss."""
+        return self.history.column("loss").tolist()
+
+    @property
+    def grad_global_norms(self):
+        """Every step's global gradient norm."""
+        return self.history.column("grad_global_norm").tolist()
+
+    def healthy_grad_norms(self):
+        """The finite global gradient norms of the finite steps whose update was applied, as a float64 array."""
+        norms = self.history.column("grad_global_norm")
+        applied = self.history.column("update_skipped") == 0
+        return norms[(self.history.phases() == 0) & applied & np.isfinite(norms)]
 
     @property
     def skipped_updates(self):
         """Updates a LossScaleOptimizer skipped on steps that stayed finite: its scaled gradients overflowed
         float16, which dynamic loss scaling absorbs (the step is not a failure, but no weight changed)."""
-        return sum(1 for r in self.records if r.update_skipped and r.phase is None)
+        return int(np.count_nonzero((self.history.column("update_skipped") != 0) & (self.history.phases() == 0)))
 
     @property
     def stalled(self):
         """True when loss scaling skipped so many updates that the run did not train: every one of them, or so
         many after its warm-up that the scale collapsed (`rules.precision.collapsed_window`). Such a run can
         stay finite only because no weight changed."""
-        from nanscope.rules.precision import collapsed_window, record_flags
+        from nanscope.rules.precision import BEFORE_GRADIENTS, collapsed_window
 
-        if not self.records or not any(r.update_skipped for r in self.records):
+        skipped = self.history.column("update_skipped") != 0
+        if not skipped.any():
             return False
-        return all(r.update_skipped for r in self.records) or collapsed_window(*record_flags(self.records)) is not None
+        scaled, before = self.history.column("loss_scale") != 0, np.isin(self.history.phases(), BEFORE_GRADIENTS)
+        return bool(skipped.all()) or collapsed_window(skipped, scaled, before) is not None
 
     def to_json(self):
         return jsonable({
             "name": self.name, "params": self.params, "first_nonfinite_step": self.first_nonfinite_step,
             "final_loss": self.final_loss, "best_loss": self.best_loss, "val_loss": self.val_loss,
-            "steps_run": len(self.records), "skipped_updates": self.skipped_updates, "stalled": self.stalled,
+            "steps_run": self.steps_run, "skipped_updates": self.skipped_updates, "stalled": self.stalled,
             "losses": self.losses,
         })
 
@@ -124,7 +158,7 @@ def _run(session, change, steps, stop_at_nonfinite, on_step, fingerprint):
     crc = 0
     engine = session.instrumented_step(change.optimizer_overrides, change.grad_transform, model=model,
                                        loss_scaling=change.loss_scaling)
-    records, first_bad = [], None
+    run, first_bad = _RunSummary(), None
     runner, step, total = session.chunk_runner(engine), 0, steps or session.spec.train.steps
     while step < total and not (stop_at_nonfinite and first_bad is not None):
         interrupt.check()
@@ -134,7 +168,7 @@ def _run(session, change, steps, stop_at_nonfinite, on_step, fingerprint):
                 x, y = session.batch(record.step)
                 for array in (*targets.parts(x), *targets.parts(y)):
                     crc = zlib.crc32(array.tobytes(), crc)
-            records.append(record)
+            run.add(record)
             if on_step is not None:
                 on_step(record)
             if record.phase is not None and first_bad is None:
@@ -144,13 +178,36 @@ def _run(session, change, steps, stop_at_nonfinite, on_step, fingerprint):
         if error is not None:
             raise error
         step += len(done)
-    finite_losses = [r.loss for r in records if r.phase is None and math.isfinite(r.loss)]
-    val_loss = session.evaluate(engine) if first_bad is None and records else None
+    val_loss = session.evaluate(engine) if first_bad is None and run.history.count else None
     return ExperimentResult(
-        name=change.name, params=dict(change.params), records=records, first_nonfinite_step=first_bad,
-        final_loss=records[-1].loss if records else None, best_loss=min(finite_losses) if finite_losses else None,
-        val_loss=val_loss, start_fingerprint=start, batches_fingerprint=crc if fingerprint else None,
+        name=change.name, params=dict(change.params), history=run.history, first_nonfinite_step=first_bad,
+        final_loss=run.final_loss, best_loss=run.best_loss, val_loss=val_loss, start_fingerprint=start,
+        batches_fingerprint=crc if fingerprint else None, first_nonfinite_phase=run.first_nonfinite_phase,
+        first_loss=run.first_loss, first_healthy=run.first_healthy,
     )
+
+
+class _RunSummary:
+    """Folds a run's records into a StepHistory and the few exact values a verdict reads."""
+
+    def __init__(self):
+        self.history = StepHistory(0, 0)
+        self.final_loss = self.best_loss = self.first_loss = None
+        self.first_nonfinite_phase = self.first_healthy = None
+
+    def add(self, record):
+        if not self.history.count:
+            self.history = StepHistory(len(record.layers), len(record.variables), len(record.outputs))
+            self.first_loss = record.loss
+        self.history.add(record)
+        self.final_loss = record.loss
+        if record.phase is None:
+            if self.first_healthy is None and not record.update_skipped and math.isfinite(record.grad_global_norm):
+                self.first_healthy = record
+            if math.isfinite(record.loss) and (self.best_loss is None or record.loss < self.best_loss):
+                self.best_loss = record.loss
+        elif self.first_nonfinite_phase is None:
+            self.first_nonfinite_phase = record.phase
 
 
 def _state_fingerprint(model):

@@ -43,8 +43,8 @@ def verify_recommendations(session, report):
         changes = changes_for(rec, session, report)
         if not changes:
             continue
-        results = [run_experiment(session, change, steps=session.spec.train.steps) for change in changes]
-        rec.verification = [_row(result, baseline, change.rescales_loss) for result, change in zip(results, changes)]
+        rec.verification = [_row(run_experiment(session, change, steps=session.spec.train.steps), baseline,
+                                 change.rescales_loss) for change in changes]
         rec.verified = any(row["helped"] for row in rec.verification)
         tried[rec.id] = (rec, changes)
     if tried and not any(rec.verified for rec, _ in tried.values()):
@@ -298,12 +298,12 @@ def _row(result, baseline, rescaled=False):
     # A fix that changes the loss's units (standardised targets) must end below its own first loss.
     reference = baseline["final_loss"] if baseline["finite"] else baseline["start_loss"]
     if rescaled:
-        reference = result.records[0].loss if result.records else None
+        reference = result.first_loss
     better = reference is None or not math.isfinite(reference) or (
         result.final_loss is not None and math.isfinite(result.final_loss) and result.final_loss < reference)
     return {
         "fix": result.name, "params": result.params, "finite": result.finite,
-        "first_nonfinite_step": result.first_nonfinite_step, "steps_run": len(result.records),
+        "first_nonfinite_step": result.first_nonfinite_step, "steps_run": result.steps_run,
         "final_loss": result.final_loss, "best_loss": result.best_loss, "val_loss": result.val_loss,
         "unfixed_finite": baseline["finite"], "unfixed_final_loss": baseline["final_loss"],
         "unfixed_best_loss": baseline["best_loss"],

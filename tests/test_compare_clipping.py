@@ -176,3 +176,19 @@ def test_plot_writes_the_loss_curves_and_the_json_still(tmp_path):
     assert code == 0, stderr
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and image.stat().st_size > 10_000
     assert [s["name"] for s in json.loads(out.read_text())["strategies"]] == ["none", "clipnorm=1"]
+
+
+def test_a_long_experiment_keeps_a_bounded_set_of_full_rows():
+    """A run's result holds every step's scalars in float32 columns and full rows for a bounded set of steps."""
+    from nanscope.history import DEFAULT_KEEP, DEFAULT_SAMPLE
+
+    session = open_session(load_spec(REPO / "tests" / "specs" / "healthy.yaml"))
+    results = {steps: run_experiment(session, Change("none"), steps=steps) for steps in (1_200, 4_000)}
+    bound = 2 * DEFAULT_KEEP + DEFAULT_SAMPLE + 1
+    for steps, result in results.items():
+        assert result.steps_run == steps and len(result.losses) == len(result.grad_global_norms) == steps
+        assert len(result.records) <= bound and result.final_loss == result.losses[-1]
+        assert result.history.series.nbytes <= 2 * 100 * steps  # float32 columns: ~80 bytes a step, blocks <= 2x
+    short, long = results[1_200], results[4_000]
+    assert len(short.records) < short.steps_run and len(long.records) <= bound < long.steps_run // 2
+    assert long.first_healthy.step == 0 and long.best_loss == min(long.losses)

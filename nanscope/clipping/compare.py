@@ -177,10 +177,10 @@ def _run_strategy(session, strategy, steps, progress):
     )
     result = run_experiment(session, change, steps=steps, on_step=lambda record: progress.step(strategy.name),
                             fingerprint=True)
-    progress.finish(strategy.name, steps - len(result.records))
-    finite_steps = result.first_nonfinite_step if result.first_nonfinite_step is not None else len(result.records)
-    stats = monitor.read(len(result.records)) if monitor is not None else None
-    skipped = [record.update_skipped for record in result.records]
+    progress.finish(strategy.name, steps - result.steps_run)
+    finite_steps = result.first_nonfinite_step if result.first_nonfinite_step is not None else result.steps_run
+    stats = monitor.read(result.steps_run) if monitor is not None else None
+    skipped = result.history.column("update_skipped") != 0
     return StrategyRun(
         strategy=strategy, result=result, effect=step_effect(strategy, stats, finite_steps, skipped),
         optimizer_check=check,

@@ -28,8 +28,8 @@ def _strategy_json(run):
         "name": run.strategy.name,
         "params": run.strategy.params(),
         "first_nonfinite_step": result.first_nonfinite_step,
-        "first_nonfinite_phase": next((r.phase for r in result.records if r.phase is not None), None),
-        "steps_run": len(result.records),
+        "first_nonfinite_phase": result.first_nonfinite_phase,
+        "steps_run": result.steps_run,
         "skipped_updates": result.skipped_updates,
         "stalled": result.stalled,
         "final_loss": result.final_loss,
@@ -49,5 +49,5 @@ def _strategy_json(run):
         "start_fingerprint": result.start_fingerprint,
         "batches_fingerprint": result.batches_fingerprint,
         "losses": result.losses,
-        "grad_global_norms": [r.grad_global_norm for r in result.records],
+        "grad_global_norms": result.grad_global_norms,
     }

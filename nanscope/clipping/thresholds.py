@@ -23,7 +23,7 @@ FALLBACK_THRESHOLD = 1.0
 
 
 def derive_thresholds(strategies, unclipped, learning_rate, parameter_count, weight_norm=None):
-    """Set the threshold of every strategy that has none, from the unclipped run's records.
+    """Set the threshold of every strategy that has none, from the unclipped run's healthy steps.
 
     Args:
         strategies: list of Strategy. Changed in place.
@@ -36,21 +36,18 @@ def derive_thresholds(strategies, unclipped, learning_rate, parameter_count, wei
     Returns:
         dict: how the thresholds were chosen, for the report.
     """
-    healthy = [r for r in unclipped.records
-               if r.phase is None and not r.update_skipped and math.isfinite(r.grad_global_norm)]
-    if healthy:
+    healthy = unclipped.healthy_grad_norms()
+    if len(healthy):
         if weight_norm is None:
-            weight_norm = math.sqrt(sum(v.weight_norm ** 2 for v in healthy[0].variables))
-        bound, how = clip_threshold([r.grad_global_norm for r in healthy], learning_rate, weight_norm)
-        norms = np.array([r.grad_global_norm for r in healthy])
-        auto = round_threshold(float(np.percentile(norms, CLIP_PERCENTILE)))
+            weight_norm = math.sqrt(sum(v.weight_norm ** 2 for v in unclipped.first_healthy.variables))
+        bound, how = clip_threshold(healthy, learning_rate, weight_norm)
+        auto = round_threshold(float(np.percentile(healthy, CLIP_PERCENTILE)))
         auto_how = (f"AutoClip: the {CLIP_PERCENTILE}th percentile of the global gradient norms of the unclipped "
                     f"run's {len(healthy)} healthy step(s)")
     else:
         bound, auto = FALLBACK_THRESHOLD, FALLBACK_THRESHOLD
         how = auto_how = f"the unclipped run had no healthy step to measure; fell back to {FALLBACK_THRESHOLD:g}"
-    measured = healthy or unclipped.records
-    variables = len(measured[0].variables) if measured else 1
+    variables = len(unclipped.history.variables) if unclipped.steps_run else 1
     derived = {
         "global_clipnorm": (bound, f"G = {bound:g}: {how}"),
         "manual_clip_by_global_norm": (bound, f"G = {bound:g}: {how}"),

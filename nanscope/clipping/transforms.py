@@ -70,7 +70,7 @@ class ClipMonitor:
     Example:
         monitor = ClipMonitor(Strategy("manual_clip_by_norm", 1.0), steps=100)
         change = Change("manual_clip_by_norm=1", grad_transform=monitor)
-        ...; monitor.read(len(result.records))  # (steps, 6) numpy array
+        ...; monitor.read(result.steps_run)  # (steps, 6) numpy array
     """
 
     def __init__(self, strategy, steps):

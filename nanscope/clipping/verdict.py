@@ -34,7 +34,7 @@ def decide(report):
 
 
 def _stays_finite(run):
-    return run.result.finite and run.took_effect is not False and bool(run.result.records)
+    return run.result.finite and run.took_effect is not False and run.result.steps_run > 0
 
 
 def _learns(run, baseline):
@@ -58,7 +58,7 @@ def _recommendation(run, report, rank):
     metric, value = _metric(run)
     strategy = run.strategy
     unclipped = next((r for r in report.runs if r.strategy.kind == "none"), None)
-    why = [f"stayed finite for all {len(run.result.records)} steps; {metric} {value:.4g}"
+    why = [f"stayed finite for all {run.result.steps_run} steps; {metric} {value:.4g}"
            + (" (lowest of the strategies that stayed finite)" if rank == 0 else "")]
     if run.result.skipped_updates:
         why.append(f"the LossScaleOptimizer skipped {run.result.skipped_updates} of its updates (scaled gradients "
@@ -140,21 +140,21 @@ def _clipping_hides_it(report, finite):
 
 
 def _interrupted(report):
-    finished = sum(1 for run in report.runs if run.result.records)
+    finished = sum(1 for run in report.runs if run.result.steps_run)
     return (f"interrupted before a strategy could be recommended: {finished} strateg"
             f"{'y' if finished == 1 else 'ies'} ran, none finished finite; no verdict on the others")
 
 
 def _why_nothing_helps(report):
     unclipped = next((r for r in report.runs if r.strategy.kind == "none"), report.runs[0] if report.runs else None)
-    if unclipped is None or not unclipped.result.records:
+    if unclipped is None or not unclipped.result.steps_run:
         return "no strategy ran a step"
-    bad = next((r for r in unclipped.result.records if r.phase is not None), None)
+    step, phase = unclipped.result.first_nonfinite_step, unclipped.result.first_nonfinite_phase
     spec = report.run.get("spec") or "SPEC"
-    if bad is not None and bad.phase in BEFORE_GRADIENTS:
+    if phase in BEFORE_GRADIENTS:
         return (
-            f"every strategy went non-finite; without clipping the first non-finite value appears at step {bad.step} "
-            f"in the {bad.phase} phase, before any gradient exists, so clipping cannot prevent it (e.g. a log of zero, "
+            f"every strategy went non-finite; without clipping the first non-finite value appears at step {step} "
+            f"in the {phase} phase, before any gradient exists, so clipping cannot prevent it (e.g. a log of zero, "
             f"a division by zero, bad data). Run `nanscope trace-steps {spec}` for the layer and the fix."
         )
     return (
