@@ -4,6 +4,7 @@ not standardised; and the growth rules do not read a flat-then-spike loss as geo
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from nanscope.factory import load_callable
 from nanscope.rules.outliers import EXTREME_Z, glitch_rows
@@ -64,3 +65,29 @@ def test_growth_is_not_claimed_from_step_0_for_a_flat_loss_that_spikes():
     rising = [1.0] * 10 + [3.0 ** i for i in range(1, 15)]
     rate, onset = geometric_growth(range(24), rising, 1.2, 4, 100.0)
     assert onset >= 5 and rate > 2.0
+
+
+def test_a_growth_fit_over_a_long_run_reads_only_the_points_that_can_qualify(monkeypatch):
+    """Starts further back than trends.fit_window cannot fit a steep enough line: the fits over the trailing
+    window give every run's answer, and their memory does not grow with the run."""
+    import tracemalloc
+
+    from nanscope.rules import trends
+
+    rng = np.random.default_rng(3)
+    answers = {}
+    for n in (5_000, 50_000):
+        noise = (1 + 0.05 * rng.random(n)).astype(np.float32).astype(np.float64)
+        rising = noise * np.r_[np.ones(n - 60), 1.3 ** np.arange(60)]
+        tracemalloc.start()
+        windowed = geometric_growth(np.arange(n), rising, 1.2, 4, 100.0)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        with monkeypatch.context() as patch:
+            patch.setattr(trends, "fit_window", lambda spread, rate_limit: None)
+            everything = geometric_growth(np.arange(n), rising, 1.2, 4, 100.0)
+        assert windowed[1] == everything[1] > n - 100 and windowed[0] == pytest.approx(everything[0], rel=1e-12)
+        answers[n] = peak
+    # The finite, positive copies of the input are all that grows (about 27 bytes a step), not the fits' dozen
+    # arrays of every step (over 150 bytes a step).
+    assert answers[50_000] - answers[5_000] < 40 * 45_000

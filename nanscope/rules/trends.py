@@ -26,6 +26,9 @@ def geometric_growth(steps, values, rate_limit, min_steps, min_total):
         return None  # a value that ends at 0 (a perfect fit) or non-finite is no rise lasting to the end
     ok = np.isfinite(values) & (values > 0)
     values, steps = values[ok], steps[ok]
+    window = fit_window(float(values.max() / values.min()) if len(values) else 1.0, rate_limit)
+    if window is not None:  # earlier starts cannot qualify: the same answer, in memory that does not grow with the run
+        values, steps = values[-window:], steps[-window:]
     if len(values) < max(min_steps, 2):
         return None
     x = steps - steps.mean()  # a shift leaves every slope as it is and keeps the sums small
@@ -52,6 +55,21 @@ def geometric_growth(steps, values, rate_limit, min_steps, min_total):
                 without_largest > 0.5 * math.log(min_total):
             return float(rate[hit]), int(steps[start])
     return None
+
+
+def fit_window(spread, rate_limit):
+    """The most trailing points a fit can span whose growth exceeds `rate_limit`, for values on distinct integer steps
+    whose largest is `spread` times their smallest.
+
+    A least-squares slope is cov(x, y) / var(x) <= sd(y) / sd(x). The log values span at most
+    D = ln(spread), so sd(y) <= D / 2; m distinct integer steps have sd(x) >= sqrt((m^2 - 1) / 12).
+    A fit over m points therefore has a slope of at most sqrt(3) D / sqrt(m^2 - 1), which stays
+    below ln(rate_limit) once m - 1 >= sqrt(3) D / ln(rate_limit). For float32 values (D <= 191)
+    and a limit of 1.2 that is 1,817 points, whatever the run's length.
+    """
+    if rate_limit <= 1 or not math.isfinite(spread):
+        return None
+    return int(math.sqrt(3) * math.log(max(spread, 1.0)) / math.log(rate_limit)) + 2
 
 
 # At most this many candidate starts are checked for a sustained rise (each check is one pass
