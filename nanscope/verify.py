@@ -280,15 +280,15 @@ def _has_relu(model):
 
 def _baseline(report):
     history = report.history
-    losses = history.column("loss").tolist() if history is not None else []
-    phases = history.phases().tolist() if history is not None else []
-    finite = [loss for phase, loss in zip(phases, losses) if phase == 0 and math.isfinite(loss)]
+    losses = history.column("loss") if history is not None else np.empty(0)
+    phases = history.phases() if history is not None else np.empty(0, np.int64)
+    finite = losses[(phases == 0) & np.isfinite(losses)]
     return {
         "finite": report.first_nonfinite is None,
-        "final_loss": losses[-1] if losses else None,
-        "best_loss": min(finite) if finite else None,
+        "final_loss": float(losses[-1]) if len(losses) else None,
+        "best_loss": float(finite.min()) if len(finite) else None,
         "steps_run": len(losses),
-        "start_loss": losses[0] if losses else None,
+        "start_loss": float(losses[0]) if len(losses) else None,
     }
 
 
