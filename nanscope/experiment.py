@@ -158,7 +158,7 @@ def _run(session, change, steps, stop_at_nonfinite, on_step, fingerprint):
     crc = 0
     engine = session.instrumented_step(change.optimizer_overrides, change.grad_transform, model=model,
                                        loss_scaling=change.loss_scaling)
-    run, first_bad = _RunSummary(), None
+    run, first_bad = _RunSummary([info.dtype for info in getattr(engine, "layer_info", [])]), None
     runner, step, total = session.chunk_runner(engine), 0, steps or session.spec.train.steps
     while step < total and not (stop_at_nonfinite and first_bad is not None):
         interrupt.check()
@@ -190,14 +190,16 @@ def _run(session, change, steps, stop_at_nonfinite, on_step, fingerprint):
 class _RunSummary:
     """Folds a run's records into a StepHistory and the few exact values a verdict reads."""
 
-    def __init__(self):
+    def __init__(self, layer_dtypes):
+        self.layer_dtypes = layer_dtypes
         self.history = StepHistory(0, 0)
         self.final_loss = self.best_loss = self.first_loss = None
         self.first_nonfinite_phase = self.first_healthy = None
 
     def add(self, record):
         if not self.history.count:
-            self.history = StepHistory(len(record.layers), len(record.variables), len(record.outputs))
+            self.history = StepHistory(len(record.layers), len(record.variables), len(record.outputs),
+                                       layer_dtypes=self.layer_dtypes)
             self.first_loss = record.loss
         self.history.add(record)
         self.final_loss = record.loss

@@ -10,8 +10,8 @@ step's full row (every layer and every variable). `StepHistory` keeps:
   even sample of at most `sample` steps in between (its stride doubles whenever it
   fills) and of the `keep` steps before and after each event: the first non-finite
   step, the first skipped update, and the onsets of the two warnings that can start
-  mid-run (the first loss spike, and the first layer output past the float32
-  activation bound);
+  mid-run (the first loss spike, and the first layer output past its dtype's
+  activation bound, rules.limits: ~1.8e19 for float32, 655 for float16);
 - per layer, variable and output, running aggregates (largest, smallest, last, number
   of non-finite steps, first and last non-finite step), exact over the whole run.
 
@@ -34,6 +34,7 @@ import numpy as np
 
 from nanscope.engine.records import LayerStats, OutputStats
 from nanscope.engine.schema import OUTPUT, SCALARS, Columns
+from nanscope.rules.limits import activation_limit
 from nanscope.rules.outliers import SPIKE_FACTOR, SPIKE_WINDOW
 from nanscope.series import OVERVIEW_WIDTH, ScalarColumns
 
@@ -50,9 +51,9 @@ MAX_EVENTS = 8
 TREND_WINDOW = 1024
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 # The warning onsets that are events. A loss spike is rules.outliers' (the loss SPIKE_FACTOR
-# times the median of the SPIKE_WINDOW finite losses before it); the activation bound is
-# rules.early's for float32 layers (an output whose square overflows float32).
-ACTIVATION_BOUND = math.sqrt(FLOAT32_MAX)
+# times the median of the SPIKE_WINDOW finite losses before it); a layer's activation bound is
+# rules.early's for its dtype (rules.limits: an output whose square overflows float32, a
+# hundredth of float16's max).
 # A step's phase as a number in the scalar columns: 0 is a finite step.
 PHASES = (None, "data", "forward", "loss", "backward", "update")
 # The columns kept for every step, before SCALARS (and the per-output columns).
@@ -221,9 +222,12 @@ class StepHistory:
         sample: int, default DEFAULT_SAMPLE. Full rows kept of an even sample of the steps in between.
         series: callable(Columns) -> ScalarColumns or TraceColumns, default ScalarColumns. Where every
             step's scalars live (nanscope/series.py): in memory, or in the trace a report is redrawn from.
+        layer_dtypes: list of str, optional. Each probed layer's compute dtype, in record order (None or a
+            shorter list: float32), for the activation bound whose first crossing is an event.
     """
 
-    def __init__(self, layers, variables, outputs=0, keep=DEFAULT_KEEP, sample=DEFAULT_SAMPLE, series=None):
+    def __init__(self, layers, variables, outputs=0, keep=DEFAULT_KEEP, sample=DEFAULT_SAMPLE, series=None,
+                 layer_dtypes=None):
         if keep < 1 or sample < 2:
             raise ValueError(f"`keep` must be >= 1 and `sample` >= 2. Received: keep={keep}, sample={sample}")
         self.keep, self.sample_size = keep, sample
@@ -241,6 +245,8 @@ class StepHistory:
         self._trend_count = 0
         self.first_nonfinite_step = self.first_skipped_step = None
         self.first_spike_step = self.first_bound_step = None
+        dtypes = list(layer_dtypes or [])
+        self._bounds = [activation_limit(dtypes[i] if i < len(dtypes) else None) for i in range(layers)]
         self._recent_losses = collections.deque(maxlen=SPIKE_WINDOW)
 
     @property
@@ -314,7 +320,10 @@ class StepHistory:
             self.first_skipped_step, event = record.step, True
         if self.first_spike_step is None and self._spiked(record.loss):
             self.first_spike_step, event = record.step, True
-        if self.first_bound_step is None and any(s.called and s.max_abs > ACTIVATION_BOUND for s in record.layers):
+        if len(record.layers) > len(self._bounds):  # layers the history was not told of: float32's bound
+            self._bounds += [activation_limit(None)] * (len(record.layers) - len(self._bounds))
+        if self.first_bound_step is None and any(
+                s.called and s.max_abs > bound for s, bound in zip(record.layers, self._bounds)):
             self.first_bound_step, event = record.step, True
         return event
 
@@ -389,5 +398,5 @@ class StepHistory:
         return (f"{kept} of {self.count} steps are kept with every layer and variable: the first {self.keep}, "
                 f"the last {self.keep}, every {self._stride}th step in between and the {self.keep} steps before and "
                 "after the first non-finite step, the first skipped update, the first loss spike and the first layer "
-                "output past the float32 activation bound; every step's scalars are kept, and "
+                "output past its dtype's activation bound; every step's scalars are kept, and "
                 "the layer, variable and output tables are exact over all steps")

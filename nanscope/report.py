@@ -362,6 +362,11 @@ class _TraceReader:
                                 f"starting with 'step'. Received: {self.series!r}")
         self.keep, self.sample = header.get("keep", DEFAULT_KEEP), header.get("sample", DEFAULT_SAMPLE)
         self.layers, self.variables = len(header.get("layers", [])), len(header.get("variables", []))
+        run = header.get("run")
+        dtypes = run.get("layer_dtypes") if isinstance(run, dict) else None
+        dtypes = dtypes if isinstance(dtypes, dict) else {}
+        self.dtypes = [dtypes.get(pair[0]) if isinstance(pair, list) and pair else None
+                       for pair in header.get("layers", [])]
         self.history, self.exact = None, False
         if not self.full:
             outputs = sum(1 for name in self.series if name.endswith("/loss"))
@@ -375,7 +380,7 @@ class _TraceReader:
 
     def _history(self, outputs):
         return StepHistory(self.layers, self.variables, outputs, self.keep, self.sample,
-                           series=lambda columns: TraceColumns(self.path, columns, self.rows))
+                           series=lambda columns: TraceColumns(self.path, columns, self.rows), layer_dtypes=self.dtypes)
 
     def step(self, record):
         if self.history is None:

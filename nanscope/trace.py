@@ -102,7 +102,8 @@ def run_trace(spec: RunSpec, options: TraceOptions | None = None) -> TraceReport
         layer_order=engine.layer_call_order,
         variables=engine.variable_names,
         history=StepHistory(len(engine.layer_info), len(engine.variable_names), len(session.loss.outputs),
-                            options.keep_steps, options.sample_steps),
+                            options.keep_steps, options.sample_steps,
+                            layer_dtypes=[info.dtype for info in engine.layer_info]),
         trace_path=str(options.trace_path or default_trace_path(spec)),
         cluster=session.cluster,
     )

@@ -25,9 +25,10 @@ SPECS = Path(__file__).parent / "specs"
 LAYOUT = StepLayout(outputs=0, layers=3, terms=4, variables=4)
 
 
-def synthetic_records(count, seed=0, bad_from=None, skipped_at=(), spike_at=None, bound_at=None):
+def synthetic_records(count, seed=0, bad_from=None, skipped_at=(), spike_at=None, bound_at=None, float16_at=None):
     """StepRecords from random step outputs; non-finite layer and gradient values from `bad_from` on; a loss
-    of 1e6 at `spike_at` (the others are below 10); a layer output of 1e20 at `bound_at`."""
+    of 1e6 at `spike_at` (the others are below 10); a layer output of 1e20 at `bound_at`, and of 1000 in the
+    second layer at `float16_at`."""
     rng = np.random.default_rng(seed)
     for step in range(count):
         scalars, layers, terms, variables = (rng.random(shape) * 10 for shape in LAYOUT.shapes)
@@ -45,6 +46,8 @@ def synthetic_records(count, seed=0, bad_from=None, skipped_at=(), spike_at=None
             scalars[SCALARS.at("loss")] = 1e6
         if step == bound_at:
             layers[0, LAYER.at("max_abs")] = 1e20  # past sqrt(float32 max) = 1.8e19
+        if step == float16_at:
+            layers[1, LAYER.at("max_abs")] = 1000.0  # past a hundredth of float16's max, far below float32's bound
         yield StepRecord.from_arrays(step, 16, scalars, layers, terms, variables)
 
 
@@ -65,6 +68,32 @@ def test_warning_onsets_keep_their_neighbours_rows():
         plain.add(record)
     assert not {1001, 2001} & {r.step for r in plain.kept()}
     assert (plain.first_spike_step, plain.first_bound_step) == (None, None)
+
+
+def test_a_float16_layer_past_its_own_activation_bound_is_an_event(tmp_path):
+    # The bounded-activation rule warns at a hundredth of 65504 for a float16 layer (rules.limits), so
+    # that layer's first step past it keeps its neighbours' rows; for a float32 layer 1000 is nothing.
+    from nanscope.report import aggregates_json
+    from nanscope.tracefile import TraceWriter
+
+    dtypes = ["float32", "float16", "float32"]
+    mixed = StepHistory(layers=3, variables=4, keep=5, sample=4, layer_dtypes=dtypes)
+    plain = StepHistory(layers=3, variables=4, keep=5, sample=4)
+    header = {"run": {"layer_dtypes": dict(zip(("d0", "d1", "d2"), dtypes))},
+              "layers": [("d0", "Dense"), ("d1", "Dense"), ("d2", "Dense")], "layer_order": [], "variables": []}
+    with TraceWriter(tmp_path / "t.jsonl", header, mixed) as writer:
+        for record in synthetic_records(3000, float16_at=1501):
+            writer.step(record, mixed.add(record))
+            plain.add(record)
+            writer.flush_steps()
+        writer.rows(mixed.unwritten())
+        writer.write(aggregates_json(mixed))
+    assert (mixed.first_bound_step, plain.first_bound_step) == (1501, None)
+    kept = [r.step for r in mixed.kept()]
+    assert set(range(1496, 1507)) <= set(kept) and 1501 not in {r.step for r in plain.kept()}
+    # A report redrawn from the trace reads the dtypes from its header and keeps the rows around the onset.
+    redrawn = load_trace(tmp_path / "t.jsonl").history
+    assert redrawn.first_bound_step == 1501 and set(range(1496, 1507)) <= {r.step for r in redrawn.kept()}
 
 
 def test_full_rows_stay_bounded_and_aggregates_stay_exact():

@@ -67,8 +67,9 @@ class StepRecorder:
         self.role = role or WorkerRole()
         self.first_nonfinite, self.dropped = None, 0
         self.expected = expected_layer_indices(options.expect_nonfinite, [name for name, _ in names.layers])
+        dtypes = run.get("layer_dtypes") or {}
         self.history = StepHistory(len(names.layers), len(names.variables), len(names.outputs), options.keep_steps,
-                                   options.sample_steps)
+                                   options.sample_steps, layer_dtypes=[dtypes.get(name) for name, _ in names.layers])
         self.report = TraceReport(run=run, history=self.history, layers=list(names.layers), layer_order=[],
                                   variables=list(names.variables),
                                   trace_path=str(options.trace) if options.trace else None)

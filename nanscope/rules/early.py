@@ -13,17 +13,9 @@ import numpy as np
 
 from nanscope.engine.step import probed_layers
 from nanscope.rules.catalogue import recommend
+from nanscope.rules.limits import activation_limit
 from nanscope.rules.trends import geometric_growth
 
-# A layer output whose square overflows breaks any MSE or L2 norm taken of it:
-# sqrt(float32 max) ~ 1.8e19. float16's range is so small (max 65504) that a
-# hundredth of it is already a warning sign.
-ACTIVATION_LIMIT = {
-    "float32": math.sqrt(float(np.finfo(np.float32).max)),
-    "bfloat16": math.sqrt(float(np.finfo(np.float32).max)),
-    "float16": float(np.finfo(np.float16).max) / 100,
-    "float64": math.sqrt(float(np.finfo(np.float64).max)),
-}
 # Layer outputs growing by more than 50% a step over at least 5 steps and by 1e4
 # overall: healthy outputs settle within a small factor of their start.
 OUTPUT_GROWTH_RATE = 1.5
@@ -69,7 +61,7 @@ def _activation_limits(report, evidence, healthy, severity):
     for index, (name, cls) in enumerate(report.layers):
         layer = layers.get(name)
         dtype = getattr(layer, "compute_dtype", "float32") if layer is not None else "float32"
-        limit = ACTIVATION_LIMIT.get(str(dtype), ACTIVATION_LIMIT["float32"])
+        limit = activation_limit(dtype)
         # The largest value is exact over every healthy step, and so is the trend (see history.TREND_WINDOW).
         history = report.history
         peak = history.layers[index].max_abs_healthy if index < len(history.layers) else None
