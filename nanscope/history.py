@@ -239,7 +239,8 @@ class StepHistory:
         self._head, self._ring = [], collections.deque(maxlen=keep)
         self._sample, self._stride = {}, 1
         self._events, self._event_until = {}, -1
-        self._persisted = set()  # steps whose rows `keep_row` handed out: written to the trace already
+        # Steps whose rows `keep_row` handed out (written to the trace already), each with why it kept them.
+        self._persisted = {}
         self._trend_steps = np.full(TREND_WINDOW, -1, np.int64)
         self._trend = np.full((TREND_WINDOW, layers), np.nan, np.float32)
         self._trend_count = 0
@@ -285,21 +286,55 @@ class StepHistory:
 
     def keep_row(self, record):
         """Keep `record`'s full row where the policy says so; return the rows that became kept for good."""
-        fresh, kept_for_good = [], True
+        fresh, why = [], None
         if self._is_event(record):
             fresh = [r for r in self._ring if r.step not in self._persisted]
             self._events.update((r.step, r) for r in fresh)
+            self._persisted.update((r.step, "event") for r in fresh)
             self._event_until = record.step + self.keep
         if len(self._head) < self.keep:
             self._head.append(record)
+            why = "head"
         elif record.step <= self._event_until:
             self._events[record.step] = record
-        elif not self._sampled(record):
-            kept_for_good = False
-        fresh += [record] if kept_for_good else []
-        self._persisted.update(r.step for r in fresh)
+            why = "event"
+        elif self._sampled(record):
+            why = "sample"
+        if why is not None:
+            fresh.append(record)
+            self._persisted[record.step] = why
         self._ring.append(record)
         return fresh
+
+    def why_kept(self, step):
+        """Why the row of `step` is kept: "head", "event" or "sample" for a row `add` handed out, else "last"."""
+        return self._persisted.get(step, "last")
+
+    def keep_read_row(self, record, why):
+        """Keep a full row read back from a trace, by why the run kept it (`why_kept`), as the run did.
+
+        The run wrote every row that entered its sample, and the trace's last `keep` rows are
+        its ring; a row that made the sample's stride double without entering it was not
+        written, so `thin_sample` then takes the run's last stride (the aggregates line's).
+        """
+        if why == "head":
+            self._head.append(record)
+        elif why == "event":
+            self._events[record.step] = record
+        elif why == "sample":
+            self._sampled(record)
+        self._ring.append(record)
+
+    @property
+    def sample_stride(self):
+        """Every how many steps the even sample keeps a row now."""
+        return self._stride
+
+    def thin_sample(self, stride):
+        """Take `stride` (a power of two, at least the sample's) as the sample's, and drop the rows it leaves out."""
+        if isinstance(stride, int) and stride > self._stride:
+            self._stride = stride
+            self._sample = {step: r for step, r in self._sample.items() if step % stride == 0}
 
     def _sampled(self, record):
         if record.step % self._stride:

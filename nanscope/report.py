@@ -310,7 +310,7 @@ def load_trace(path: str | os.PathLike) -> TraceReport:
     for number, line in lines:
         kind = line.get("kind")
         if kind == "step":
-            reader.step(step_record(path, number, line))
+            reader.step(step_record(path, number, line), line.get("kept"))
         elif kind == "scalars":
             reader.scalars(path, number, line)
         elif kind == "aggregates":
@@ -343,6 +343,10 @@ def _first_bad(history):
     """FirstNonfinite(step, phase) of the first non-finite step in a history's scalars, or None."""
     first = history.overview().first_nonfinite
     return FirstNonfinite(first[0], PHASES[first[1]]) if first else None
+
+
+# Why a run kept a row it wrote to its trace (StepHistory.why_kept).
+WHY_KEPT = ("head", "event", "sample", "last")
 
 
 class _TraceReader:
@@ -382,13 +386,16 @@ class _TraceReader:
         return StepHistory(self.layers, self.variables, outputs, self.keep, self.sample,
                            series=lambda columns: TraceColumns(self.path, columns, self.rows), layer_dtypes=self.dtypes)
 
-    def step(self, record):
+    def step(self, record, why=None):
         if self.history is None:
             self.history = self._history(len(record.outputs))
         if self.full:
             self.history.add(record)
-        else:
-            self.history.aggregate(record)  # replaced by the exact aggregates line when the run wrote one
+            return
+        self.history.aggregate(record)  # replaced by the exact aggregates line when the run wrote one
+        if why in WHY_KEPT:
+            self.history.keep_read_row(record, why)
+        else:  # a trace written before its rows said why they were kept
             self.history.keep_row(record)
 
     def scalars(self, path, number, line):
@@ -419,6 +426,7 @@ class _TraceReader:
         history.variables = [_aggregate(VariableAggregate, row, VariableStats) for row in line.get("variables", [])]
         history.outputs = [_aggregate(OutputAggregate, row, OutputStats, ("first", "last"))
                            for row in line.get("outputs", [])]
+        history.thin_sample(line.get("sample_stride"))
         self.exact = True
 
     def finished(self):
@@ -469,9 +477,10 @@ def _decoded(value):
 
 
 def aggregates_json(history):
-    """The trace's `aggregates` line: the history's exact per-layer, per-variable and per-output aggregates."""
+    """The trace's `aggregates` line: the history's exact per-layer, per-variable and per-output aggregates, and
+    the sample's last stride (which the redraw takes, so it keeps the run's rows)."""
     return jsonable({"kind": "aggregates", "layers": history.layers, "variables": history.variables,
-                     "outputs": history.outputs})
+                     "outputs": history.outputs, "sample_stride": history.sample_stride})
 
 
 def _trace_end_notes(summary, other_lines):

@@ -44,6 +44,7 @@ class TraceWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.full = full or history is None
+        self._history = history
         self._pending, self._rows = [], []
         # The writer owns the handle until close() (or the end of a `with` block).
         self._handle = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
@@ -67,12 +68,12 @@ class TraceWriter:
             self._rows.append(_full_line(record))
             return
         self._pending.append(f"[{record.step},{','.join(map(_number, scalar_row(record)))}]")
-        self._rows.extend(_full_line(row) for row in kept)
+        self._rows.extend(_full_line(row, self._history.why_kept(row.step)) for row in kept)
 
     def rows(self, records):
         """Add full rows (the kept last steps, at the end) unless every row is written already."""
         if not self.full:
-            self._rows.extend(_full_line(record) for record in records)
+            self._rows.extend(_full_line(record, "last") for record in records)
 
     def flush_steps(self):
         """Write the steps added since the last flush: one line of scalars, then the full rows."""
@@ -125,8 +126,12 @@ def summary_line(report):
     return {"kind": "summary", **summary_fields(report)}
 
 
-def _full_line(record):
-    return dumps(step_line(record), indent=None) + "\n"
+def _full_line(record, kept=None):
+    """A step line; `kept` (a trace of the kept rows only) says why the run kept the row (StepHistory.why_kept)."""
+    line = step_line(record)
+    if kept is not None:
+        line["kept"] = kept
+    return dumps(line, indent=None) + "\n"
 
 
 def _number(value):

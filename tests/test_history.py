@@ -91,9 +91,29 @@ def test_a_float16_layer_past_its_own_activation_bound_is_an_event(tmp_path):
     assert (mixed.first_bound_step, plain.first_bound_step) == (1501, None)
     kept = [r.step for r in mixed.kept()]
     assert set(range(1496, 1507)) <= set(kept) and 1501 not in {r.step for r in plain.kept()}
-    # A report redrawn from the trace reads the dtypes from its header and keeps the rows around the onset.
+    # A report redrawn from the trace keeps the run's rows: the run wrote why it kept each one.
+    redrawn = load_trace(tmp_path / "t.jsonl")
+    assert [r.step for r in redrawn.records] == kept
+    assert redrawn.history.sampling_note() == mixed.sampling_note()
+
+
+@pytest.mark.parametrize("events", [{}, {"spike_at": 777, "skipped_at": (1900,)}, {"bound_at": 1234, "bad_from": 2500}])
+def test_a_long_run_redrawn_from_its_trace_keeps_the_runs_rows(events, tmp_path):
+    from nanscope.report import aggregates_json
+    from nanscope.tracefile import TraceWriter
+
+    history = StepHistory(layers=3, variables=4, keep=5, sample=4)
+    header = {"run": {}, "layers": [("d0", "Dense"), ("d1", "Dense"), ("d2", "Dense")], "layer_order": [],
+              "variables": [f"v{i}" for i in range(4)]}
+    with TraceWriter(tmp_path / "t.jsonl", header, history) as writer:
+        for record in synthetic_records(3000, seed=len(events), **events):
+            writer.step(record, history.add(record))
+            writer.flush_steps()
+        writer.rows(history.unwritten())
+        writer.write(aggregates_json(history))
     redrawn = load_trace(tmp_path / "t.jsonl").history
-    assert redrawn.first_bound_step == 1501 and set(range(1496, 1507)) <= {r.step for r in redrawn.kept()}
+    assert [r.step for r in redrawn.kept()] == [r.step for r in history.kept()]
+    assert redrawn.sampling_note() == history.sampling_note() and redrawn.count == 3000
 
 
 def test_full_rows_stay_bounded_and_aggregates_stay_exact():

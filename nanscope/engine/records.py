@@ -247,7 +247,8 @@ def first_nonfinite_worker(record):
 
 def record_from_dict(line):
     """A StepRecord from its JSON form (a trace line); "nan"/"inf" strings become floats again."""
-    values = {k: _decoded(v) for k, v in line.items() if k not in ("kind", "layers", "variables", "phase", "outputs")}
+    values = {k: _decoded(v) for k, v in line.items()
+              if k not in ("kind", "kept", "layers", "variables", "phase", "outputs")}
     rows = {name: [cls(**{k: _decoded(v) for k, v in row.items()}) for row in line.get(name, [])]
             for name, cls in (("layers", LayerStats), ("variables", VariableStats), ("outputs", OutputStats))}
     return StepRecord(**rows, **values)
