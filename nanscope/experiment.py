@@ -17,6 +17,10 @@ from nanscope import interrupt
 from nanscope.data import targets
 from nanscope.history import StepHistory
 from nanscope.jsonio import jsonable
+from nanscope.series import ScalarColumns
+
+# The scalar columns an experiment's result reads of every step (its verdict, its JSON, the report's overview).
+RESULT_COLUMNS = ("phase", "loss", "grad_global_norm", "loss_scale", "update_skipped", "loss_missing")
 
 
 @dataclass
@@ -199,6 +203,7 @@ class _RunSummary:
     def add(self, record):
         if not self.history.count:
             self.history = StepHistory(len(record.layers), len(record.variables), len(record.outputs),
+                                       series=lambda columns: ScalarColumns(columns, only=RESULT_COLUMNS),
                                        layer_dtypes=self.layer_dtypes)
             self.first_loss = record.loss
         self.history.add(record)

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from nanscope.engine.schema import Columns
+
 # Rows of the scalar columns' first preallocated block; each next block doubles the rows, up to BLOCK_ROWS.
 FIRST_BLOCK_ROWS = 1 << 10
 BLOCK_ROWS = 1 << 16
@@ -41,10 +43,13 @@ class ScalarColumns:
 
     Args:
         columns: Columns. The names of a row's values.
+        only: sequence of str, optional. Hold only these columns of each row (`columns` then
+            names them); a caller that reads a few columns holds a few.
     """
 
-    def __init__(self, columns):
-        self.columns = columns
+    def __init__(self, columns, only=None):
+        self._pick = [columns.at(name) for name in only] if only is not None else None
+        self.columns = Columns(*only) if only is not None else columns
         self.count = 0
         self._values, self._steps = [], []
         self._at = self._size = 0  # rows filled in the last block, and its size
@@ -55,7 +60,7 @@ class ScalarColumns:
             self._values.append(np.empty((self._size, len(self.columns)), np.float32))
             self._steps.append(np.empty(self._size, np.int64))
             self._at = 0
-        self._values[-1][self._at] = row
+        self._values[-1][self._at] = row if self._pick is None else [row[i] for i in self._pick]
         self._steps[-1][self._at] = step
         self._at += 1
         self.count += 1
