@@ -107,6 +107,7 @@ class LayerAggregate:
     max_abs_healthy: float | None = None
     underflow_max: float = 0.0
     last: LayerStats | None = None
+    zero_fraction_last: float | None = None
     nonfinite_steps: int = 0
     first_nonfinite_step: int | None = None
     last_nonfinite_step: int | None = None
@@ -120,6 +121,8 @@ class LayerAggregate:
                 self.max_abs_healthy = _max(self.max_abs_healthy, stats.max_abs)
             self.underflow_max = max(self.underflow_max, stats.underflow_fraction)
             self.last = stats
+            if stats.zero_fraction is not None:
+                self.zero_fraction_last = stats.zero_fraction
         if stats.nonfinite:
             self.nonfinite_steps += 1
             self.first_nonfinite_step = step if self.first_nonfinite_step is None else self.first_nonfinite_step

@@ -210,7 +210,7 @@ class TraceReport:
                 "name": name, "class": cls, "dtype": (self.run.get("layer_dtypes") or {}).get(name),
                 "max_abs": agg.max_abs,
                 "mean_abs_last": last.mean_abs if last else None,
-                "zero_fraction_last": last.zero_fraction if last else None,
+                "zero_fraction_last": agg.zero_fraction_last,
                 "underflow_fraction_max": agg.underflow_max,
                 "nonfinite_last": last.nonfinite if last else 0,
                 "loss_term_last": last.loss_term if last else 0.0,

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from nanscope.engine.variable_stats import applied_updates, graph_position
+from nanscope.engine.probes import LayerRecorder
 from nanscope.engine.step import InstrumentedStep
 from nanscope.models import from_keras
 from nanscope.losses import Loss
@@ -135,3 +136,52 @@ def test_non_finite_predictions_are_counted_by_the_output_layer_s_probe():
     record = step.run(0, x, y)
     assert expected == 8
     assert record.output_nonfinite == expected == record.layers[0].nonfinite
+
+
+def test_zeros_are_counted_on_a_schedule_and_on_every_nonfinite_step():
+    """Exact zeros cost a third pass over a large output: counted every ZEROS_EVERY-th step, else None."""
+    from nanscope.engine.probes import ZEROS_EVERY
+
+    model = classifier()
+    step = instrumented(model, keras.optimizers.SGD(0.01))
+    hidden = keras.Model(model.inputs, model.layers[0].output)
+    x, y = batch(1)
+    for i in range(ZEROS_EVERY + 1):
+        expected = (hidden(x).numpy() == 0).mean()
+        stats = step.run(i, x, y).layers[0]
+        if i % ZEROS_EVERY:
+            assert stats.zero_fraction is None, i
+        else:
+            assert expected > 0.1 and stats.zero_fraction == pytest.approx(expected), i
+        assert stats.max_abs > 0 and stats.mean_abs > 0
+    bad = x.copy()
+    bad[0, :] = 3e38  # finite data that overflows the layer: off the schedule, but a non-finite output
+    output = hidden(bad).numpy()
+    stats = step.run(ZEROS_EVERY + 1, bad, y).layers[0]
+    assert stats.nonfinite == (~np.isfinite(output)).sum() > 0
+    assert stats.zero_fraction == pytest.approx((output == 0).mean())
+
+
+def test_a_reshape_layer_reuses_the_row_of_the_output_it_reshapes():
+    """Flatten holds its input's values: its row is the previous layer's, with no reduction of its own."""
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((INPUTS,)), keras.layers.Dense(HIDDEN, activation="relu"),
+                              keras.layers.Reshape((HIDDEN // 10, 10)), keras.layers.Flatten(),
+                              keras.layers.Dense(CLASSES, activation="softmax")])
+    step = instrumented(model, keras.optimizers.SGD(0.01))
+    x, y = batch(1)
+    record = step.run(0, x, y)
+    dense, reshaped, flat = record.layers[:3]
+    assert reshaped == dense and flat == dense and dense.max_abs > 0
+    recorder = LayerRecorder(model.layers)
+
+    @tf.function(autograph=False)
+    def forward(x):
+        recorder.begin()
+        with recorder.attached():
+            return model(x, training=True), recorder.stats_matrix()
+
+    graph = forward.get_concrete_function(tf.TensorSpec([None, INPUTS])).graph
+    reshaped = [op for op in graph.get_operations() if op.type == "Reshape"]  # the Reshape and Flatten layers'
+    reduced = {op.inputs[0].name for op in graph.get_operations() if op.type in ("Abs", "Max", "Sum")}
+    assert len(reshaped) == 2 and not any(op.outputs[0].name in reduced for op in reshaped)

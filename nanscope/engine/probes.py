@@ -24,24 +24,35 @@ from nanscope.runtime import tensorflow
 
 # Ops whose output is never negative: |x| is x, and the probe skips the abs.
 NONNEGATIVE_OPS = frozenset({"Relu", "Relu6", "Softmax", "Sigmoid", "Softplus", "Exp"})
+# Ops whose output holds exactly the values of their first input, rearranged.
+RESHAPING_OPS = frozenset({"Reshape", "Identity", "Squeeze", "ExpandDims"})
+# Exact zeros of a large layer output cost a sign and a third full reduction: about a
+# tenth of a small CNN's step on CPU (bench/README.md), for a column only the layer
+# table shows. They are counted on every ZEROS_EVERY-th step, the first included, and
+# on every step with a non-finite output; other steps write NOT_COUNTED.
+ZEROS_EVERY = 16
+NOT_COUNTED = -1.0
+NONFINITE, ZEROS = LAYER.at("nonfinite"), LAYER.at("zeros")
 # Smallest normal float16 (numpy.finfo(float16).tiny): non-zero magnitudes below it
 # are subnormal and lose precision, and they flush to 0 a little further down.
 FLOAT16_TINY = 6.103515625e-05
 
 
-def tensor_stats(tensors):
+def tensor_stats(tensors, count_zeros=None):
     """[max |x|, sum |x|, non-finite count, exact zeros, size, float16 underflows] over float tensors, as float32.
 
     The last column counts non-zero magnitudes below float16's smallest normal, and
     is computed only for float16 tensors (0 otherwise).
 
+    `count_zeros` (a boolean scalar tensor, or None for always) says whether this step
+    counts the exact zeros; when it does not, the zeros column is NOT_COUNTED (-1).
+
     The healthy path costs, per tensor, an abs (none for the output of an op that is
-    never negative, such as relu or softmax), a sign and three reductions: zeros are
-    counted as size - sum(sign(|x|)), which is half the cost of `count_nonzero` (a
-    compare, a cast to int64 and a sum), and the outputs of a layer with several are
-    reduced one by one, not concatenated, so no output is copied. The exact non-finite
-    count and the statistics of the finite entries are computed in a `tf.cond` only
-    when the sum is not finite. That branch sits right after the layer, so the step
+    never negative, such as relu or softmax) and two reductions, and the outputs of a
+    layer with several are reduced one by one, not concatenated, so no output is
+    copied. The exact non-finite count, the zeros and the statistics of the finite
+    entries are computed in a `tf.cond` only when the sum is not finite or the step
+    counts zeros. That branch sits right after the layer, so the step
     keeps no output alive longer than the backward pass needs it. Small outputs
     (`exact.small`) get the exact statistics directly, with no `tf.cond`. A softmax
     output is measured on its recomputation (`_measured`).
@@ -54,16 +65,29 @@ def tensor_stats(tensors):
     half = [t for t in floats if t.dtype == tf.float16]
     tiny = tf.add_n([_underflow_count(t) for t in half]) if half else constant(0.0)
     if small(floats):
-        return _exact_row(floats, tiny)
+        row = _exact_row(floats, tiny)
+        if count_zeros is None:
+            return row
+        return tf.where(tf.logical_or(count_zeros, row[NONFINITE] > 0), row, _without_zeros(row))
     parts = [_healthy_part(t, nonnegative) for t, nonnegative in measured]
-    peak, total, nonzero, size = parts[0] if len(parts) == 1 else _combined(parts)
+    peak, total, size = parts[0] if len(parts) == 1 else _combined(parts)
 
     def healthy():
         # max of an empty tensor is -inf; a |x| maximum is never below 0.
         return tf.stack(LAYER.pack({"max_abs": tf.maximum(peak, constant(0.0)), "sum_abs": total,
-                                    "nonfinite": constant(0.0), "zeros": size - nonzero, "size": size, "tiny": tiny}))
+                                    "nonfinite": constant(0.0), "zeros": constant(NOT_COUNTED), "size": size,
+                                    "tiny": tiny}))
 
-    return tf.cond(tf.math.is_finite(total), healthy, lambda: _exact_row(floats, tiny))
+    cheap = tf.math.is_finite(total)
+    if count_zeros is None:
+        count_zeros = constant(True, "bool")
+    return tf.cond(tf.logical_and(cheap, tf.logical_not(count_zeros)), healthy, lambda: _exact_row(floats, tiny))
+
+
+def _without_zeros(row):
+    """The row with its zeros column NOT_COUNTED."""
+    tf, _ = tensorflow()
+    return tf.tensor_scatter_nd_update(row, constant(((ZEROS,),), "int32"), constant((NOT_COUNTED,)))
 
 
 def _exact_row(floats, tiny):
@@ -99,19 +123,17 @@ def _measured(tensor):
 
 
 def _healthy_part(tensor, nonnegative):
-    """(max |x|, sum |x|, non-zero count, size) of one float tensor, in float32; `nonnegative` skips the abs."""
+    """(max |x|, sum |x|, size) of one float tensor, in float32; `nonnegative` skips the abs."""
     tf, _ = tensorflow()
     x = tf.cast(tensor, tf.float32)
     a, axes = (x if nonnegative else tf.abs(x)), all_axes(x)
-    return (tf.reduce_max(a, axes), tf.reduce_sum(a, axes), tf.reduce_sum(tf.sign(a), axes),
-            tf.cast(tf.size(x), tf.float32))
+    return tf.reduce_max(a, axes), tf.reduce_sum(a, axes), tf.cast(tf.size(x), tf.float32)
 
 
 def _combined(parts):
     tf, _ = tensorflow()
-    peaks, totals, nonzeros, sizes = zip(*parts)
-    return (tf.reduce_max(tf.stack(peaks), constant((0,), "int32")), tf.add_n(totals), tf.add_n(nonzeros),
-            tf.add_n(sizes))
+    peaks, totals, sizes = zip(*parts)
+    return tf.reduce_max(tf.stack(peaks), constant((0,), "int32")), tf.add_n(totals), tf.add_n(sizes)
 
 
 def _underflow_count(tensor):
@@ -121,10 +143,16 @@ def _underflow_count(tensor):
 
 
 def combine_layer_rows(rows):
-    """One layer row from several `[n, len(LAYER)]` (calls of one layer): LAYER_MAXED columns by max, others summed."""
+    """One layer row from several `[n, len(LAYER)]` (calls of one layer): LAYER_MAXED columns by max, others summed.
+
+    The zeros are NOT_COUNTED when any call did not count them.
+    """
     tf, _ = tensorflow()
-    return tf.stack([(tf.reduce_max if name in LAYER_MAXED else tf.reduce_sum)(rows[:, i], axis=0)
-                     for i, name in enumerate(LAYER)])
+    combined = [(tf.reduce_max if name in LAYER_MAXED else tf.reduce_sum)(rows[:, i], axis=0)
+                for i, name in enumerate(LAYER)]
+    zeros = rows[:, ZEROS]
+    combined[ZEROS] = tf.where(tf.reduce_min(zeros) < 0, constant(NOT_COUNTED), tf.reduce_sum(zeros))
+    return tf.stack(combined)
 
 
 class LayerRecorder:
@@ -150,6 +178,7 @@ class LayerRecorder:
         self.traced = False  # set once a step function has been traced with the probes attached
         self._graph = None
         self._thread = threading.local()
+        self._steps = None  # steps begun, for the zeros schedule (a variable, made on first use)
 
     @contextlib.contextmanager
     def attached(self):
@@ -166,11 +195,23 @@ class LayerRecorder:
         self._rows, self._single, self.call_order = {}, {}, []
         self._graph = tf.compat.v1.get_default_graph()
         self._thread.replica, self._thread.graph = 0, self._graph
+        self._thread.count_zeros = self._zeros_due()
+
+    def _zeros_due(self):
+        """A boolean scalar: this step counts the exact zeros (one step in ZEROS_EVERY, the first included)."""
+        tf, _ = tensorflow()
+        if self._steps is None:
+            with tf.init_scope():
+                self._steps = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="nanscope_probe_steps")
+        begun = self._steps.assign_add(constant(1, "int64"))
+        return tf.equal(tf.math.floormod(begun - constant(1, "int64"), constant(ZEROS_EVERY, "int64")),
+                        constant(0, "int64"))
 
     def begin_replica(self, replica):
         """File the calling thread's layer rows under `replica` (inside a replica function, before the forward pass)."""
         tf, _ = tensorflow()
         self._thread.replica, self._thread.graph = replica, tf.compat.v1.get_default_graph()
+        self._thread.count_zeros = None  # per replica, every step: one schedule variable cannot serve all replicas
         self._rows.update({key: [] for key in self._rows if key[0] == replica})
 
     def _replica(self):
@@ -185,7 +226,9 @@ class LayerRecorder:
             # their outputs cannot leave it, and the enclosing layer's output is probed instead.
             if tf.compat.v1.get_default_graph() is getattr(self._thread, "graph", self._graph):
                 flat = [t for t in tf.nest.flatten(outputs) if tf.is_tensor(t)]
-                row = tensor_stats(flat)
+                row = self._reshaped_row(flat)
+                if row is None:
+                    row = tensor_stats(flat, getattr(self._thread, "count_zeros", None))
                 self._rows.setdefault((self._replica(), index), []).append(row)
                 floats = [t for t in flat if t.dtype.is_floating]
                 if len(floats) == 1:
@@ -195,6 +238,17 @@ class LayerRecorder:
             return outputs
 
         return probed_call
+
+    def _reshaped_row(self, flat):
+        """The row already taken of the tensor that `flat`'s only output reshapes (a Flatten), or None.
+
+        A reshape keeps every value, so its statistics are its input's: reducing it again
+        would only cost another pass over the output.
+        """
+        if len(flat) != 1 or flat[0].op.type not in RESHAPING_OPS or not flat[0].op.inputs:
+            return None
+        seen = self._single.get(id(flat[0].op.inputs[0]))
+        return seen[1] if seen is not None and seen[0] is flat[0].op.inputs[0] else None
 
     def nonfinite_count(self, tensor):
         """The non-finite count a probe already took of `tensor` (a layer call's only float output), or None."""

@@ -23,13 +23,13 @@ class LayerStats:
     """One layer's output on one step: max |x|, mean |x|, non-finite count, fraction of exact zeros, loss terms.
 
     `underflow_fraction` is the fraction of non-zero float16 outputs below float16's smallest normal (0 for
-    other dtypes).
+    other dtypes). `zero_fraction` is None on a step that did not count zeros (`engine.probes.ZEROS_EVERY`).
     """
 
     max_abs: float
     mean_abs: float
     nonfinite: int
-    zero_fraction: float
+    zero_fraction: float | None
     loss_term: float
     called: bool = True
     underflow_fraction: float = 0.0
@@ -200,7 +200,7 @@ def layer_stats_of(row, term):
         max_abs=float(row["max_abs"]),
         mean_abs=float(row["sum_abs"] / size) if size else 0.0,
         nonfinite=int(row["nonfinite"]),
-        zero_fraction=float(row["zeros"] / size) if size else 0.0,
+        zero_fraction=None if row["zeros"] < 0 else float(row["zeros"] / size) if size else 0.0,
         loss_term=float(term),
         called=bool(size > 0),
         underflow_fraction=float(row["tiny"] / size) if size else 0.0,
