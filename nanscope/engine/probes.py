@@ -32,7 +32,7 @@ RESHAPING_OPS = frozenset({"Reshape", "Identity", "Squeeze", "ExpandDims"})
 # on every step with a non-finite output; other steps write NOT_COUNTED.
 ZEROS_EVERY = 16
 NOT_COUNTED = -1.0
-NONFINITE, ZEROS = LAYER.at("nonfinite"), LAYER.at("zeros")
+ZEROS = LAYER.at("zeros")
 # Smallest normal float16 (numpy.finfo(float16).tiny): non-zero magnitudes below it
 # are subnormal and lose precision, and they flush to 0 a little further down.
 FLOAT16_TINY = 6.103515625e-05
@@ -45,7 +45,8 @@ def tensor_stats(tensors, count_zeros=None):
     is computed only for float16 tensors (0 otherwise).
 
     `count_zeros` (a boolean scalar tensor, or None for always) says whether this step
-    counts the exact zeros; when it does not, the zeros column is NOT_COUNTED (-1).
+    counts the exact zeros of a large output; when it does not, the zeros column is
+    NOT_COUNTED (-1). Small outputs always get every column.
 
     The healthy path costs, per tensor, an abs (none for the output of an op that is
     never negative, such as relu or softmax) and two reductions, and the outputs of a
@@ -65,10 +66,9 @@ def tensor_stats(tensors, count_zeros=None):
     half = [t for t in floats if t.dtype == tf.float16]
     tiny = tf.add_n([_underflow_count(t) for t in half]) if half else constant(0.0)
     if small(floats):
-        row = _exact_row(floats, tiny)
-        if count_zeros is None:
-            return row
-        return tf.where(tf.logical_or(count_zeros, row[NONFINITE] > 0), row, _without_zeros(row))
+        return _exact_row(floats, tiny)
+    if count_zeros is None:
+        count_zeros = constant(True, "bool")
     parts = [_healthy_part(t, nonnegative) for t, nonnegative in measured]
     peak, total, size = parts[0] if len(parts) == 1 else _combined(parts)
 
@@ -79,15 +79,7 @@ def tensor_stats(tensors, count_zeros=None):
                                     "tiny": tiny}))
 
     cheap = tf.math.is_finite(total)
-    if count_zeros is None:
-        count_zeros = constant(True, "bool")
     return tf.cond(tf.logical_and(cheap, tf.logical_not(count_zeros)), healthy, lambda: _exact_row(floats, tiny))
-
-
-def _without_zeros(row):
-    """The row with its zeros column NOT_COUNTED."""
-    tf, _ = tensorflow()
-    return tf.tensor_scatter_nd_update(row, constant(((ZEROS,),), "int32"), constant((NOT_COUNTED,)))
 
 
 def _exact_row(floats, tiny):
