@@ -10,7 +10,12 @@ The second table times a custom `tf.function` train step (forward, loss, tape,
 apply_gradients, the loss pulled to Python each step) against the same step under
 `nanscope.instrument` (forensics on), `--steps` calls per round after warm-up.
 
-    .venv/bin/python bench/callback_overhead.py [--rounds 7] [--steps 100]
+`--clock cpu` times by this process's CPU time (all its threads) instead of the wall
+clock: a busy machine disturbs it less, and it counts the work nanscope adds even where
+`fit`'s threads would otherwise wait (a plain `fit` of the CNN on 2 cores can take longer
+by the wall clock than one with the callback).
+
+    .venv/bin/python bench/callback_overhead.py [--rounds 7] [--steps 100] [--clock wall|cpu]
 """
 
 import argparse
@@ -25,7 +30,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
-from _common import median, median_ratio
+from _common import CLOCKS, median, median_ratio
 from rich.console import Console
 
 from nanscope.keras import NanScope
@@ -51,20 +56,20 @@ CASES = {"mlp": ("MLP 784-256-256-10", mlp), "cnn": ("CNN conv32-conv64-pool-den
 
 
 class EpochTimes(keras.callbacks.Callback):
-    """Wall-clock seconds of each epoch of one fit call."""
+    """Seconds of each epoch of one fit call, by `clock` (wall or cpu)."""
 
-    def __init__(self):
+    def __init__(self, clock="wall"):
         super().__init__()
-        self.seconds = []
+        self.seconds, self.now = [], CLOCKS[clock]
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._start = time.perf_counter()
+        self._start = self.now()
 
     def on_epoch_end(self, epoch, logs=None):
-        self.seconds.append(time.perf_counter() - self._start)
+        self.seconds.append(self.now() - self._start)
 
 
-def fit_variant(build, steps, callback):
+def fit_variant(build, steps, callback, clock="wall"):
     """callable(i) -> ms of the second epoch of a 2-epoch fit (the first one traces), with or without NanScope."""
     keras.utils.set_random_seed(0)
     model, shape, batch = build()
@@ -75,7 +80,7 @@ def fit_variant(build, steps, callback):
     quiet = Console(file=io.StringIO())
 
     def run(i):
-        timer = EpochTimes()
+        timer = EpochTimes(clock)
         callbacks = [timer] + ([NanScope(console=quiet, verbose=0)] if callback else [])
         model.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0, callbacks=callbacks)
         return 1000.0 * timer.seconds[-1]
@@ -83,7 +88,7 @@ def fit_variant(build, steps, callback):
     return run
 
 
-def step_variant(build, steps, instrumented):
+def step_variant(build, steps, instrumented, clock="wall"):
     """callable(i) -> ms of `steps` calls of a custom train step, with or without nanscope.instrument."""
     import nanscope
 
@@ -105,11 +110,13 @@ def step_variant(build, steps, instrumented):
 
     step = nanscope.instrument(model, optimizer, verbose=0)(train_step) if instrumented else train_step
 
+    now = CLOCKS[clock]
+
     def run(i):
-        start = time.perf_counter()
+        start = now()
         for k in range(steps):
             float(step(*batches[k % len(batches)]))
-        return 1000.0 * (time.perf_counter() - start)
+        return 1000.0 * (now() - start)
 
     return run
 
@@ -128,16 +135,19 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=100, help="batches per timed fit epoch (default 100)")
     parser.add_argument("--models", default="mlp,cnn")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall (default) or cpu: this process's CPU time, which a busy machine disturbs less")
     args = parser.parse_args(argv)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(f"# {time.strftime('%Y-%m-%d %H:%M')} {platform.machine()}, {cpus} CPUs; TensorFlow {tf.__version__}, "
-          f"Keras {keras.__version__}; rounds={args.rounds} steps={args.steps}; devices: "
+          f"Keras {keras.__version__}; rounds={args.rounds} steps={args.steps} clock={args.clock}; devices: "
           f"{', '.join(d.device_type for d in tf.config.list_physical_devices())}")
     print("\n| model | fit ms/epoch | fit + NanScope ms/epoch | ratio (median of per-round ratios) |")
     print("|---|---:|---:|---:|")
     for key in args.models.split(","):
         name, build = CASES[key.strip()]
-        variants = {"plain": fit_variant(build, args.steps, False), "nanscope": fit_variant(build, args.steps, True)}
+        variants = {"plain": fit_variant(build, args.steps, False, args.clock),
+                    "nanscope": fit_variant(build, args.steps, True, args.clock)}
         for run in variants.values():  # warm up both
             run(0)
         times = timed_rounds(variants, args.rounds)
@@ -148,8 +158,8 @@ def main(argv=None):
     print("|---|---:|---:|---:|")
     for key in args.models.split(","):
         name, build = CASES[key.strip()]
-        variants = {"plain": step_variant(build, args.steps, False),
-                    "instrument": step_variant(build, args.steps, True)}
+        variants = {"plain": step_variant(build, args.steps, False, args.clock),
+                    "instrument": step_variant(build, args.steps, True, args.clock)}
         for run in variants.values():  # warm up (and trace) both
             run(0)
         times = timed_rounds(variants, args.rounds)
