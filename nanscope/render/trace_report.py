@@ -151,7 +151,7 @@ def _caption(table, rows, shown, what):
 def _layers_table(report, show_all=False):
     rows = sorted(report.layer_summaries(), key=lambda r: (-r["nonfinite_steps"], -(r["max_abs"] or 0)))
     shown = _shown(rows, report.named_in_findings()[0], show_all)
-    table = Table(title="layers (non-finite first, then largest max |x|; mean |x|, zeros: last step)",
+    table = Table(title="layers (non-finite first, then largest max |x|; mean |x|: last step; zeros: last counted)",
                   title_justify="left", show_edge=False)
     _caption(table, rows, shown, "layers")
     mixed = any(row.get("dtype") not in (None, "float32") for row in rows)
