@@ -185,3 +185,16 @@ def test_a_reshape_layer_reuses_the_row_of_the_output_it_reshapes():
     reshaped = [op for op in graph.get_operations() if op.type == "Reshape"]  # the Reshape and Flatten layers'
     reduced = {op.inputs[0].name for op in graph.get_operations() if op.type in ("Abs", "Max", "Sum")}
     assert len(reshaped) == 2 and not any(op.outputs[0].name in reduced for op in reshaped)
+
+
+@pytest.mark.parametrize("count_zeros", [None, True, False], ids=["no-schedule", "due", "not-due"])
+def test_tensor_stats_counts_zeros_unless_the_schedule_says_not(count_zeros):
+    """Without a schedule (tf.distribute's replicas) every step counts them, on the healthy path."""
+    from nanscope.engine.probes import NOT_COUNTED, tensor_stats
+    from nanscope.engine.schema import LAYER
+
+    x = np.maximum(np.random.default_rng(0).standard_normal((64, 100)), 0).astype(np.float32)
+    due = None if count_zeros is None else tf.constant(count_zeros)
+    row = tf.function(lambda t: tensor_stats([tf.nn.relu(t)], due), autograph=False)(x).numpy()
+    assert row[LAYER.at("max_abs")] == pytest.approx(x.max())
+    assert row[LAYER.at("zeros")] == (NOT_COUNTED if count_zeros is False else (x == 0).sum())
