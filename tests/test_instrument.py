@@ -1,6 +1,7 @@
 """nanscope.instrument around a user's own compiled train step: records, the first NaN raised, a GAN, the report."""
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -74,6 +75,24 @@ def test_records_every_step_and_changes_nothing_of_the_training():
     assert [name for name, _ in report.layers] == ["hidden", "out"]
     assert report.variables == ["hidden/kernel", "hidden/bias", "out/kernel", "out/bias"]
     assert report.records[0].batch_rows == BATCH
+    assert "call" not in model.layers[0].__dict__ and "apply" not in optimizer.__dict__
+
+
+def test_a_failure_of_nanscope_itself_leaves_the_loop_training(monkeypatch, caplog):
+    from nanscope.engine.probes import LayerRecorder
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("forced failure inside nanscope")
+
+    monkeypatch.setattr(LayerRecorder, "begin", broken)
+    model, optimizer = regression()
+    train_step = nanscope.instrument(model, optimizer, verbose=0)(step_function(model, optimizer))
+    with caplog.at_level(logging.WARNING, logger="nanscope"):
+        losses = [float(train_step(x, y)) for x, y in batches(4)]
+    np.testing.assert_allclose(losses, reference_losses(4), rtol=1e-5)
+    warnings = [r for r in caplog.records if r.name == "nanscope"]
+    assert len(warnings) == 1 and "forced failure inside nanscope" in warnings[0].getMessage()
+    assert any("forced failure inside nanscope" in note for note in train_step.nanscope.notes)
     assert "call" not in model.layers[0].__dict__ and "apply" not in optimizer.__dict__
 
 

@@ -94,16 +94,18 @@ def test_functional_model_with_two_inputs_and_two_outputs():
     assert [o["name"] for o in report.run["outputs"]] == ["p", "q"] and len(report.records[0].outputs) == 2
 
 
-@pytest.mark.parametrize("where", ["traced step", "host"])
+@pytest.mark.parametrize("where", ["traced step", "layer probe", "host"])
 def test_a_failure_of_nanscope_itself_leaves_fit_running(monkeypatch, caplog, where):
+    from nanscope.engine.probes import LayerRecorder
     from nanscope.keras.capture import StepCapture
     from nanscope.keras.rows import RowBuffer
 
     def broken(*args, **kwargs):
         raise RuntimeError("forced failure inside nanscope")
 
-    monkeypatch.setattr(StepCapture if where == "traced step" else RowBuffer,
-                        "values" if where == "traced step" else "record", broken)
+    owner, method = {"traced step": (StepCapture, "values"), "layer probe": (LayerRecorder, "begin"),
+                     "host": (RowBuffer, "record")}[where]
+    monkeypatch.setattr(owner, method, broken)
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")

@@ -11,6 +11,7 @@ snapshot, writes the report and raises `NonFiniteError`.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import logging
 import os
@@ -230,12 +231,20 @@ class GuestRun:
         return self.python_function(*args, **kwargs)
 
     def _step(self, *args, **kwargs):
-        capture = StepCapture(None, self.optimizers, self.trainable, keras_models=self.models)
-        self.layer_probe.begin()
-        if self.snapshot is not None:
-            self.snapshot.remember_structure((args, kwargs))
-            self.snapshot.take((args, kwargs), self.rows.counter.read_value())
-        with self.layer_probe.attached(), capture.attached():
+        hooks = contextlib.ExitStack()
+        try:
+            capture = StepCapture(None, self.optimizers, self.trainable, keras_models=self.models)
+            self.layer_probe.begin()
+            if self.snapshot is not None:
+                self.snapshot.remember_structure((args, kwargs))
+                self.snapshot.take((args, kwargs), self.rows.counter.read_value())
+            hooks.enter_context(self.layer_probe.attached())
+            hooks.enter_context(capture.attached())
+        except Exception as exc:  # nanscope's own failure: the user's step runs as it would without it
+            hooks.close()
+            self.failure = self.failure or exc
+            return self.python_function(*args, **kwargs)
+        with hooks:
             result = self.python_function(*args, **kwargs)
         try:
             self._write(capture, args, kwargs, result)
