@@ -67,12 +67,13 @@ def tensor_stats(tensors, count_zeros=None):
     tiny = tf.add_n([_underflow_count(t) for t in half]) if half else constant(0.0)
     if small(floats):
         return _exact_row(floats, tiny)
-    parts = [_healthy_part(t, nonnegative) for t, nonnegative in measured]
+    magnitudes = [_magnitude(t, nonnegative) for t, nonnegative in measured]
+    parts = [_healthy_part(a) for a in magnitudes]
     peak, total, size = parts[0] if len(parts) == 1 else _combined(parts)
     # Without a schedule (one per replica under tf.distribute) every step counts its zeros, on the
     # healthy path as size - sum(sign(|x|)): half the cost of `count_nonzero` (a compare, a cast, a sum).
     zeros = constant(NOT_COUNTED) if count_zeros is not None else size - tf.add_n(
-        [_nonzero(t, nonnegative) for t, nonnegative in measured])
+        [tf.reduce_sum(tf.sign(a), all_axes(a)) for a in magnitudes])
 
     def healthy():
         # max of an empty tensor is -inf; a |x| maximum is never below 0.
@@ -117,18 +118,18 @@ def _measured(tensor):
     return exp / tf.reduce_sum(exp, last, keepdims=True), True
 
 
-def _healthy_part(tensor, nonnegative):
-    """(max |x|, sum |x|, size) of one float tensor, in float32; `nonnegative` skips the abs."""
+def _magnitude(tensor, nonnegative):
+    """|x| of one float tensor, in float32; `nonnegative` skips the abs."""
     tf, _ = tensorflow()
     x = tf.cast(tensor, tf.float32)
-    a, axes = (x if nonnegative else tf.abs(x)), all_axes(x)
-    return tf.reduce_max(a, axes), tf.reduce_sum(a, axes), tf.cast(tf.size(x), tf.float32)
+    return x if nonnegative else tf.abs(x)
 
 
-def _nonzero(tensor, nonnegative):
+def _healthy_part(a):
+    """(max, sum, size) of the magnitudes `a`, in float32."""
     tf, _ = tensorflow()
-    x = tf.cast(tensor, tf.float32)
-    return tf.reduce_sum(tf.sign(x if nonnegative else tf.abs(x)), all_axes(x))
+    axes = all_axes(a)
+    return tf.reduce_max(a, axes), tf.reduce_sum(a, axes), tf.cast(tf.size(a), tf.float32)
 
 
 def _combined(parts):
