@@ -82,7 +82,8 @@ class FirstNonfinite:
             `layer` is then None.
         context: dict. What the replay found around the producing op: fully masked softmax rows
             (`masked_rows`, `softmax_rows`, `batch_rows`), the tf.where that threw the op's forward
-            value away (`discarded_by`: op and source, `forward_nonfinite`).
+            value away (`discarded_by`: op and source, `forward_nonfinite`), and `reached_loss` (true when
+            the op's non-finite values reached the loss, whatever a tf.where dropped on the way).
     """
 
     step: int

@@ -64,7 +64,8 @@ def test_the_gradient_of_a_discarded_branch_is_the_double_where_trap(variant, fo
     assert first.source.endswith(f"where_trap.py:{tagged_line(f'producer: {variant}')}")
     where = first.context["discarded_by"]
     assert where["op"] == "SelectV2" and where["source"].endswith(f"where_trap.py:{tagged_line(f'where: {variant}')}")
-    assert first.context["forward_nonfinite"] == len(discarded)
+    assert first.context["forward_nonfinite"] == len(discarded) and "reached_loss" not in first.context
+    assert f"threw away the forward value of {forward_op} ({len(discarded)} non-finite)" in " ".join(first.detail)
     top = report.recommendations[0]
     assert (top.id, top.severity) == ("double-where", "error")
     assert "thrown away by a tf.where" in top.evidence[0] and "tf.where(" in top.fix and "safe" in top.fix
@@ -90,3 +91,25 @@ def test_a_plain_zero_denominator_stays_safe_division(tmp_path):
     report = trace("division-by-zero", tmp_path)
     assert report.first_nonfinite.context.get("discarded_by") is None
     assert report.recommendations[0].id == "safe-division"
+
+
+def test_a_float16_overflow_that_reaches_the_loss_is_not_said_to_be_thrown_away(tmp_path):
+    """A float16 Dense overflows and its inf reaches the BCE loss (NaN), though a tf.where inside Keras'
+    binary cross-entropy dropped the copies it was given: the detail line says it reached the loss."""
+    from nanscope.spec import parse_spec
+
+    spec = parse_spec({
+        "model": {"factory": f"{SPECS / 'precision_models.py'}:sigmoid_classifier"},
+        "data": {"factory": f"{SPECS / 'data_factories.py'}:arrays", "batch_size": 16, "shuffle": False,
+                 "args": {"scale": 1e5, "target_scale": 0.0}},
+        "train": {"loss": "binary_crossentropy", "optimizer": {"name": "sgd", "learning_rate": 0.01}, "steps": 1,
+                  "seed": 0, "mixed_precision": "mixed_float16"},
+    }, source=str(tmp_path / "spec.yaml"))
+    report = run_trace(spec, TraceOptions(trace_path=tmp_path / "t.jsonl"))
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.layer) == (0, "forward", "hidden")
+    assert not np.isfinite(report.records[0].loss)
+    assert first.context["reached_loss"] is True and first.context["discarded_by"]["op"] == "Select"
+    detail = " ".join(first.detail)
+    assert "threw away" not in detail
+    assert f"the non-finite values of {first.op} reached the loss; a tf.where (Select" in detail

@@ -72,7 +72,7 @@ def _marking(watch, during, after, settle=None):
         @functools.wraps(function)
         def marked(*args, **kwargs):
             if settle == "target" and len(args) > 1:
-                watch.settle(args[1])
+                watch.settle(args[1], loss=True)
             outer = watch.phase
             watch.phase = during
             try:

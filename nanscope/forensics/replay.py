@@ -69,7 +69,8 @@ def _run_phases(watch, model, loss, optimizer, trainable, x, y, grad_transform):
         extra = list(model.keras_model.losses) if model.keras_model is not None else []
         if extra:
             total = total + tf.add_n([tf.cast(tf.reduce_sum(t), tf.float32) for t in extra])
-        watch.settle([y_pred, total])
+        watch.settle(y_pred)
+        watch.settle(total, loss=True)
     if watch.first is not None:
         return
     watch.phase = "backward"
@@ -146,8 +147,13 @@ def _context_lines(event):
     where = context.get("discarded_by")
     if where is not None:
         at = f" at {where['source']}" if where.get("source") else ""
-        lines.append(f"a tf.where ({where['op']}{at}) threw away the forward value of {event.forward_op or event.op}"
-                     + (f" ({context['forward_nonfinite']} non-finite)" if context.get("forward_nonfinite") else ""))
+        op = event.forward_op or event.op
+        if context.get("reached_loss"):
+            lines.append(f"the non-finite values of {op} reached the loss; a tf.where ({where['op']}{at}) "
+                         "dropped only those that came to it")
+        else:
+            thrown = f" ({context['forward_nonfinite']} non-finite)" if context.get("forward_nonfinite") else ""
+            lines.append(f"a tf.where ({where['op']}{at}) threw away the forward value of {op}{thrown}")
     function = context.get("function")
     if function is not None:
         lines.append(f"inside the function call {function['call']}: node {function['node']} "

@@ -186,12 +186,18 @@ class OpWatch:
             return (made or reached)[0]
         return self._late
 
-    def settle(self, results):
-        """Mark the events whose values reached `results` (the model output, the loss)."""
+    def settle(self, results, loss=False):
+        """Mark the events whose values reached `results` (a layer output, the model output, the loss).
+
+        With `loss`, `results` is the loss: an event whose values reached it says so in its context
+        (`reached_loss`), so that no line claims a tf.where threw those values away.
+        """
         for tensor in _flat(results):
             event = self._origin.get(id(tensor))
             if event is not None:
                 self._reached.add(id(event))
+                if loss:
+                    event.context["reached_loss"] = True
 
     @contextlib.contextmanager
     def attached(self):

@@ -16,6 +16,12 @@ def mlp(features=4):
                              keras.layers.Dense(1, name="out", dtype="float32")])
 
 
+def sigmoid_classifier(features=4):
+    """`mlp` with a sigmoid output, for a binary cross-entropy."""
+    return keras.Sequential([keras.Input((features,)), keras.layers.Dense(8, activation="relu", name="hidden"),
+                             keras.layers.Dense(1, activation="sigmoid", name="out", dtype="float32")])
+
+
 def infinite_gradient(features=4):
     return keras.Sequential([keras.Input((features,)),
                              keras.layers.Dense(3, kernel_initializer="zeros", bias_initializer="zeros", name="hidden"),
