@@ -3,6 +3,7 @@
 nanscope reads and wraps a few things that are not public API: Keras' CompileLoss
 (`_compile_loss`, its `_flat_losses`, `_user_loss_weights` and build structures),
 `Layer._flatten_layers` and `_get_own_losses`, the optimizer's `_clip_gradients`,
+`_learning_rate` and `_iterations`,
 TensorFlow's `op_callbacks` and the `_gradient_function` frame of its gradient
 tape. Each is reached only through a function here, and each has a canary test
 (tests/test_internals.py) that names the hook and the installed versions when an
@@ -111,6 +112,24 @@ CLIP_GRADIENTS = "_clip_gradients"
 def clip_gradients_hook(optimizer, wrap):
     """The `overridden` entry that wraps the optimizer's clipping step with `wrap`."""
     return optimizer, CLIP_GRADIENTS, wrap
+
+
+# The optimizer's learning rate as given (a float variable, a LearningRateSchedule or a callable) and
+# its raw step counter (keras/src/optimizers/base_optimizer.py): the public `learning_rate` is only
+# the value now, and the public `iterations` is divided by `gradient_accumulation_steps`, while a
+# schedule is evaluated at the raw counter.
+LEARNING_RATE = "_learning_rate"
+RAW_ITERATIONS = "_iterations"
+
+
+def given_learning_rate(optimizer):
+    """What the optimizer was given as its learning rate: a variable, a LearningRateSchedule or a callable."""
+    return getattr(optimizer, LEARNING_RATE)
+
+
+def raw_iterations(optimizer):
+    """The optimizer's step counter as a schedule reads it (every apply, gradient accumulation included)."""
+    return int(getattr(optimizer, RAW_ITERATIONS).numpy())
 
 
 # --- TensorFlow: op callbacks and the gradient tape ----------------------------------------------------

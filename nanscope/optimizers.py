@@ -6,9 +6,11 @@ resolved in `nanscope.losses`.
 """
 
 from nanscope.errors import SpecError, did_you_mean, first_line
+from nanscope.factory import load_callable
+from nanscope.learning_rate import schedule_of
 from nanscope.runtime import tensorflow
 
-__all__ = ["build_optimizer", "optimizer_settings"]
+__all__ = ["build_optimizer", "build_schedule", "optimizer_settings"]
 
 
 def build_optimizer(spec, loaded_model, overrides=None):
@@ -23,9 +25,15 @@ def build_optimizer(spec, loaded_model, overrides=None):
         if compiled is None:
             raise SpecError(f"{spec.source}: train.optimizer: missing, and the model is not compiled with an optimizer")
         config = compiled.get_config()
+        schedule = schedule_of(compiled)
+        if schedule is not None:  # the object itself: a user's schedule need not be registered with Keras
+            config["learning_rate"] = schedule
         config.update(overrides or {})
         return type(compiled).from_config(config)
-    kwargs = {**opt_spec.keras_kwargs(), **(overrides or {})}
+    kwargs = opt_spec.keras_kwargs()
+    if opt_spec.learning_rate is not None and not isinstance(opt_spec.learning_rate, float):
+        kwargs["learning_rate"] = build_schedule(spec, opt_spec.learning_rate)
+    kwargs.update(overrides or {})
     class_name = _optimizer_class(keras, opt_spec.name)
     try:
         return keras.optimizers.get({"class_name": class_name, "config": kwargs})
@@ -43,18 +51,59 @@ def build_optimizer(spec, loaded_model, overrides=None):
         ) from exc
 
 
+def build_schedule(spec, schedule):
+    """The LearningRateSchedule a ScheduleSpec names: a Keras schedule, or a user's class from `file.py:Class`."""
+    _, keras = tensorflow()
+    field = f"{spec.source}: train.optimizer.learning_rate"
+    if ":" in schedule.class_name:
+        cls = load_callable(schedule.class_name, spec.base_dir, f"{field}.class_name", SpecError)
+    else:
+        known = {n: getattr(keras.optimizers.schedules, n) for n in dir(keras.optimizers.schedules)
+                 if isinstance(getattr(keras.optimizers.schedules, n), type)
+                 and issubclass(getattr(keras.optimizers.schedules, n), keras.optimizers.schedules.LearningRateSchedule)
+                 and n != "LearningRateSchedule"}
+        cls = known.get(schedule.class_name)
+        if cls is None:
+            raise SpecError(f"{field}.class_name: Keras has no learning-rate schedule {schedule.class_name!r}"
+                            + did_you_mean(schedule.class_name, sorted(known))
+                            + "; expected a Keras schedule (ExponentialDecay, CosineDecay, ...) or file.py:Class")
+    try:
+        built = cls(**schedule.config)
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"{field}.config: {schedule.class_name} cannot be built with {schedule.config}: "
+                        f"{first_line(exc)}") from exc
+    if not isinstance(built, keras.optimizers.schedules.LearningRateSchedule):
+        raise SpecError(f"{field}.class_name: {schedule.class_name} is not a keras LearningRateSchedule. "
+                        f"Received: a {type(built).__name__}")
+    return built
+
+
 SHOWN_OPTIMIZER_SETTINGS = ("learning_rate", "momentum", "beta_1", "beta_2", "epsilon", "clipnorm", "global_clipnorm",
                             "clipvalue")
 
 
 def optimizer_settings(optimizer):
-    """(class name, the settings a report shows) of an optimizer, looking through a LossScaleOptimizer."""
+    """(class name, the settings a report shows) of an optimizer, looking through a LossScaleOptimizer.
+
+    `learning_rate` is always a number: under a LearningRateSchedule (or a callable) the rate at the optimizer's
+    current step, which `nanscope.learning_rate` settles later at the step the report is about.
+    """
     if optimizer is None:
         return None, {}
     inner = getattr(optimizer, "inner_optimizer", optimizer)
     config = inner.get_config()
     shown = {k: config[k] for k in SHOWN_OPTIMIZER_SETTINGS if config.get(k) is not None}
+    if isinstance(shown.get("learning_rate"), (dict, str)):  # a serialised schedule or callable
+        shown["learning_rate"] = _current_learning_rate(inner)
     return type(inner).__name__, {k: float(v) if isinstance(v, (int, float)) else v for k, v in shown.items()}
+
+
+def _current_learning_rate(optimizer):
+    """The optimizer's learning rate now as a float; None when it cannot be evaluated eagerly."""
+    try:
+        return float(optimizer.learning_rate)
+    except Exception:  # a user's schedule or callable that does not run eagerly
+        return None
 
 
 def _optimizer_class(keras, name):

@@ -35,10 +35,13 @@ STEP_FIELDS = (
 # The run header's fields in the order every report and trace writes them. The first ones are
 # in every header (None where a run cannot know them, e.g. the rows of data given to `fit`).
 # `compiled` is a custom loop's: whether the step `instrument` wraps is a tf.function.
+# `learning_rate_schedule` is there only under a LearningRateSchedule (nanscope/learning_rate.py):
+# `optimizer_config.learning_rate` is then the rate in effect at its `step`.
 RUN_FIELDS = (
     "spec", "model", "model_kind", "parameters", "data", "train_rows", "validation_rows", "input_shape",
-    "batch_size", "shuffle", "loss", "outputs", "optimizer", "optimizer_config", "steps_requested", "seed",
-    "jit_compile", "compiled", "steps_per_execution", "mixed_precision", "loss_scaling", "layer_dtypes", "distribute",
+    "batch_size", "shuffle", "loss", "outputs", "optimizer", "optimizer_config", "learning_rate_schedule",
+    "steps_requested", "seed", "jit_compile", "compiled", "steps_per_execution", "mixed_precision", "loss_scaling",
+    "layer_dtypes", "distribute",
 )
 REQUIRED_RUN_FIELDS = ("spec", "model", "model_kind", "parameters", "data", "train_rows", "validation_rows",
                        "batch_size", "shuffle", "loss", "optimizer", "optimizer_config", "steps_requested", "seed",
@@ -322,7 +325,7 @@ def load_trace(path: str | os.PathLike) -> TraceReport:
     first = summary.get("first_nonfinite")
     history = reader.finished()
     report = TraceReport(
-        run=header.get("run", {}),
+        run={**header.get("run", {}), **summary.get("run", {})},
         layers=[tuple(pair) for pair in header.get("layers", [])],
         layer_order=header.get("layer_order", []),
         variables=header.get("variables", []),

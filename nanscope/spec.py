@@ -151,12 +151,25 @@ LossField = Annotated[
 ]
 
 
+class ScheduleSpec(_Section):
+    """A learning-rate schedule: `{class_name: ExponentialDecay, config: {initial_learning_rate: 0.01, ...}}`.
+
+    `class_name` is a Keras schedule (ExponentialDecay, CosineDecay, PiecewiseConstantDecay, ...)
+    or `file.py:Class` for a user's LearningRateSchedule, built with `config` as its arguments;
+    the form a report's `run.learning_rate_schedule` writes.
+    """
+
+    class_name: str = Field(min_length=1)
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
 class OptimizerSpec(_Section):
-    """A Keras optimizer by name with any of its arguments, clipping included."""
+    """A Keras optimizer by name with any of its arguments, clipping included; `learning_rate` a number or a
+    ScheduleSpec."""
 
     model_config = ConfigDict(extra="allow")
     name: str = "sgd"
-    learning_rate: float | None = Field(None, gt=0)
+    learning_rate: Annotated[float, Field(gt=0)] | ScheduleSpec | None = None
     clipnorm: float | None = Field(None, gt=0)
     global_clipnorm: float | None = Field(None, gt=0)
     clipvalue: float | None = Field(None, gt=0)

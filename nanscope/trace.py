@@ -25,6 +25,7 @@ from nanscope.engine.records import expected_layer_indices, first_nonfinite_work
 from nanscope.errors import SpecError
 from nanscope.finishing import optional_part
 from nanscope.history import DEFAULT_KEEP, DEFAULT_SAMPLE, StepHistory
+from nanscope.learning_rate import LearningRateView, settle_learning_rate
 from nanscope.optimizers import optimizer_settings
 from nanscope.report import TraceReport, run_header
 from nanscope.rules.diagnose import diagnose
@@ -96,8 +97,9 @@ def run_trace(spec: RunSpec, options: TraceOptions | None = None) -> TraceReport
     expected = expected_layer_indices(spec.train.expect_nonfinite, [info.name for info in engine.layer_info])
     # Either way the step is traced once: here in the chunk, or for the report's layer order.
     runner = session.chunk_runner(engine, expected) if spec.train.steps >= CHUNK_MIN_STEPS else None
+    learning_rate = LearningRateView(engine.optimizer)
     report = TraceReport(
-        run=describe_run(session, engine),
+        run=describe_run(session, engine, learning_rate),
         layers=[(info.name, info.cls) for info in engine.layer_info],
         layer_order=engine.layer_call_order,
         variables=engine.variable_names,
@@ -118,7 +120,7 @@ def run_trace(spec: RunSpec, options: TraceOptions | None = None) -> TraceReport
             report.interrupted = True
         with interrupt.deferred():
             report.interrupted = report.interrupted or interrupt.requested()
-            _finish(session, engine, report, options)
+            _finish(session, engine, report, options, learning_rate)
             finish_trace(writer, report)
     if options.plot is not None:
         from nanscope.plotting import plot_trace
@@ -260,7 +262,8 @@ def _raise_step_failure(exc, step, spec, writer):
     raise error from exc
 
 
-def _finish(session, engine, report, options=None):
+def _finish(session, engine, report, options=None, learning_rate=None):
+    settle_learning_rate(report, learning_rate)
     if report.first_nonfinite is None and report.steps_run:
         with optional_part(report.notes, "the validation loss"):
             report.validation_loss = session.evaluate(engine)
@@ -339,8 +342,9 @@ def _loss_of(loss, output):
     return f"{named.loss.name} of output {named.name!r}" if named else loss.name
 
 
-def describe_run(session, engine):
-    """The run header: what was run, for the report and the trace."""
+def describe_run(session, engine, learning_rate=None):
+    """The run header: what was run, for the report and the trace (`learning_rate`: the optimizer's
+    LearningRateView, which adds the schedule under one)."""
     spec = session.spec
     optimizer_name, optimizer_config = optimizer_settings(engine.optimizer)
     return run_header(
@@ -358,6 +362,7 @@ def describe_run(session, engine):
         outputs=_outputs(session),
         optimizer=optimizer_name,
         optimizer_config=optimizer_config,
+        **(learning_rate.header_fields() if learning_rate is not None else {}),
         steps_requested=spec.train.steps,
         seed=spec.train.seed,
         jit_compile=spec.train.jit_compile,

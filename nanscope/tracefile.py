@@ -118,7 +118,17 @@ def summary_fields(report):
         "interrupted": report.interrupted,
         "notes": report.notes,
         **({"stopped": report.stopped} if getattr(report, "stopped", None) else {}),
+        **_settled_run(report.run),
     })
+
+
+def _settled_run(run):
+    """What the run header learns only when the run ends (a schedule's rate at the reported step), for the summary:
+    the header line was written when the run started."""
+    if not (run or {}).get("learning_rate_schedule"):
+        return {}
+    return {"run": {"optimizer_config": run.get("optimizer_config"),
+                    "learning_rate_schedule": run["learning_rate_schedule"]}}
 
 
 def summary_line(report):

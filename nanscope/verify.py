@@ -124,6 +124,14 @@ def changes_for(rec, session, report):
 
 def _lower_learning_rate(rec, session, report):
     lr = report.run.get("optimizer_config", {}).get("learning_rate")
+    if report.run.get("learning_rate_schedule"):  # the same schedule, scaled: its shape is part of the run
+        from nanscope.learning_rate import scaled_schedule, schedule_of
+        from nanscope.optimizers import build_optimizer
+
+        schedule = schedule_of(build_optimizer(session.spec, session.model))
+        name = type(schedule).__name__
+        return [Change(f"lr/{f}", {"learning_rate": f"{name} x 1/{f}"},
+                       {"learning_rate": scaled_schedule(schedule, 1 / f)}) for f in LR_FACTORS]
     return [Change(f"lr/{f}", {"learning_rate": lr / f}, {"learning_rate": lr / f}) for f in LR_FACTORS] if lr else []
 
 

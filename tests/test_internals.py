@@ -221,3 +221,21 @@ def test_canary_functional_graph():
         return None
 
     canary("Functional._inputs_struct / Layer._inbound_nodes", check)
+
+
+def test_canary_the_given_learning_rate_and_the_raw_step_counter():
+    def check():
+        schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 4, 0.5)
+        optimizer = keras.optimizers.SGD(schedule, gradient_accumulation_steps=2)
+        variable = keras.Variable([1.0])
+        for _ in range(3):
+            optimizer.apply_gradients([(tf.constant([1.0]), variable)])
+        if internals.given_learning_rate(optimizer) is not schedule:
+            return f"optimizer.{internals.LEARNING_RATE} is {internals.given_learning_rate(optimizer)!r}"
+        if internals.raw_iterations(optimizer) != 3:
+            return f"optimizer.{internals.RAW_ITERATIONS} counted {internals.raw_iterations(optimizer)} applies, not 3"
+        if not np.isclose(float(optimizer.learning_rate), float(schedule(3))):
+            return "the schedule is no longer evaluated at the raw counter"
+        return None
+
+    canary(f"optimizer.{internals.LEARNING_RATE} / {internals.RAW_ITERATIONS}", check)

@@ -121,8 +121,8 @@ def compare_clipping(spec: RunSpec, strategies: str | list[Strategy] | None = No
     try:
         for strategy in ordered:
             if strategy.kind != "none" and strategy.threshold is None:
-                thresholds = derive_thresholds(ordered, runs[0].result, _learning_rate(spec), session.model.param_count,
-                                               session.initial_weight_norm())
+                thresholds = derive_thresholds(ordered, runs[0].result, _learning_rate(spec, steps),
+                                               session.model.param_count, session.initial_weight_norm())
             runs.append(_run_strategy(session, strategy, steps, progress))
     except KeyboardInterrupt:
         interrupted = True
@@ -187,8 +187,16 @@ def _run_strategy(session, strategy, steps, progress):
     )
 
 
-def _learning_rate(spec):
+def _learning_rate(spec, steps):
+    """The learning rate a clip threshold is bounded with: the spec's, or under a schedule its peak over the run
+    (a threshold that keeps the largest step in bounds keeps every step in bounds)."""
     optimizer = spec.train.optimizer
+    if optimizer is not None and optimizer.learning_rate is not None and not isinstance(optimizer.learning_rate,
+                                                                                        float):
+        from nanscope.learning_rate import peak_learning_rate
+        from nanscope.optimizers import build_schedule
+
+        return peak_learning_rate(build_schedule(spec, optimizer.learning_rate), steps)
     return optimizer.learning_rate if optimizer is not None and optimizer.learning_rate else (
         0.01 if optimizer is not None and optimizer.name.lower() == "sgd" else None)
 

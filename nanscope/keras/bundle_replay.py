@@ -21,6 +21,7 @@ from nanscope.forensics.replay import describe_event
 from nanscope.internals import compile_loss
 from nanscope.keras.forensics import batch_lines, labelled_fit_batch
 from nanscope.keras.header import loss_name, precision
+from nanscope.learning_rate import schedule_fields
 from nanscope.optimizers import optimizer_settings
 from nanscope.runtime import tensorflow
 
@@ -145,6 +146,7 @@ def _header(bundle, directory):
     return {"spec": None, "replay": str(directory), "kind": "fit", "step": document.get("step"),
             "epoch": document.get("epoch"), "model": f"{model.name} ({type(model).__name__})",
             "loss": loss_name(getattr(model, "loss", None)), "optimizer": name, "optimizer_config": config,
+            **schedule_fields(model.optimizer, document.get("step")),
             **precision(probed_layers(model), [model.optimizer]), "versions": document.get("versions"),
             "user_code": [f"{entry['qualname']} ({entry['file']})" for entry in document.get("user_code", [])]}
 

@@ -131,9 +131,30 @@ def _setting(name, value, also=None):
     return change
 
 
+def _schedule(original, scaled):
+    """A change that gives the optimizer another schedule (Keras' public setter takes one) and puts the original
+    back after."""
+    def change(model):
+        inner = _inner(model.optimizer)
+        inner.learning_rate = scaled
+
+        def undo():
+            inner.learning_rate = original
+
+        return undo
+
+    return change
+
+
 def _lower_learning_rate(rec, bundle, report):
+    from nanscope.learning_rate import scaled_schedule, schedule_of
+
+    schedule = schedule_of(bundle.model.optimizer)
+    if schedule is not None:  # the same schedule, scaled
+        return [StepFix(f"lr/{f}", {"learning_rate": f"{type(schedule).__name__} x 1/{f}"},
+                        change=_schedule(schedule, scaled_schedule(schedule, 1 / f))) for f in LR_FACTORS]
     lr = report.run.get("optimizer_config", {}).get("learning_rate")
-    if not isinstance(lr, float):  # a schedule: no single rate to lower
+    if not isinstance(lr, float):
         return []
     return [StepFix(f"lr/{f}", {"learning_rate": lr / f}, change=_setting("learning_rate", lr / f))
             for f in LR_FACTORS]

@@ -20,6 +20,7 @@ from nanscope.report import run_header
 from nanscope.keras.probe import StepProbe
 from nanscope.attribution import StepNames
 from nanscope.keras.recorder import StepRecorder
+from nanscope.learning_rate import LearningRateView
 from nanscope.keras.workers import worker_role
 from nanscope.rules.evidence import RunEvidence
 
@@ -56,8 +57,10 @@ class FitRun:
                                             [model], [model.optimizer], probe.trainable, model.metrics_variables,
                                             [probe.layers[i].name for i in expected])
         role = worker_role(model.distribute_strategy)
-        self.recorder = StepRecorder(options, fit_header(model, self.params, probe, role), names,
-                                     lambda: probe.call_order, self._locate if self.forensics else None, role)
+        learning_rate = LearningRateView(model.optimizer)
+        self.recorder = StepRecorder(options, fit_header(model, self.params, probe, role, learning_rate), names,
+                                     lambda: probe.call_order, self._locate if self.forensics else None, role,
+                                     learning_rate)
         probe.attach()
 
     def _locate(self, record, first):

@@ -10,10 +10,11 @@ from nanscope.report import run_header
 UNKNOWN_TO_GUESTS = dict.fromkeys(("train_rows", "validation_rows", "batch_size", "shuffle", "seed"))
 
 
-def fit_header(model, params, probe, role=None):
+def fit_header(model, params, probe, role=None, learning_rate=None):
     """The run header of a `fit` run, with the fields trace-steps' header has where they are known.
 
-    Call once the model is built (after the first batch for a subclassed model).
+    Call once the model is built, before its first step (`learning_rate`: the optimizer's LearningRateView,
+    which adds the schedule under one).
     """
     optimizer_name, optimizer_config = optimizer_settings(model.optimizer)
     epochs, steps = params.get("epochs"), params.get("steps")
@@ -29,6 +30,7 @@ def fit_header(model, params, probe, role=None):
         loss=loss_name(getattr(model, "loss", None)),
         optimizer=optimizer_name,
         optimizer_config=optimizer_config,
+        **(learning_rate.header_fields() if learning_rate is not None else {}),
         steps_requested=epochs * steps if epochs and steps else None,
         jit_compile=bool(model.jit_compile),
         steps_per_execution=probe.per_execution,

@@ -31,6 +31,7 @@ from nanscope.attribution import StepNames
 from nanscope.keras.recorder import GuestOptions, StepRecorder
 from nanscope.keras.rows import RowBuffer
 from nanscope.keras.snapshot import StepSnapshot
+from nanscope.learning_rate import LearningRateView
 from nanscope.optimizers import optimizer_settings
 from nanscope.report import run_header
 from nanscope.rules.evidence import RunEvidence
@@ -161,10 +162,21 @@ class InstrumentedFunction:
         return True
 
     def finish(self):
-        """Build, print and write the report of the steps so far; the TraceReport."""
+        """Build, print and write the report of the steps so far; the TraceReport.
+
+        Never raises into the user's loop: a failure of nanscope's own is one warning line, and the report
+        as far as it was built is returned.
+        """
         if self._run is None:
             return None
-        self.report = self._run.finish(self.notes)
+        try:
+            self.report = self._run.finish(self.notes)
+        except Exception as exc:
+            log.warning("nanscope: the instrument report could not be built (%s: %s); training was not affected",
+                        type(exc).__name__, first_line(exc))
+            self.report = self._run.recorder.report
+            self.report.notes.append(f"nanscope's own report failed ({type(exc).__name__}: {first_line(exc)}); "
+                                     "the report is as far as it was built")
         return self.report
 
 
@@ -205,13 +217,15 @@ class GuestRun:
                                        optimizers, self.trainable, expected=[names[i] for i in self.expected])
         variable_names = (relative_variable_names(self.trainable, models[0]) if len(models) == 1
                           else relative_variable_names(self.trainable, None))
-        self.recorder = StepRecorder(options, self._header(compiled),
+        learning_rate = LearningRateView(self.optimizers[0] if self.optimizers else None)
+        self.recorder = StepRecorder(options, self._header(compiled, learning_rate),
                                      StepNames(layers=[(layer.name, type(layer).__name__) for layer in self.layers],
                                                variables=variable_names), self._call_order,
-                                     forensics.locate if forensics is not None else None)
+                                     forensics.locate if forensics is not None else None,
+                                     learning_rate=learning_rate)
         self.compiled = tf.function(self._step) if compiled else self._step
 
-    def _header(self, compiled):
+    def _header(self, compiled, learning_rate):
         name, config = optimizer_settings(self.optimizers[0] if self.optimizers else None)
         return run_header(
             **UNKNOWN_TO_GUESTS,
@@ -219,6 +233,7 @@ class GuestRun:
             model=", ".join(f"{m.name} ({type(m).__name__})" for m in self.models) + f", {len(self.layers)} layers",
             model_kind="custom-loop", parameters=parameter_count(self.models), data="the step's arguments",
             loss="the step's return value", optimizer=name, optimizer_config=config,
+            **learning_rate.header_fields(),
             steps_requested=None, jit_compile=None, compiled=compiled,
             **precision(self.layers, self.optimizers),
         )

@@ -60,10 +60,13 @@ class StepRecorder:
         locate: callable(record, FirstNonfinite), optional. Fills in what a forensic replay finds.
         role: WorkerRole, default one worker. Under MultiWorkerMirroredStrategy, only the chief
             prints and writes the report, the trace and the TensorBoard log.
+        learning_rate: LearningRateView, optional. The optimizer's learning rate as the run started; under a
+            schedule the report gives the rate in effect at its first non-finite (else last) step.
     """
 
-    def __init__(self, options, run, names, call_order, locate=None, role=None):
+    def __init__(self, options, run, names, call_order, locate=None, role=None, learning_rate=None):
         self.options, self.names, self.call_order, self.locate = options, names, call_order, locate
+        self.learning_rate = learning_rate
         self.role = role or WorkerRole()
         self.first_nonfinite, self.dropped = None, 0
         self.expected = expected_layer_indices(options.expect_nonfinite, [name for name, _ in names.layers])
@@ -126,6 +129,7 @@ class StepRecorder:
             notes: list of str. What the owner adds about how the run was recorded.
             validation_loss: float, optional. The last validation loss, reported for a run that stayed finite.
         """
+        from nanscope.learning_rate import settle_learning_rate
         from nanscope.rules.diagnose import diagnose
 
         report = self.report
@@ -134,6 +138,7 @@ class StepRecorder:
         if self.first_nonfinite is None and validation_loss is not None and math.isfinite(validation_loss):
             report.validation_loss = float(validation_loss)
         report.notes.extend(list(notes) + self._notes())
+        settle_learning_rate(report, self.learning_rate)
         report.recommendations = diagnose(report, evidence)
         self._close(report)
         self.render()

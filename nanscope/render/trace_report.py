@@ -51,6 +51,7 @@ def _header(report):
         ("data", _data_text(run)),
         ("loss", run.get("loss")),
         ("optimizer", f"{run.get('optimizer')}({optimizer})" + _loss_scale_text(report)),
+        *_schedule_rows(run),
         ("steps", f"{report.steps_run} of {run.get('steps_requested')}"
                   + (" (interrupted)" if report.interrupted else "")
                   + (f" (stopped: {report.stopped})" if report.stopped else "")),
@@ -63,6 +64,18 @@ def _header(report):
         grid.add_row(key, str(value))
     title = Text.assemble("nanscope trace-steps  ", (report.status.upper(), STATUS_STYLE[report.status]))
     return Panel(grid, title=title, title_align="left")
+
+
+def _schedule_rows(run):
+    """The "lr schedule" row under a LearningRateSchedule: its class, its rate at the first and the reported step."""
+    schedule = run.get("learning_rate_schedule")
+    if not schedule:
+        return []
+    at, rate = schedule.get("step"), (run.get("optimizer_config") or {}).get("learning_rate")
+    shown = [] if at == 0 or "first_step_learning_rate" not in schedule else [
+        f"{fmt(schedule['first_step_learning_rate'])} at step 0"]
+    shown.append(f"{fmt(rate)} at step {at}")
+    return [("lr schedule", f"{schedule.get('class_name')}: {', '.join(shown)}")]
 
 
 def _data_text(run):

@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from nanscope.finishing import optional_part
+from nanscope.learning_rate import lowered_learning_rate_fix
 from nanscope.rules.catalogue import recommend
 from nanscope.rules.early import early_findings
 from nanscope.rules.outliers import outlier_findings
@@ -197,13 +198,12 @@ def _update_ratio(report, evidence, healthy):
     median = float(np.median(ratios))
     if median <= UPDATE_RATIO_LIMIT:
         return []
-    lr = report.run.get("optimizer_config", {}).get("learning_rate")
     evidence = [f"median update ratio |dw|/|w| (all weights) over {len(ratios)} healthy steps: {median:.3g} "
                 f"(healthy runs: ~1e-3; limit {UPDATE_RATIO_LIMIT:g})"]
     # Large steps while the loss still falls are how small models start: only a finding
     # when the run also failed or stopped making progress.
     severity = _severity(report, "warning" if not _loss_falling(healthy) else "info")
-    fix = f"train:\n  optimizer: {{learning_rate: {lr / 10:g}}}   # 10x lower" if lr else RULE_FIX_LR
+    fix = lowered_learning_rate_fix(report.run) or RULE_FIX_LR
     return [(0.75, recommend("lower-learning-rate", severity, evidence, fix, {"median_update_ratio": median}))]
 
 
