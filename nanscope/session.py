@@ -23,6 +23,7 @@ import numpy as np
 from nanscope.data import targets
 from nanscope.data.batches import BatchOrder, batch
 from nanscope.data.sources import LoadedData, load_data, split_validation
+from nanscope.engine.cluster import bounded
 from nanscope.engine.chunk import CHUNK_STEPS, ChunkFailure, ChunkRunner, fits_on_device
 from nanscope.models import build_model
 from nanscope.engine.step import InstrumentedStep, is_loss_scale_optimizer
@@ -112,7 +113,8 @@ class Session:
         if runner is None:
             x, y = self.batch(step)
             try:
-                return [engine.run(step, x, y)], None
+                with bounded(self.cluster):
+                    return [engine.run(step, x, y)], None
             except Exception as exc:
                 return [], exc
         steps = self.order.uniform_run(step, min(total, step + CHUNK_STEPS))
@@ -229,7 +231,8 @@ def start_up_failures(cluster):
     from nanscope.engine.cluster import ClusterError, collective_failure_message, is_collective_failure
 
     try:
-        yield
+        with bounded(cluster):
+            yield
     except Exception as exc:
         if not is_collective_failure(exc):
             raise

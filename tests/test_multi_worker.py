@@ -7,6 +7,7 @@ seconds of TensorFlow start-up.
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -112,6 +113,59 @@ def wait_for_steps(trace, count, process, deadline=90):
             raise AssertionError(process.communicate()[1][-2000:])
         time.sleep(0.1)
     raise AssertionError("the chief wrote no steps")
+
+
+def threads_and_fds(pid):
+    """(threads, open file descriptors) of a live process, from /proc."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^Threads:\s+(\d+)", status, re.M).group(1)), len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_threads_and_descriptors_stay_flat_from_step_100_to_500(tmp_path):
+    # A per-collective timeout (CommunicationOptions(timeout_seconds=...)) kept one sleeping thread per collective
+    # for the whole timeout (600 s here, so none ends in this test): ~3.5 more threads a step, 1,400 from 100 to 500.
+    document = yaml.safe_load((SPECS / "long.yaml").read_text())
+    document["train"]["distribute_timeout_s"] = 600
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump({**document, "model": {"factory": str(SPECS / "models.py:mlp")},
+                                                        "data": {**document["data"],
+                                                                 "factory": str(SPECS / "models.py:regression")}}))
+    processes = start_workers(["-m", "nanscope", "trace-steps", "spec.yaml", "--trace", "w{task}.jsonl"], tmp_path,
+                              free_ports(2))
+    try:
+        wait_for_steps(tmp_path / "w0.jsonl", 100, processes[0], deadline=180)
+        early = [threads_and_fds(p.pid) for p in processes]
+        wait_for_steps(tmp_path / "w0.jsonl", 500, processes[0], deadline=180)
+        late = [threads_and_fds(p.pid) for p in processes]
+    finally:
+        for process in processes:
+            process.kill()
+            process.communicate()
+    for (threads, fds), (threads_later, fds_later) in zip(early, late):
+        assert threads_later - threads <= 5 and fds_later - fds <= 5, (early, late)
+
+
+DEADLINE_SCRIPT = """
+import time
+import tensorflow as tf
+from nanscope.engine.deadline import CollectiveDeadline
+deadline = CollectiveDeadline(1.5)
+started = time.monotonic()
+try:
+    with deadline.bounded():  # a group of 2 that only this member joins: it waits for the other forever
+        tf.raw_ops.CollectiveReduceV2(input=tf.ones([2]), group_size=tf.constant(2), group_key=tf.constant(1),
+                                      instance_key=tf.constant(1), ordering_token=[], merge_op="Add", final_op="Id")
+except tf.errors.DeadlineExceededError as exc:
+    print(round(time.monotonic() - started, 1), exc.message.split("aborted by: ")[1].splitlines()[0])
+"""
+
+
+def test_a_collective_that_outlasts_the_deadline_is_aborted_with_deadline_exceeded():
+    # What a worker that is alive (its heartbeat answers) but never reaches the all-reduce meets.
+    done = subprocess.run([sys.executable, "-c", DEADLINE_SCRIPT], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    seconds, message = done.stdout.strip().split(" ", 1)
+    assert message == "no answer from the other workers within 1.5 s"
+    assert 1.5 <= float(seconds) < 10
 
 
 def test_a_killed_worker_stops_the_chief_within_the_timeout(tmp_path):

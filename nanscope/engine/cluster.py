@@ -7,9 +7,10 @@ with every wait bounded by `train.distribute_timeout_s`:
 
 - joining: before TensorFlow joins the cluster, each worker listens on its port until every
   other worker's port answers, and otherwise stops (exit 2) naming the ones that did not;
-- each collective (the gradient all-reduce, which also carries the replicas' rows, the variables'
-  initial broadcast) fails with DeadlineExceeded after the timeout, or at once with
-  Unavailable when a peer's connection drops; `missing_worker` names the task.
+- each block that waits on the others (a step, whose gradient all-reduce also carries the
+  replicas' rows; the model's build, with the variables' initial broadcast) is `bounded`:
+  its collectives fail with DeadlineExceeded after the timeout (engine/deadline.py), or at
+  once with Unavailable when a peer's connection drops; `missing_worker` names the task.
 
 Only the chief (task 0) writes the report and the other outputs; it publishes its exit
 code in the coordination service's key-value store, and the others exit with it.
@@ -19,12 +20,14 @@ import json
 import os
 import contextlib
 import faulthandler
+import functools
 import re
 import socket
 import sys
 import time
 from dataclasses import dataclass
 
+from nanscope.engine.deadline import CollectiveDeadline
 from nanscope.errors import NanscopeError
 
 EXIT_CODE_KEY = "nanscope/exit_code"
@@ -137,11 +140,24 @@ def _create(tf, cluster):
     # process then (exit 1, after twice the timeout).
     faulthandler.dump_traceback_later(2 * cluster.timeout_s, exit=True, file=sys.__stderr__)
     try:
-        options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=cluster.timeout_s)
+        # No `timeout_seconds` in the CommunicationOptions: TensorFlow would keep one sleeping thread per collective
+        # for the whole timeout (thousands at once); `bounded` watches the steps from one thread instead.
         with _every_logical_cpu(tf):
-            return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+            return tf.distribute.MultiWorkerMirroredStrategy()
     finally:
         faulthandler.cancel_dump_traceback_later()
+
+
+def bounded(cluster):
+    """A block whose collectives fail with DeadlineExceeded after `cluster.timeout_s`; no bound without a cluster."""
+    if cluster is None:
+        return contextlib.nullcontext()
+    return _deadline(cluster.timeout_s).bounded()
+
+
+@functools.cache
+def _deadline(timeout_s):
+    return CollectiveDeadline(timeout_s)  # one watchdog thread per process, for the whole run
 
 
 def _every_logical_cpu(tf):
