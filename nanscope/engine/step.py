@@ -130,9 +130,14 @@ class InstrumentedStep:
 
     def _model_state(self):
         if self.model.keras_model is None:
-            return list(self.trainable)
+            return list(self.trainable) + self._loss_scale_state()
         others = [v for v in self.model.keras_model.variables if all(v is not t for t in self.trainable)]
-        return list(self.trainable) + others
+        return list(self.trainable) + others + self._loss_scale_state()
+
+    def _loss_scale_state(self):
+        # A LossScaleOptimizer's scale and growth counter (two scalars) are kept with the weights: the replay of a
+        # step, and its repro, must run under the scale the step's loss was scaled by, not the one it left.
+        return [self.optimizer.step_counter, self.optimizer.dynamic_scale] if self.loss_scaled else []
 
     def _where(self, field):
         return (f"{self.source}: " if self.source else "") + f"{field}: "

@@ -92,15 +92,6 @@ def replay_repro(directory: str | os.PathLike, verify: bool = False) -> TraceRep
         verify: bool, default False. Also try each fix nanscope can apply on the saved step
             (`nanscope.keras.bundle_verify`; fit bundles only).
     """
-    from nanscope.forensics.replay import describe_event, replay_step, state_variables
-    from nanscope.optimizers import build_optimizer
-    from nanscope.report import FirstNonfinite, TraceReport
-    from nanscope.rules.diagnose import diagnose
-    from nanscope.rules.evidence import evidence_from_session
-    from nanscope.session import open_session
-    from nanscope.spec import parse_spec
-    from nanscope.attribution import describe_bad_batch
-
     document, arrays = load_repro(directory)
     if document.get("kind") == "fit":
         from nanscope.keras.bundle_replay import replay_fit_bundle
@@ -110,12 +101,25 @@ def replay_repro(directory: str | os.PathLike, verify: bool = False) -> TraceRep
         raise NanscopeError(f"{directory}: --verify replays fit bundles (`NanScope(repro=DIR)`); this bundle was "
                             "written by trace-steps", hint="`nanscope trace-steps SPEC --verify` verifies each fix "
                             "over the whole run")
+    return _replay_spec_bundle(directory, document, arrays)
+
+
+def _replay_spec_bundle(directory, document, arrays):
+    """The saved step run again as trace-steps ran it: its compiled step from the saved state (under the spec's
+    precision and loss scaling), attributed by the same code, then replayed op by op."""
+    from nanscope.attribution import describe_bad_batch
+    from nanscope.forensics.replay import state_variables
+    from nanscope.report import FirstNonfinite, TraceReport
+    from nanscope.rules.diagnose import diagnose
+    from nanscope.rules.evidence import evidence_from_session
+    from nanscope.session import open_session
+    from nanscope.spec import parse_spec
+    from nanscope.trace import describe_run, locate_first_nonfinite  # the step runs as trace-steps runs it
+
     spec = parse_spec(document["spec"], source=document.get("spec_source") or str(directory))
     session = open_session(spec)
-    optimizer = build_optimizer(spec, session.model)
-    optimizer.build(session.model.keras_model.trainable_variables if session.model.keras_model is not None
-                    else session.model.trainable_variables)
-    variables = state_variables(session.model, optimizer)
+    engine = session.instrumented_step()
+    variables = state_variables(engine.model, engine.optimizer)
     if len(variables) != document.get("variables"):
         raise NanscopeError(f"{directory}: the repro holds {document.get('variables')} variables, "
                             f"the spec's model and optimizer have {len(variables)}; did the model change?")
@@ -123,20 +127,18 @@ def replay_repro(directory: str | os.PathLike, verify: bool = False) -> TraceRep
         variable.assign(arrays[f"state_{i}"])
     x, step = _saved_inputs(document, arrays), int(document["step"])
     y = arrays["y"] if "y" in arrays else tuple(arrays[f"y_{i}"] for i in range(len(session.loss.outputs)))
-    report = TraceReport(run={"spec": spec.source, "replay": str(directory), "optimizer_config": {}},
-                         layers=[], layer_order=[], variables=[])
+    report = TraceReport(run={**describe_run(session, engine), "replay": str(directory)}, layers=[], layer_order=[],
+                         variables=[])
     if not all(_finite(part) for part in [*inputs.parts(x), *targets.parts(y)]):
         report.first_nonfinite = FirstNonfinite(step, "data", detail=describe_bad_batch(
             x, y, arrays["rows"], session.train.feature_names, session.train.target_names,
             [o.name for o in session.loss.outputs]))
     else:
-        found = replay_step(session.model, session.loss, optimizer, x, y)
-        report.run["replay_seconds"] = found.seconds
-        if found.event is None:
+        record = engine.run(step, x, y)
+        if record.phase is None:
             report.notes.append(f"the replay of step {step} stayed finite (a non-deterministic op, e.g. dropout?)")
         else:
-            report.first_nonfinite = describe_event(FirstNonfinite(step, found.event.phase), found.event,
-                                                    loss_name=session.loss.name)
+            report.first_nonfinite = locate_first_nonfinite(record, engine, session, x, y)
     report.recommendations = diagnose(report, evidence_from_session(session))
     return report
 
