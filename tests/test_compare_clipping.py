@@ -192,3 +192,35 @@ def test_a_long_experiment_keeps_a_bounded_set_of_full_rows():
     short, long = results[1_200], results[4_000]
     assert len(short.records) < short.steps_run and len(long.records) <= bound < long.steps_run // 2
     assert long.first_healthy.step == 0 and long.best_loss == min(long.losses)
+
+
+def test_auto_with_one_healthy_step_clips_at_the_global_bound_and_says_so(tmp_path):
+    """The unclipped IRNN's step 0 is healthy (norm ~5e3) and step 1 overflows: one norm is no 10th percentile.
+    Before, auto clipped at that norm, never bit, and went non-finite at step 1 too."""
+    import io
+
+    from rich.console import Console
+
+    from nanscope.clipping import compare_clipping
+    from nanscope.clipping.report_json import clipping_json
+    from nanscope.render.clipping_report import render_clipping_report
+
+    report = compare_clipping(load_spec(SPECS / "irnn.yaml"), "none,auto,global_clipnorm", steps=4)
+    runs = {run.strategy.kind: run for run in report.runs}
+    unclipped = runs["none"].result
+    assert unclipped.first_nonfinite_step == 1 and len(unclipped.healthy_grad_norms()) == 1
+    assert unclipped.healthy_grad_norms()[0] > 1000
+    auto = runs["auto"]
+    assert report.thresholds["auto_from"] == "global_norm_bound" and report.thresholds["healthy_steps"] == 1
+    assert auto.strategy.threshold == runs["global_clipnorm"].strategy.threshold == report.thresholds[
+        "global_norm_bound"] == 4
+    assert auto.result.finite and auto.effect.clipped_fraction == 1.0 and auto.took_effect is True
+    assert auto.strategy.threshold_source.startswith(
+        "AutoClip's 10th percentile needs at least 10 healthy steps and the unclipped run had 1, so auto uses G = 4")
+    doc = json.loads(json.dumps(clipping_json(report)))
+    assert doc["thresholds"]["auto_min_healthy_steps"] == 10
+    assert next(s for s in doc["strategies"] if s["name"] == "auto")["params"]["threshold"] == 4
+    console = Console(width=80, file=io.StringIO(), record=True, color_system=None)
+    render_clipping_report(report, console)
+    text = console.export_text()
+    assert "4 (G)" in text and "auto (G): AutoClip's percentile needs at least 10 healthy steps" in text

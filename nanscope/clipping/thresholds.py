@@ -11,6 +11,9 @@ modes get the bound that caps the global norm at the same G:
 
 `auto` is AutoClip (Seetharaman et al., 2020): the 10th percentile of the healthy
 steps' global norms, with no learning-rate bound, applied with `tf.clip_by_global_norm`.
+With fewer than AUTO_MIN_HEALTHY_STEPS healthy steps there is no percentile to take
+(a run that goes non-finite at step 1 has one norm, the one that blew it up), so `auto`
+uses G instead and says so.
 """
 
 import math
@@ -20,6 +23,10 @@ import numpy as np
 from nanscope.rules.diagnose import CLIP_PERCENTILE, clip_threshold, round_threshold
 
 FALLBACK_THRESHOLD = 1.0
+# The 10th percentile is a norm that one healthy step in ten lies below: it needs at least ten steps.
+# From fewer it is an interpolation between the smallest few norms, and from one step it is that
+# step's norm, however far it is from what training can take.
+AUTO_MIN_HEALTHY_STEPS = math.ceil(100 / CLIP_PERCENTILE)
 
 
 def derive_thresholds(strategies, unclipped, learning_rate, parameter_count, weight_norm=None):
@@ -41,12 +48,10 @@ def derive_thresholds(strategies, unclipped, learning_rate, parameter_count, wei
         if weight_norm is None:
             weight_norm = math.sqrt(sum(v.weight_norm ** 2 for v in unclipped.first_healthy.variables))
         bound, how = clip_threshold(healthy, learning_rate, weight_norm)
-        auto = round_threshold(float(np.percentile(healthy, CLIP_PERCENTILE)))
-        auto_how = (f"AutoClip: the {CLIP_PERCENTILE}th percentile of the global gradient norms of the unclipped "
-                    f"run's {len(healthy)} healthy step(s)")
     else:
-        bound, auto = FALLBACK_THRESHOLD, FALLBACK_THRESHOLD
-        how = auto_how = f"the unclipped run had no healthy step to measure; fell back to {FALLBACK_THRESHOLD:g}"
+        bound = FALLBACK_THRESHOLD
+        how = f"the unclipped run had no healthy step to measure; fell back to {FALLBACK_THRESHOLD:g}"
+    auto, auto_how, auto_from = _auto_threshold(healthy, bound, how)
     variables = len(unclipped.history.variables) if unclipped.steps_run else 1
     derived = {
         "global_clipnorm": (bound, f"G = {bound:g}: {how}"),
@@ -62,4 +67,18 @@ def derive_thresholds(strategies, unclipped, learning_rate, parameter_count, wei
     for strategy in strategies:
         if strategy.kind != "none" and strategy.threshold is None:
             strategy.threshold, strategy.threshold_source = derived[strategy.kind]
-    return {"global_norm_bound": bound, "how": how, "healthy_steps": len(healthy)}
+    return {"global_norm_bound": bound, "how": how, "healthy_steps": len(healthy), "auto_from": auto_from,
+            "auto_min_healthy_steps": AUTO_MIN_HEALTHY_STEPS}
+
+
+def _auto_threshold(healthy, bound, how):
+    """(threshold, how it was chosen, and from what: "percentile", "global_norm_bound" or "fallback") for `auto`."""
+    if len(healthy) >= AUTO_MIN_HEALTHY_STEPS:
+        return (round_threshold(float(np.percentile(healthy, CLIP_PERCENTILE))),
+                f"AutoClip: the {CLIP_PERCENTILE}th percentile of the global gradient norms of the unclipped "
+                f"run's {len(healthy)} healthy steps", "percentile")
+    if not len(healthy):
+        return bound, how, "fallback"
+    return bound, (f"AutoClip's {CLIP_PERCENTILE}th percentile needs at least {AUTO_MIN_HEALTHY_STEPS} healthy "
+                   f"steps and the unclipped run had {len(healthy)}, so auto uses G = {bound:g}: {how}"), \
+        "global_norm_bound"

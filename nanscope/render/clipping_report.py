@@ -39,6 +39,10 @@ def render_clipping_report(report, console):
     if report.thresholds:
         console.print(Text(f"thresholds not given: G = {report.thresholds['global_norm_bound']:g}, "
                            f"{report.thresholds['how']}; see the why of each strategy", style="dim"))
+        if _auto_without_percentile(report):
+            console.print(Text(f"auto (G): AutoClip's percentile needs at least "
+                               f"{report.thresholds['auto_min_healthy_steps']} healthy steps, the unclipped run had "
+                               f"{report.thresholds['healthy_steps']}; auto clips at G instead", style="yellow"))
     console.print(_verdict(report))
     for note in report.notes:
         console.print(hanging("note: ", note, style="dim"))
@@ -92,9 +96,18 @@ def _clipping_table(report):
     table.add_column("took\neffect", no_wrap=True)
     for run in report.runs:
         effect = run.effect
-        table.add_row(_name_cell(run, report), fmt(run.strategy.threshold), _percent(effect.clipped_fraction),
+        threshold = fmt(run.strategy.threshold)
+        if run.strategy.kind == "auto" and _auto_without_percentile(report):
+            threshold += " (G)"
+        table.add_row(_name_cell(run, report), threshold, _percent(effect.clipped_fraction),
                       _percent(effect.norm_removed), _took_effect(run))
     return table
+
+
+def _auto_without_percentile(report):
+    """True when `auto` had too few healthy steps for its percentile and clips at G."""
+    return report.thresholds.get("auto_from", "percentile") != "percentile" and any(
+        run.strategy.kind == "auto" and run.strategy.threshold_source != "given" for run in report.runs)
 
 
 def _percent(value):
