@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nanscope.data import inputs, targets
-from nanscope.engine.records import LOSS_SCALE_FLOOR, first_nonfinite_replica, first_nonfinite_worker
+from nanscope.engine.records import first_nonfinite_replica, first_nonfinite_worker
 from nanscope.report import FirstNonfinite
 
 SHOWN = 8
@@ -60,9 +60,9 @@ def attribute_from_record(record, names):
             first.detail = [f"{len(bad)} of {len(record.variables)} variables affected"]
         if phase == "backward" and record.update_skipped:
             first.detail.append(
-                f"the LossScaleOptimizer skipped this update with its scale at {record.loss_scale_before or 0:g}: the "
-                f"gradients are not finite even unscaled, and the scale has reached its floor "
-                f"({LOSS_SCALE_FLOOR:g}: no scaling left)")
+                f"the LossScaleOptimizer skipped this update with its scale at {record.loss_scale_before or 0:g}, as "
+                "it skipped most of the updates before it: the gradients are not finite at any scale it tried, and "
+                "no weight is changing")
     return first
 
 

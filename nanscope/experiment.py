@@ -15,6 +15,7 @@ import numpy as np
 
 from nanscope import interrupt
 from nanscope.data import targets
+from nanscope.engine.loss_scale import LossScaleWatch
 from nanscope.history import StepHistory
 from nanscope.jsonio import jsonable
 from nanscope.series import ScalarColumns
@@ -162,12 +163,14 @@ def _run(session, change, steps, stop_at_nonfinite, on_step, fingerprint):
     crc = 0
     engine = session.instrumented_step(change.optimizer_overrides, change.grad_transform, model=model,
                                        loss_scaling=change.loss_scaling)
+    scale_watch = LossScaleWatch()
     run, first_bad = _RunSummary([info.dtype for info in getattr(engine, "layer_info", [])]), None
     runner, step, total = session.chunk_runner(engine), 0, steps or session.spec.train.steps
     while step < total and not (stop_at_nonfinite and first_bad is not None):
         interrupt.check()
         done, error = session.next_records(engine, runner, step, total, first_bad is None)
         for record in done:
+            scale_watch.see(record)
             if fingerprint:
                 x, y = session.batch(record.step)
                 for array in (*targets.parts(x), *targets.parts(y)):

@@ -20,6 +20,7 @@ from nanscope import interrupt
 from nanscope.attribution import StepNames, attribute_from_record, describe_bad_batch
 from nanscope.data import inputs, targets
 from nanscope.engine.failures import step_failure
+from nanscope.engine.loss_scale import LossScaleWatch
 from nanscope.engine.cluster import collective_failure_message, is_collective_failure
 from nanscope.engine.records import expected_layer_indices, first_nonfinite_worker
 from nanscope.errors import SpecError
@@ -200,6 +201,7 @@ def _expected_notes(patterns, engine, expected):
 
 def _run_step_loop(session, engine, runner, report, writer, options, expected, board):
     step, total = 0, session.spec.train.steps
+    scale_watch = LossScaleWatch()
     cluster = session.cluster
     while step < total:
         if cluster is None:
@@ -212,6 +214,7 @@ def _run_step_loop(session, engine, runner, report, writer, options, expected, b
         with interrupt.deferred():  # a step is in the history and the trace whole, or not at all
             for record in records:
                 record.expected_nonfinite = list(expected)
+                scale_watch.see(record)
                 keep(report.history, writer, record)
             writer.flush_steps()
         for record in records:

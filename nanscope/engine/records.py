@@ -13,10 +13,6 @@ import numpy as np
 
 from nanscope.engine.schema import LAYER, OUTPUT, SCALARS, VARIABLE
 
-# Dynamic loss scaling halves its scale on every skipped update. At 1 it no longer scales
-# the loss up at all: a skipped update from there on is not absorbed but a failure.
-LOSS_SCALE_FLOOR = 1.0
-
 
 @dataclass
 class LayerStats:
@@ -80,6 +76,8 @@ class StepRecord:
         loss_missing: bool. The step gave no loss to record (a custom step under `instrument` that
             returns none): `loss` and `data_loss` are NaN for "unknown", and do not make the step
             non-finite; the batch, layers, gradients and weights still do.
+        scale_collapsed: bool. This skipped update is one of so many that the loss scale has collapsed
+            (`engine.loss_scale.LossScaleWatch`): loss scaling no longer absorbs it, and the step is non-finite.
         expected_nonfinite: list of int. Indices of layers whose non-finite outputs are
             intended (an attention mask's -inf): reported, but they do not make a step non-finite.
         replica_nonfinite: list of int. Under tf.distribute, per replica: non-finite entries in
@@ -111,6 +109,7 @@ class StepRecord:
     update_skipped: bool = False
     loss_scale_before: float | None = None
     loss_missing: bool = False
+    scale_collapsed: bool = False
     replica_nonfinite: list = field(default_factory=list)
     worker_nonfinite: list = field(default_factory=list)
     outputs: list = field(default_factory=list)
@@ -164,12 +163,9 @@ class StepRecord:
 
     @property
     def absorbed(self):
-        """True when loss scaling absorbed this step's non-finite gradients: the update was skipped with the
-        loss scaled up (a scale above the floor)."""
-        if not self.update_skipped:
-            return False
-        before = self.loss_scale_before or (2 * self.loss_scale if self.loss_scale else None)
-        return before is None or before > LOSS_SCALE_FLOOR
+        """True when loss scaling absorbed this step's non-finite gradients: the update was skipped, and the scale
+        has not collapsed (Keras 3's scale has no floor: a skip at a scale below 1 is still loss scaling at work)."""
+        return bool(self.update_skipped) and not self.scale_collapsed
 
     def nonfinite_output(self, phase):
         """Index of the first output of a multi-output model that shows `phase`'s non-finite value, or None.

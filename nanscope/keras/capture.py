@@ -16,7 +16,6 @@ import contextlib
 import functools
 
 from nanscope.engine.variable_stats import any_nonfinite_count, variable_rows
-from nanscope.engine.records import LOSS_SCALE_FLOOR
 from nanscope.engine.schema import OUTPUT, SCALARS, VARIABLE
 from nanscope.engine.step import is_loss_scale_optimizer, layer_loss_terms
 from nanscope.internals import clip_gradients_hook, overridden
@@ -199,12 +198,13 @@ class StepCapture:
 def not_absorbed(values, layer_nonfinite):
     """In the graph: True when this step holds a non-finite value that loss scaling did not absorb.
 
-    The same test as `StepRecord.phase`, for the snapshot to stop at the first such step.
+    The same test as `StepRecord.phase`, for the snapshot to stop at the first such step, but for a collapsed
+    loss scale (`engine.loss_scale`), which only the host sees over many steps: a skipped update is absorbed here.
     `layer_nonfinite` is the sum of the non-finite counts of layers not expected to have them.
     """
-    absorbed = values["update_skipped"] * tf.cast(values["loss_scale_before"] > LOSS_SCALE_FLOOR, tf.float32)
     counts = (values["x_nonfinite"] + values["y_nonfinite"] + values["output_nonfinite"] + values["loss_nonfinite"]
-              + values["weights_nonfinite"] + layer_nonfinite + values["grad_nonfinite"] * (1.0 - absorbed))
+              + values["weights_nonfinite"] + layer_nonfinite
+              + values["grad_nonfinite"] * (1.0 - values["update_skipped"]))
     return counts > 0
 
 

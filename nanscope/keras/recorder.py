@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nanscope.attribution import attribute_from_record
+from nanscope.engine.loss_scale import LossScaleWatch
 from nanscope.engine.records import expected_layer_indices
 from nanscope.history import DEFAULT_KEEP, DEFAULT_SAMPLE, StepHistory
 from nanscope.keras.workers import WorkerRole
@@ -69,6 +70,7 @@ class StepRecorder:
         self.learning_rate = learning_rate
         self.role = role or WorkerRole()
         self.first_nonfinite, self.dropped = None, 0
+        self.scale_watch = LossScaleWatch()
         self.expected = expected_layer_indices(options.expect_nonfinite, [name for name, _ in names.layers])
         dtypes = run.get("layer_dtypes") or {}
         self.history = StepHistory(len(names.layers), len(names.variables), len(names.outputs), options.keep_steps,
@@ -97,6 +99,7 @@ class StepRecorder:
                 continue
             record.expected_nonfinite = list(self.expected)
             record.worker_nonfinite = self.role.per_worker(record.replica_nonfinite)
+            self.scale_watch.see(record)
             if record.phase is not None and self.first_nonfinite is None:
                 self.names.call_order = self.call_order()
                 self.first_nonfinite = attribute_from_record(record, self.names)

@@ -152,7 +152,8 @@ RULES = {
         Rule(
             "loss-scaling",
             "Scale the loss under mixed precision",
-            "A float16 value overflowing (> 65504) or gradients underflowing; a loss scale stuck at its floor.",
+            "A float16 value overflowing (> 65504) or gradients underflowing; a loss scale that collapses (most "
+            "updates skipped).",
             "optimizer = keras.optimizers.LossScaleOptimizer(optimizer)  # dynamic loss scaling\n"
             "# or keep the overflowing layer in float32: keras.layers.Dense(..., dtype='float32')",
         ),

@@ -1,12 +1,15 @@
 """Mixed-precision findings: float16 overflow and underflow, and a loss scale that has collapsed.
 
 Keras' LossScaleOptimizer halves its scale and skips the update whenever the scaled
-gradients overflow, and doubles it after a run of good steps. Occasional skips are how
-it works; skipping every step means no training happens at all (keras#16100).
+gradients overflow, and doubles it after a run of good steps; the scale has no floor and
+may go below 1. Occasional skips are how it works; skipping most updates means no training
+happens at all (keras#16100): `engine.loss_scale` judges that.
 """
 
 import numpy as np
 
+from nanscope.engine import loss_scale
+from nanscope.engine.loss_scale import collapsed_window
 from nanscope.history import PHASES
 from nanscope.rules.catalogue import recommend
 
@@ -17,17 +20,8 @@ FLOAT16_NEAR_OVERFLOW = FLOAT16_MAX / 2
 # More than a tenth of a layer's non-zero float16 outputs below the smallest normal
 # (6.1e-5) means their precision is gone and the next step flushes them to zero.
 UNDERFLOW_FRACTION_LIMIT = 0.1
-# Skipped updates in a window this long, at this fraction, are a collapsed loss scale,
-# not the occasional overflow that dynamic loss scaling expects.
-SKIP_WINDOW = 5
-SKIP_FRACTION_LIMIT = 0.8
-# The LossScaleOptimizer starts at 2^15 on purpose and halves on every overflow, so a run of
-# skips at the start is its warm-up, not a problem. Ten halvings (to 32) fit gradients whose
-# scaled float16 values stay below 65504 / 32 ~ 2000; a warm-up longer than that means no
-# weight has changed for ten steps, and is reported.
-WARM_UP_SKIPS = 10
 # The phases (as history's scalar columns number them) of a value that went non-finite before any gradient existed.
-BEFORE_GRADIENTS = tuple(PHASES.index(phase) for phase in ("data", "forward", "loss"))
+BEFORE_GRADIENTS = tuple(PHASES.index(phase) for phase in loss_scale.BEFORE_GRADIENTS)
 
 
 def precision_findings(report, evidence, healthy):
@@ -66,41 +60,6 @@ def _skipped_updates(report):
            "train:\n  mixed_precision: null   # or keep the failing layer in float32: dtype='float32'")
     return [(0.9, recommend(overflow_rule(report), "error", evidence, fix,
                             data={"skipped": len(skipped), "window": len(window), "loss_scale": last_scale}))]
-
-
-def collapsed_window(skipped, scaled, before_gradients):
-    """The steps (indices) over which a LossScaleOptimizer skipped so many updates that training stalled; None if it
-    did not.
-
-    Args:
-        skipped: bool array, per step. The update was skipped.
-        scaled: bool array. The step scaled its loss (a LossScaleOptimizer was in use).
-        before_gradients: bool array. The step went non-finite before any gradient existed: its update was
-            skipped as a consequence, not by loss scaling, and does not count.
-    """
-    considered = _after_warm_up(np.flatnonzero(scaled & ~before_gradients), skipped)
-    window = considered[-SKIP_WINDOW * 4:]
-    if len(window) < SKIP_WINDOW or skipped[window].sum() / len(window) < SKIP_FRACTION_LIMIT:
-        return None
-    return window
-
-
-def record_flags(records):
-    """(skipped, scaled, before_gradients) bool arrays of StepRecords, for `collapsed_window`."""
-    return (np.array([bool(r.update_skipped) for r in records], bool), np.array([bool(r.loss_scale) for r in records],
-                                                                              bool),
-            np.array([r.phase in ("data", "forward", "loss") for r in records], bool))
-
-
-def _after_warm_up(considered, skipped):
-    """The steps `considered` (indices) less the LossScaleOptimizer's warm-up: the run of skipped updates it starts
-    with while it halves its scale down from 2^15. A warm-up still going after WARM_UP_SKIPS steps is kept: by then
-    no weight has changed for that long."""
-    flags = skipped[considered]
-    warm_up = int(np.argmin(flags)) if not flags.all() else len(considered)
-    if warm_up == len(considered):
-        return considered if warm_up >= WARM_UP_SKIPS else considered[:0]
-    return considered[warm_up:]
 
 
 def _float16_layers(report):

@@ -59,3 +59,11 @@ def float16_infinite_gradient(features=4):
                                                 dtype="mixed_float16"),
                              SqrtAtZero(name="sqrt", dtype="mixed_float16"),
                              keras.layers.Dense(1, name="out", dtype="float32")])
+
+
+def raw_input_mlp(features=4, width=32):
+    """float16 hidden layers and a float32 output layer. Fed raw inputs in the thousands, its float16 kernel
+    gradients overflow at a loss scale of 1: the LossScaleOptimizer trains it at a scale below 1."""
+    return keras.Sequential([keras.Input((features,)), keras.layers.Dense(width, activation="relu", name="hidden"),
+                             keras.layers.Dense(width, activation="relu", name="hidden2"),
+                             keras.layers.Dense(1, name="out", dtype="float32")])
