@@ -3,6 +3,7 @@
 import json
 import logging
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -62,11 +63,13 @@ def test_the_bundle_holds_the_state_before_the_step_and_replays_the_sqrt_in_the_
     bundle = tmp_path / "nan-step"
     scope = fit(model, bundle)
     assert any(note.startswith(f"repro: step 0 (epoch 0) saved to {bundle}") for note in scope.report.notes)
-    assert sorted(p.name for p in bundle.iterdir()) == ["model.keras", "repro.json", "state.npz"]
+    assert sorted(p.name for p in bundle.iterdir()) == ["code", "model.keras", "repro.json", "state.npz"]
     document = json.loads((bundle / "repro.json").read_text())
     assert (document["kind"], document["step"], document["epoch"]) == ("fit", 0, 0)
     assert [entry["qualname"] for entry in document["user_code"]] == ["root_loss"]
-    assert document["user_code"][0]["file"] == str((SPECS / "fit_bundle.py").resolve())
+    assert (document["user_code"][0]["file"], document["user_code"][0]["origin"]) == (
+        "code/fit_bundle.py", "tests/specs/fit_bundle.py" if Path.cwd() == SPECS.parent.parent else "fit_bundle.py")
+    assert (bundle / "code" / "fit_bundle.py").read_bytes() == (SPECS / "fit_bundle.py").read_bytes()
     with np.load(bundle / "state.npz") as arrays:
         np.testing.assert_array_equal(arrays["state_0"], kernel_before)  # before the step, not after
         np.testing.assert_array_equal(arrays["batch_0"], data()[0][:BATCH])
@@ -229,3 +232,79 @@ def test_verify_raises_the_epsilon_of_an_update_that_divides_by_zero(tmp_path):
     assert (rec["id"], rec["verified"], row["fix"], row["finite"]) == ("optimizer-epsilon", True, "epsilon=0.0001",
                                                                         True)
     assert row["final_loss"] < row["loss"]  # the fixed update moved the weights downhill on this batch
+
+
+GAIN_LAYERS = """\
+import keras
+import tensorflow as tf
+
+from gain_helpers import soft_root
+
+
+class PerFeatureGain(keras.layers.Layer):
+    \"\"\"A learned gain per feature, then a square root (NaN for a negative input).\"\"\"
+
+    def build(self, input_shape):
+        self.gain = self.add_weight(shape=(input_shape[-1],), initializer="ones", name="gain")
+
+    def call(self, x):
+        return soft_root(x) * self.gain
+"""
+GAIN_HELPERS = """\
+import tensorflow as tf
+
+
+def soft_root(x):
+    return tf.sqrt(x)  # producer: sqrt
+"""
+
+
+def gain_project(folder):
+    """The user's project: a custom layer with `build()` in one file, the op it calls in a file it imports."""
+    folder.mkdir()
+    (folder / "gain_layers.py").write_text(GAIN_LAYERS)
+    (folder / "gain_helpers.py").write_text(GAIN_HELPERS)
+    sys.path.insert(0, str(folder))
+    try:
+        import gain_layers
+    finally:
+        sys.path.remove(str(folder))
+    return gain_layers
+
+
+def forget_project(folder):
+    """The user's files are gone, and this process forgets it imported them: only the bundle can hold them now."""
+    for name in ("gain_layers", "gain_helpers"):
+        sys.modules.pop(name, None)
+    shutil.rmtree(folder)
+
+
+def test_a_fit_bundle_replays_from_a_copy_of_its_folder_once_the_users_files_are_gone(tmp_path):
+    gain_layers = gain_project(tmp_path / "project")
+    x, y = data()
+    x = np.abs(x)
+    x[2 * BATCH + 5, 3] = -1.0  # a row of step 2 takes the square root of a negative number
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), gain_layers.PerFeatureGain(name="gain"),
+                              keras.layers.Dense(1, name="out")])
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse")
+    scope = NanScope(verbose=0, repro=tmp_path / "bundle")
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[scope])
+    first = scope.report.first_nonfinite
+    assert (first.step, first.phase, first.layer, first.op) == (2, "forward", "gain", "Sqrt")
+    document = json.loads((tmp_path / "bundle" / "repro.json").read_text())
+    assert [(e["qualname"], e["file"], e["origin"]) for e in document["user_code"]] == [
+        ("PerFeatureGain", "code/gain_layers.py", "gain_layers.py")]
+    assert sorted(p.name for p in (tmp_path / "bundle" / "code").iterdir()) == ["gain_helpers.py", "gain_layers.py"]
+
+    moved = shutil.copytree(tmp_path / "bundle", tmp_path / "elsewhere" / "nan-step")
+    shutil.rmtree(tmp_path / "bundle")
+    forget_project(tmp_path / "project")
+    result = replay(moved, "--json", "-")
+    assert result.exit_code == 1, result.output
+    replayed = json.loads(result.stdout)["first_nonfinite"]
+    line = GAIN_HELPERS.splitlines().index("    return tf.sqrt(x)  # producer: sqrt") + 1
+    assert (replayed["step"], replayed["phase"], replayed["layer"], replayed["op"]) == (2, "forward", "gain", "Sqrt")
+    assert replayed["source"] == f"gain_helpers.py:{line}"
+    assert "gain_helpers.py ran from the bundle's copy code/gain_helpers.py (the same lines)" in replayed["detail"]
+    assert str(tmp_path / "project") not in (moved / "repro.json").read_text()

@@ -2,6 +2,8 @@
 
 import json
 import os
+import shutil
+import sys
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -48,3 +50,68 @@ def test_a_mixed_float16_bundle_replays_its_step_with_the_loss_scale_it_ran_unde
                                                                                        "exp": "float16",
                                                                                        "out": "float32"})
     assert [r["id"] for r in replayed["recommendations"]] == [r["id"] for r in trace["recommendations"]]
+
+
+LAYERS = """\
+import keras
+import tensorflow as tf
+
+
+class LogGain(keras.layers.Layer):
+    def build(self, input_shape):
+        self.gain = self.add_weight(shape=(input_shape[-1],), initializer="ones", name="gain")
+
+    def call(self, x):
+        return tf.math.log(x) * self.gain  # producer: log
+"""
+MODELS = """\
+import keras
+
+from layers import LogGain
+
+
+def log_model():
+    return keras.Sequential([keras.Input((4,)), LogGain(name="log_gain"), keras.layers.Dense(1, name="out")])
+"""
+
+
+def test_a_spec_bundle_replays_from_a_copy_of_its_folder_once_the_project_is_gone(tmp_path, monkeypatch):
+    """The model factory, the layer file it imports and the data file are copied into the bundle; the spec in it
+    names them relative to the bundle; the report names the user's file as in their project."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "layers.py").write_text(LAYERS)
+    (project / "models.py").write_text(MODELS)
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0.5, 2.0, (64, 4)).astype(np.float32)
+    x[2 * 16 + 7, 1] = -1.0  # step 2 takes the log of a negative number
+    np.savez(project / "rows.npz", x=x, y=x.sum(1, keepdims=True))
+    (project / "run.yaml").write_text("model: {factory: models.py:log_model}\n"
+                                      "data: {path: rows.npz, batch_size: 16, shuffle: false}\n"
+                                      "train: {loss: mse, optimizer: {name: adam}, steps: 4, seed: 0}\n")
+    monkeypatch.chdir(tmp_path)
+    traced = cli("trace-steps", "project/run.yaml", "--save-repro", "bundle", "--json", "trace.json",
+                 "--trace", "t.jsonl")
+    assert traced.exit_code == 1, traced.output
+    expected = json.loads(Path("trace.json").read_text())["first_nonfinite"]
+    line = LAYERS.splitlines().index("        return tf.math.log(x) * self.gain  # producer: log") + 1
+    assert (expected["step"], expected["layer"], expected["op"], expected["source"]) == (2, "log_gain", "Log",
+                                                                                         f"project/layers.py:{line}")
+    document = json.loads(Path("bundle/repro.json").read_text())
+    assert (document["spec"]["model"]["factory"], document["spec"]["data"]["path"]) == ("code/models.py:log_model",
+                                                                                        "data/rows.npz")
+    assert document["code_files"] == [{"file": "code/models.py", "origin": "project/models.py"},
+                                      {"file": "code/layers.py", "origin": "project/layers.py"}]
+    assert str(tmp_path) not in Path("bundle/repro.json").read_text()
+
+    moved = shutil.copytree("bundle", tmp_path / "colleague" / "nan-step")
+    shutil.rmtree("bundle")
+    shutil.rmtree(project)
+    monkeypatch.chdir(tmp_path / "colleague")
+    monkeypatch.delitem(sys.modules, "layers", raising=False)  # a fresh process on the colleague's machine
+    result = cli("replay", "nan-step", "--json", "-")
+    assert result.exit_code == 1, result.output
+    first = json.loads(result.stdout)["first_nonfinite"]
+    assert {k: first[k] for k in SAME} == {k: expected[k] for k in SAME}
+    assert "project/layers.py ran from the bundle's copy code/layers.py (the same lines)" in first["detail"]
+    assert moved.is_dir()

@@ -1,8 +1,10 @@
 """Save what a replay of one step needs, and replay it later: `trace-steps --save-repro DIR`, `nanscope replay DIR`.
 
-A repro folder holds `repro.json` (schema, step, the validated spec and the file
-it came from, so relative paths still resolve) and `state.npz` (the model's and
-the optimizer's variables as they were before the step, and the batch).
+A repro folder holds `repro.json` (schema, step, the validated spec with its files
+named relative to the folder, and the spec file's name), `state.npz` (the model's and
+the optimizer's variables as they were before the step, and the batch) and copies of
+the files the spec references (`code/`, `model/`, `data/`: `forensics.spec_files`), so
+it replays on another machine from the folder alone.
 
 Two kinds share the schema: `"kind": "spec"` (written by trace-steps, replayed through
 the spec) and `"kind": "fit"` (written by `NanScope(repro=DIR)` inside a user's `fit`,
@@ -20,6 +22,8 @@ import numpy as np
 
 from nanscope.data import inputs, targets
 from nanscope.errors import NanscopeError, first_line
+from nanscope.forensics.bundle_code import name_origins, origin_name
+from nanscope.forensics.spec_files import bundle_spec
 from nanscope.jsonio import write_text_atomic
 
 if TYPE_CHECKING:
@@ -45,9 +49,10 @@ def save_repro(directory, session, step, x, y, state_before):
     targets = {f"y_{i}": part for i, part in enumerate(y)} if isinstance(y, tuple) else {"y": y}
     batch = {f"x_{i}": part for i, part in enumerate(inputs.parts(x))} if inputs.is_multi(x) else {"x": x}
     np.savez(directory / "state.npz", rows=session.order.indices(step), **batch, **targets, **arrays)
-    source = str(Path(session.spec.source).resolve()) if session.spec.source else None
-    document = {"schema": SCHEMA, "kind": "spec", "step": step, "spec_source": source,
-                "spec": session.spec.model_dump(mode="json"), "variables": len(state_before),
+    spec, code_files, not_copied = bundle_spec(session.spec, directory)
+    document = {"schema": SCHEMA, "kind": "spec", "step": step,
+                "spec_origin": origin_name(session.spec.source) if session.spec.source else None,
+                "spec": spec, "code_files": code_files, "not_copied": not_copied, "variables": len(state_before),
                 "inputs": list(x) if isinstance(x, dict) else len(x) if inputs.is_multi(x) else None}
     write_text_atomic(directory / "repro.json", json.dumps(document, indent=2) + "\n")
     return directory
@@ -116,7 +121,8 @@ def _replay_spec_bundle(directory, document, arrays):
     from nanscope.spec import parse_spec
     from nanscope.trace import describe_run, locate_first_nonfinite  # the step runs as trace-steps runs it
 
-    spec = parse_spec(document["spec"], source=document.get("spec_source") or str(directory))
+    # A bundle's spec names its files relative to the bundle (an older one: relative to `spec_source`).
+    spec = parse_spec(document["spec"], source=document.get("spec_source") or str(Path(directory) / "repro.json"))
     session = open_session(spec)
     engine = session.instrumented_step()
     variables = state_variables(engine.model, engine.optimizer)
@@ -129,6 +135,7 @@ def _replay_spec_bundle(directory, document, arrays):
     y = arrays["y"] if "y" in arrays else tuple(arrays[f"y_{i}"] for i in range(len(session.loss.outputs)))
     report = TraceReport(run={**describe_run(session, engine), "replay": str(directory)}, layers=[], layer_order=[],
                          variables=[])
+    report.run["spec"] = document.get("spec_origin") or report.run["spec"]
     if not all(_finite(part) for part in [*inputs.parts(x), *targets.parts(y)]):
         report.first_nonfinite = FirstNonfinite(step, "data", detail=describe_bad_batch(
             x, y, arrays["rows"], session.train.feature_names, session.train.target_names,
@@ -139,6 +146,7 @@ def _replay_spec_bundle(directory, document, arrays):
             report.notes.append(f"the replay of step {step} stayed finite (a non-deterministic op, e.g. dropout?)")
         else:
             report.first_nonfinite = locate_first_nonfinite(record, engine, session, x, y)
+            name_origins(report.first_nonfinite, directory, document)
     report.recommendations = diagnose(report, evidence_from_session(session))
     return report
 

@@ -5,9 +5,11 @@ A bundle folder holds `model.keras` (the model as `model.save` writes it, with i
 compile config: loss, optimizer, metrics), `state.npz` (the model's and the
 optimizer's variables as they were BEFORE the step, and the step's batch as `fit`
 gave it) and `repro.json` (`"kind": "fit"`, the step, the variables' order and
-shapes, the batch's nesting, the versions, and where the user code lives: for every
-class or function of the user's that the model needs, its file and qualified name,
-so replay imports that file and hands it to Keras as `custom_objects`).
+shapes, the batch's nesting, the versions, and the user code: for every class or
+function of the user's that the model needs, its qualified name, its copy under
+`code/` and the name of the file it came from (`forensics.bundle_code`), so replay
+imports the copy and hands it to Keras as `custom_objects`, and the folder replays
+on another machine without the user's files).
 
 The folder is built beside its destination and renamed into place once complete, so
 a half-written folder is never taken for a bundle. Before that, the model is loaded
@@ -22,11 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
+from nanscope.forensics.bundle_code import CODE_DIR, copy_code, named_by_origin, origin_name
 from nanscope.internals import flatten_layers
 from nanscope.keras.bundle_load import BundleError, load_bundle_model
 
 KIND = "fit"
-FILES = ("repro.json", "model.keras", "state.npz")
+FILES = ("repro.json", "model.keras", "state.npz", CODE_DIR)
 # Modules whose classes and functions Keras finds by itself (or that hold no user code).
 _LIBRARY_MODULES = ("keras", "tensorflow", "tf_keras", "numpy", "builtins", "nanscope", "functools")
 
@@ -50,7 +53,7 @@ def save_fit_repro(directory, model, state_before, batch, step, epoch):
     tf, keras = tensorflow()
     directory = Path(directory)
     _check_destination(directory)
-    objects, code = user_code(model)
+    objects, sources = user_code(model)
     flat = tf.nest.flatten(batch)
     variables = list(model.variables) + list(model.optimizer.variables)
     if len(variables) != len(state_before):
@@ -60,6 +63,7 @@ def save_fit_repro(directory, model, state_before, batch, step, epoch):
     shutil.rmtree(building, ignore_errors=True)
     building.mkdir(parents=True)
     try:
+        code, files = bundled_code(sources, building)
         model.save(building / "model.keras")
         arrays = {f"state_{i}": _storable(value) for i, value in enumerate(state_before)}
         arrays.update({f"batch_{i}": _storable(np.asarray(t)) for i, t in enumerate(flat) if t is not None})
@@ -69,7 +73,7 @@ def save_fit_repro(directory, model, state_before, batch, step, epoch):
             "model": type(model).__name__, "model_variables": len(model.variables),
             "dtype_policy": model.dtype_policy.name,
             "variables": [{"path": v.path, "shape": list(v.shape), "dtype": str(v.dtype)} for v in variables],
-            "batch": nest_structure(batch), "user_code": code,
+            "batch": nest_structure(batch), "user_code": code, "code_files": files,
             "versions": {"nanscope": __version__, "tensorflow": tf.__version__, "keras": keras.__version__},
         }
         load_bundle_model(building, document, objects, arrays)  # a bundle that exists is one that loads
@@ -91,8 +95,10 @@ def record_run_findings(directory, recommendations):
 
     meta = Path(directory) / "repro.json"
     document = json.loads(meta.read_text(encoding="utf-8"))
-    document["run_recommendations"] = jsonable([{"id": rec.id, "severity": rec.severity, "evidence": rec.evidence,
-                                                 "fix": rec.fix, "data": rec.data} for rec in recommendations])
+    origins = [entry["origin"] for entry in document.get("code_files") or []]
+    document["run_recommendations"] = named_by_origin(jsonable([
+        {"id": rec.id, "severity": rec.severity, "evidence": rec.evidence, "fix": rec.fix, "data": rec.data}
+        for rec in recommendations]), origins)
     write_text_atomic(meta, json.dumps(document, indent=2) + "\n")
 
 
@@ -104,7 +110,10 @@ def _check_destination(directory):
 def _move_into_place(building, directory):
     if directory.exists():
         for name in FILES:  # repro.json first: a folder without it is no bundle
-            (directory / name).unlink(missing_ok=True)
+            if (directory / name).is_dir():
+                shutil.rmtree(directory / name)
+            else:
+                (directory / name).unlink(missing_ok=True)
         directory.rmdir()
     os.replace(building, directory)
 
@@ -118,9 +127,23 @@ def _storable(array):
     return array
 
 
+def bundled_code(sources, folder):
+    """Copy the user files `sources` names (and the files they import) into `folder`/code.
+
+    Returns:
+        (user_code, code_files): `sources`' entries with `file` the copy, relative to the bundle, and `origin` the
+        name a reader finds in their project (`forensics.bundle_code.origin_name`); and every copy as
+        {file, origin}.
+    """
+    copies = copy_code([entry["file"] for entry in sources], folder)
+    files = [{"file": copy, "origin": origin_name(path)} for path, copy in copies.items()]
+    return [{**entry, "file": copies[Path(entry["file"]).resolve()], "origin": origin_name(entry["file"])}
+            for entry in sources], files
+
+
 def user_code(model):
     """({registered name: object}, [{name, module, qualname, file}]) of the user's classes and functions the model
-    and its compiled loss and metrics use (Keras' own are left out).
+    and its compiled loss and metrics use (Keras' own are left out); `file` is the absolute path of its source.
 
     Raises:
         BundleError: an object that replay could not import (defined inside a function, or without a file).
@@ -165,11 +188,21 @@ def _used_objects(model):
             pending.extend(value.values())
         elif isinstance(value, (list, tuple)):
             pending.extend(value)
+        elif inspect.ismethod(_unwrapped(value)):
+            continue  # a layer's own method (Keras wraps `build` on the instance): its class is recorded
         elif inspect.isfunction(value) or inspect.isclass(value):
-            found.append(value)
+            found.append(_unwrapped(value))
         elif value is not None and not isinstance(value, (str, int, float, bool)) and callable(value):
             found.append(type(value))
     return found
+
+
+def _unwrapped(value):
+    """What a `functools.wraps` wrapper wraps (Keras' `build_wrapper` takes the user's name but is Keras' code)."""
+    try:
+        return inspect.unwrap(value)
+    except ValueError:  # a cycle of __wrapped__
+        return value
 
 
 def nest_structure(value):

@@ -95,15 +95,17 @@ def load_bundle_model(directory, document, objects, arrays, error=BundleError):
 
 
 def import_user_code(meta, code):
-    """{registered name: object} from the files repro.json's `user_code` names (each file imported once)."""
+    """{registered name: object} from the files repro.json's `user_code` names (each file imported once): the
+    copies inside the bundle, relative to it (an older bundle's absolute paths are read as they are)."""
     from nanscope.factory import load_module_file
+    from nanscope.forensics.bundle_code import in_bundle
 
     modules, objects = {}, {}
     for i, entry in enumerate(code):
         field = f"{meta}: user_code[{i}]"
         if not isinstance(entry, dict) or not all(isinstance(entry.get(k), str) for k in ("name", "qualname", "file")):
             raise NanscopeError(f"{field}: expected name, qualname and file. Received: {entry!r}")
-        path = Path(entry["file"])
+        path = in_bundle(meta.parent, entry["file"])
         if not path.is_file():
             raise NanscopeError(f"{field}.file: file not found: {path} (it held {entry['qualname']})")
         if path not in modules:

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from nanscope.engine.step import probed_layers
+from nanscope.forensics.bundle_code import name_origins
 from nanscope.forensics.guest import replay_call
 from nanscope.forensics.replay import describe_event
 from nanscope.internals import compile_loss
@@ -122,6 +123,7 @@ def replay_fit_bundle(directory, document, arrays, verify=False):
     elif outcome.event is not None:
         report.first_nonfinite = describe_event(FirstNonfinite(step, outcome.event.phase), outcome.event,
                                                 loss_name=report.run["loss"])
+        name_origins(report.first_nonfinite, directory, document)
     else:
         report.notes.append(f"the replay of step {step} stayed finite (loss {outcome.loss:.6g}): a non-deterministic "
                             "op (dropout), or a value only the compiled step produced")
@@ -148,7 +150,8 @@ def _header(bundle, directory):
             "loss": loss_name(getattr(model, "loss", None)), "optimizer": name, "optimizer_config": config,
             **schedule_fields(model.optimizer, document.get("step")),
             **precision(probed_layers(model), [model.optimizer]), "versions": document.get("versions"),
-            "user_code": [f"{entry['qualname']} ({entry['file']})" for entry in document.get("user_code", [])]}
+            "user_code": [f"{entry['qualname']} ({entry.get('origin') or entry['file']})"
+                          for entry in document.get("user_code", [])]}
 
 
 def batch_evidence(model, batch, loss):

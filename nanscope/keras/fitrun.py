@@ -88,7 +88,7 @@ class FitRun:
         self.repro_written = True
         self.repro_note = (f"repro: step {step} (epoch {self.epoch}) saved to {where}; `nanscope replay {where}` "
                            "replays it, `--verify` tries the fixes on it")
-        scripts = sorted({entry["file"] for entry in code if entry["module"] == "__main__"})
+        scripts = sorted({entry.get("origin") or entry["file"] for entry in code if entry["module"] == "__main__"})
         if scripts:
             self.repro_note += (f"; replay imports the running script {', '.join(scripts)} for the model's code: keep "
                                 "its training under `if __name__ == \"__main__\":`")
