@@ -159,7 +159,7 @@ class FitRun:
         if self.probe.moments is not None:
             labels = [(label, "float32") for label in self.probe.moments.labels() if label.startswith("x")]
             ids = id_inputs(labels, self.model)
-            evidence.features, evidence.targets = self.probe.moments.scales(ids, run.get("loss"))
+            evidence.features, evidence.targets = self.probe.moments.scales(ids, run.get("loss"), run.get("outputs"))
         report = self.recorder.finish(evidence, self.notes + self._notes(), self.last_epoch_logs.get("val_loss"))
         if self.repro_written:
             self._add_findings_to_bundle(report.recommendations)

@@ -72,6 +72,9 @@ def fit_outputs(model, output_names):
     specs = output_loss_specs(model)
     if len(specs) != len(output_names):
         return [{"name": name, "loss": None, "weight": None} for name in output_names]
+    by_name = {str(name): (loss, weight) for name, loss, weight in specs}
+    if set(by_name) == {str(name) for name in output_names}:  # compile's dict order need not be the outputs' order
+        return [{"name": name, "loss": by_name[str(name)][0], "weight": by_name[str(name)][1]} for name in output_names]
     return [{"name": name, "loss": loss, "weight": weight} for name, (_, loss, weight) in zip(output_names, specs)]
 
 

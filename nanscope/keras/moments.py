@@ -2,7 +2,7 @@
 
 The callback never sees the training arrays, so the data-scale rules (`normalize-inputs`,
 `normalize-targets`) would have nothing to read. Instead the compiled step adds, per
-column of each float input and target, the count of finite entries, their sum, sum of
+column of each float input and each float or integer target, the count of finite entries, their sum, sum of
 squares and sum of magnitudes into variables on the device (four small reductions over
 the batch); the host reads them once, when the report is built, and turns them into
 the same `FeatureScale` and `TargetScale` numbers trace-steps measures on the arrays.
@@ -26,7 +26,7 @@ class FeatureMoments:
 
     def add(self, x, y):
         """In the traced step: add this batch's columns."""
-        for label, part in _float_parts(x, "x") + _float_parts(y, "y"):
+        for label, part in _measured_parts(x, "x") + _measured_parts(y, "y", integers=True):
             flat = tf.reshape(tf.cast(part, tf.float32), [tf.shape(part)[0], -1])
             finite = tf.math.is_finite(flat)
             clean = tf.where(finite, flat, tf.zeros_like(flat))
@@ -48,15 +48,23 @@ class FeatureMoments:
         """The labels of the parts measured so far ("x", "x[0]", "y", ...)."""
         return list(self._sums)
 
-    def scales(self, ids=(), loss=None):
-        """(features, targets): FeatureScale per input column and TargetScale per target, from the sums so far."""
+    def scales(self, ids=(), loss=None, outputs=()):
+        """(features, targets): FeatureScale per input column and TargetScale per target, from the sums so far.
+
+        Args:
+            ids: labels of the inputs that are ids (left out).
+            loss: str. The compiled loss's name (one output).
+            outputs: list of {name, loss}, the run header's `outputs`: a multi-output model's targets are
+                judged under their own output's loss, as trace-steps judges them.
+        """
         features, targets = [], []
         for label, variable in self._sums.items():
             count, total, squares, magnitude = (np.asarray(row, np.float64) for row in variable.numpy())
             if label.startswith("y"):
                 n = max(count.sum(), 1.0)
                 mean = total.sum() / n
-                targets.append(TargetScale(None if label == "y" else label, loss or "",
+                output, output_loss = _output_of(label, outputs, loss)
+                targets.append(TargetScale(output, output_loss or "",
                                            float(np.sqrt(max(squares.sum() / n - mean ** 2, 0.0))),
                                            float(magnitude.sum() / n)))
                 continue
@@ -70,8 +78,26 @@ class FeatureMoments:
         return features, targets
 
 
-def _float_parts(value, label):
+def _output_of(label, outputs, loss):
+    """(output name or None, its loss name) of the target labelled `label` ("y", "y['price']", "y[0]")."""
+    if label == "y":
+        return None, loss
+    key = label[2:-1]
+    named = {str(o.get("name")): o for o in outputs or [] if isinstance(o, dict)}
+    if key.startswith("'") and key.strip("'") in named:
+        found = named[key.strip("'")]
+    elif key.isdigit() and int(key) < len(outputs or []):
+        found = outputs[int(key)]
+    else:
+        return label, loss
+    return found.get("name"), found.get("loss") or loss
+
+
+def _measured_parts(value, label, integers=False):
+    """The float parts of `value` (and with `integers` its integer ones: targets read from a file as whole dollars
+    are int64, and trace-steps measures them as the float32 it trains on; integer inputs are ids, left out)."""
     if value is None:
         return []
     return [(name, part) for name, part in targets.named(value, label) if tf.is_tensor(part)
-            and part.dtype.is_floating and part.shape.rank is not None and part.shape.rank >= 1]
+            and (part.dtype.is_floating or (integers and part.dtype.is_integer))
+            and part.shape.rank is not None and part.shape.rank >= 1]

@@ -79,10 +79,11 @@ def feature_scales(x, feature_names=(), ids=()):
 
 
 def target_scales(pairs):
-    """TargetScale per (output name or None, loss name, targets) whose targets are floats."""
+    """TargetScale per (output name or None, loss name, targets) whose targets are numbers: floats, or integers (whole
+    dollars; class labels are judged by their loss, which the scale rule reads)."""
     found = []
     for output, loss, y in pairs:
-        if np.issubdtype(y.dtype, np.floating):
+        if np.issubdtype(y.dtype, np.floating) or np.issubdtype(y.dtype, np.integer):
             # A few glitch rows are drop-outlier-rows' finding, not a scale to standardise.
             std, mean = finite_spread(without_glitches(y))
             found.append(TargetScale(output, loss, float(std), float(mean)))
