@@ -191,11 +191,15 @@ def replay(
     verify: Annotated[
         bool, flag("--verify", "Apply each fix nanscope can apply to the saved step and say whether it stays finite.")
     ] = False,
+    unsafe: Annotated[
+        bool, flag("--unsafe", "Load a bundle's model without Keras safe mode (Lambda layers run stored Python "
+                               "code): only for bundles you trust."),
+    ] = False,
 ):
     """Re-run one saved step eagerly and show the op, layer and line that produced the first NaN/Inf."""
     from nanscope.commands import replay as command
 
-    run_command(lambda: command.run(directory, json_out=json_out, verify=verify))
+    run_command(lambda: command.run(directory, json_out=json_out, verify=verify, unsafe=unsafe))
 
 
 @app.command("check-data", cls=Command)

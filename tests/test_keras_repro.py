@@ -308,3 +308,39 @@ def test_a_fit_bundle_replays_from_a_copy_of_its_folder_once_the_users_files_are
     assert replayed["source"] == f"gain_helpers.py:{line}"
     assert "gain_helpers.py ran from the bundle's copy code/gain_helpers.py (the same lines)" in replayed["detail"]
     assert str(tmp_path / "project") not in (moved / "repro.json").read_text()
+
+
+def test_a_bundle_whose_model_has_a_lambda_layer_replays_only_with_unsafe(tmp_path):
+    x, y = data()
+    x[BATCH + 2, 0] = -4.0  # step 1 takes the square root of a negative number
+    keras.utils.set_random_seed(0)
+    # Keras loads a lambda's bytecode with its own module's globals: the body names what it uses itself.
+    root = keras.layers.Lambda(lambda t: __import__("keras").ops.sqrt(t), name="root")
+    model = keras.Sequential([keras.Input((8,)), root, keras.layers.Dense(1, name="out")])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    bundle = tmp_path / "lambda"
+    scope = NanScope(verbose=0, repro=bundle)
+    model.fit(np.abs(x) * np.where(x == -4.0, -1, 1), y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[scope])
+    assert (scope.report.first_nonfinite.step, scope.report.first_nonfinite.layer) == (1, "root")
+    result = replay(bundle)
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert "needs unsafe deserialization (a Lambda layer" in result.stderr and "--unsafe" in result.stderr
+    result = replay(bundle, "--unsafe", "--json", "-")
+    assert result.exit_code == 1, (result.stdout, result.stderr)
+    first = json.loads(result.stdout)["first_nonfinite"]
+    assert (first["step"], first["phase"], first["layer"], first["op"]) == (1, "forward", "root", "Sqrt")
+
+
+def test_a_lambda_whose_body_names_a_module_it_does_not_import_is_bad_input_with_a_hint(tmp_path):
+    x, y = data()
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Lambda(lambda t: tf.sqrt(t), name="root"),
+                              keras.layers.Dense(1, name="out")])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    scope = NanScope(verbose=0, repro=tmp_path / "lambda")
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[scope])  # sqrt(-x): NaN
+    result = replay(tmp_path / "lambda", "--unsafe")
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1 and "Traceback" not in result.output
+    assert "the saved step does not run from the bundle: NameError: name 'tf' is not defined" in result.stderr
+    assert "import them inside it" in result.stderr

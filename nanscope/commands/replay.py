@@ -4,12 +4,13 @@ from nanscope.commands.output import deliver
 from nanscope.outpaths import check_output_paths
 
 
-def run(directory, *, json_out=None, verify=False):
-    """Replay the repro folder `directory` (and try the fixes on it with `verify`); return the exit code."""
+def run(directory, *, json_out=None, verify=False, unsafe=False):
+    """Replay the repro folder `directory` (and try the fixes on it with `verify`; `unsafe`: load a model that needs
+    Keras' unsafe deserialization); return the exit code."""
     from nanscope.forensics import replay_document, replay_repro
     from nanscope.render.trace_report import render_replay
 
     check_output_paths(files=[("--json", json_out)])
-    report = replay_repro(directory, verify=verify)
+    report = replay_repro(directory, verify=verify, unsafe=unsafe)
     return deliver(lambda console: render_replay(report, console), lambda: replay_document(report), json_out,
                    report.exit_code())

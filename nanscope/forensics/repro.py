@@ -89,27 +89,28 @@ def load_repro(directory):
     return document, arrays
 
 
-def replay_repro(directory: str | os.PathLike, verify: bool = False) -> TraceReport:
+def replay_repro(directory: str | os.PathLike, verify: bool = False, unsafe: bool = False) -> TraceReport:
     """Re-run the saved step with the full localization; a TraceReport with its first_nonfinite and findings.
 
     Args:
         directory: str or Path. A repro folder of either kind.
         verify: bool, default False. Also try each fix nanscope can apply on the saved step
             (`nanscope.keras.bundle_verify`; fit bundles only).
+        unsafe: bool, default False. Load a model that needs Keras' unsafe deserialization (a Lambda layer).
     """
     document, arrays = load_repro(directory)
     if document.get("kind") == "fit":
         from nanscope.keras.bundle_replay import replay_fit_bundle
 
-        return replay_fit_bundle(directory, document, arrays, verify=verify)
+        return replay_fit_bundle(directory, document, arrays, verify=verify, unsafe=unsafe)
     if verify:
         raise NanscopeError(f"{directory}: --verify replays fit bundles (`NanScope(repro=DIR)`); this bundle was "
                             "written by trace-steps", hint="`nanscope trace-steps SPEC --verify` verifies each fix "
                             "over the whole run")
-    return _replay_spec_bundle(directory, document, arrays)
+    return _replay_spec_bundle(directory, document, arrays, unsafe)
 
 
-def _replay_spec_bundle(directory, document, arrays):
+def _replay_spec_bundle(directory, document, arrays, unsafe=False):
     """The saved step run again as trace-steps ran it: its compiled step from the saved state (under the spec's
     precision and loss scaling), attributed by the same code, then replayed op by op."""
     from nanscope.attribution import describe_bad_batch
@@ -123,7 +124,7 @@ def _replay_spec_bundle(directory, document, arrays):
 
     # A bundle's spec names its files relative to the bundle (an older one: relative to `spec_source`).
     spec = parse_spec(document["spec"], source=document.get("spec_source") or str(Path(directory) / "repro.json"))
-    session = open_session(spec)
+    session = open_session(spec, unsafe=unsafe)
     engine = session.instrumented_step()
     variables = state_variables(engine.model, engine.optimizer)
     if len(variables) != document.get("variables"):

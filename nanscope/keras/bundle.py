@@ -76,7 +76,9 @@ def save_fit_repro(directory, model, state_before, batch, step, epoch):
             "batch": nest_structure(batch), "user_code": code, "code_files": files,
             "versions": {"nanscope": __version__, "tensorflow": tf.__version__, "keras": keras.__version__},
         }
-        load_bundle_model(building, document, objects, arrays)  # a bundle that exists is one that loads
+        # A bundle that exists is one that loads: the model just saved from this process, so a Lambda layer's code
+        # is the user's own (replay asks for --unsafe before it runs such code from a bundle).
+        load_bundle_model(building, document, objects, arrays, unsafe=True)
         (building / "repro.json").write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
         _move_into_place(building, directory)
     except BaseException:
@@ -179,9 +181,14 @@ def _used_objects(model):
     holders = [model, *flatten_layers(model), model.optimizer]
     compiled = getattr(getattr(model, "_compile_config", None), "config", None) or {}
     pending = [*compiled.values()]
+    from nanscope.runtime import tensorflow
+
+    lambda_layer = tensorflow()[1].layers.Lambda
     for holder in holders:
         found.append(type(holder))
-        pending.extend(value for value in vars(holder).values() if callable(value))
+        # A Lambda layer's function is saved by Keras as its bytecode (loading it needs --unsafe), not imported.
+        pending.extend(value for key, value in vars(holder).items()
+                       if callable(value) and not (isinstance(holder, lambda_layer) and key == "function"))
     while pending:
         value = pending.pop()
         if isinstance(value, dict):

@@ -45,8 +45,9 @@ def state_variables(model):
     return list(model.variables) + list(model.optimizer.variables)
 
 
-def load_fit_repro(directory, document, arrays):
-    """The FitBundle of a fit bundle folder whose repro.json and state.npz are read (`forensics.repro.load_repro`).
+def load_fit_repro(directory, document, arrays, unsafe=False):
+    """The FitBundle of a fit bundle folder whose repro.json and state.npz are read (`forensics.repro.load_repro`);
+    `unsafe` loads a model that needs Keras' unsafe deserialization (a Lambda layer runs stored Python code).
 
     Raises:
         NanscopeError: a field of repro.json is missing or wrong, a user file is gone, or the model does not load.
@@ -54,12 +55,12 @@ def load_fit_repro(directory, document, arrays):
     directory = Path(directory)
     meta = directory / "repro.json"
     objects = import_user_code(meta, _field(document, meta, "user_code", list))
-    model = load_bundle_model(directory, document, objects, arrays, error=NanscopeError)
+    model = load_bundle_model(directory, document, objects, arrays, error=NanscopeError, unsafe=unsafe)
     return FitBundle(model, _batch(document, arrays, meta), document,
                      [arrays[f"state_{i}"] for i in range(len(document["variables"]))])
 
 
-def load_bundle_model(directory, document, objects, arrays, error=BundleError):
+def load_bundle_model(directory, document, objects, arrays, error=BundleError, unsafe=False):
     """Load `model.keras` with the user's code, ready for a step (optimizer built), checked against the recorded
     variables; the state before the step is put back."""
     from nanscope.runtime import tensorflow
@@ -73,7 +74,12 @@ def load_bundle_model(directory, document, objects, arrays, error=BundleError):
         # compile() wraps the optimizer in a LossScaleOptimizer when the model's policy is mixed_float16; that
         # policy is the global one the model was built under, so loading takes it on for as long as it runs.
         keras.config.set_dtype_policy(document.get("dtype_policy") or policy)
-        model = keras.saving.load_model(path, custom_objects=objects, compile=True)
+        model = keras.saving.load_model(path, custom_objects=objects, compile=True, safe_mode=not unsafe)
+    except ValueError as exc:
+        if not unsafe and "safe_mode" in str(exc):
+            raise error(f"{path}: the model needs unsafe deserialization (a Lambda layer runs stored Python code); "
+                        "pass --unsafe only if you trust the bundle") from exc
+        raise error(f"{path}: the model does not load back: {type(exc).__name__}: {first_line(exc)}") from exc
     except Exception as exc:
         raise error(f"{path}: the model does not load back: {type(exc).__name__}: {first_line(exc)}") from exc
     finally:

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from nanscope.engine.step import probed_layers
+from nanscope.errors import NanscopeError, first_line
 from nanscope.forensics.bundle_code import name_origins
 from nanscope.forensics.guest import replay_call
 from nanscope.forensics.replay import describe_event
@@ -102,7 +103,7 @@ def _scalar(value):
         return None
 
 
-def replay_fit_bundle(directory, document, arrays, verify=False):
+def replay_fit_bundle(directory, document, arrays, verify=False, unsafe=False):
     """The TraceReport of a fit bundle's step replayed: first_nonfinite and recommendations (verified with `verify`).
 
     Raises:
@@ -112,10 +113,14 @@ def replay_fit_bundle(directory, document, arrays, verify=False):
     from nanscope.report import FirstNonfinite, TraceReport
     from nanscope.rules.diagnose import diagnose
 
-    bundle = load_fit_repro(directory, document, arrays)
+    bundle = load_fit_repro(directory, document, arrays, unsafe)
     model, step = bundle.model, int(document["step"])
     report = TraceReport(run=_header(bundle, directory), layers=[], layer_order=[], variables=[])
-    outcome = run_saved_step(bundle)
+    try:
+        outcome = run_saved_step(bundle)
+    except Exception as exc:  # the user's code, as loaded from the bundle, raised
+        raise NanscopeError(f"{directory}: the saved step does not run from the bundle: {type(exc).__name__}: "
+                            f"{first_line(exc)}", hint=_run_hint(exc)) from exc
     report.run["replay_seconds"] = outcome.seconds
     bad_rows = batch_lines(labelled_fit_batch(bundle.batch))
     if bad_rows:
@@ -140,6 +145,13 @@ def replay_fit_bundle(directory, document, arrays, verify=False):
 
         verify_saved_step(bundle, report, outcome)
     return report
+
+
+def _run_hint(exc):
+    if isinstance(exc, NameError):
+        return ("a Lambda layer's function is loaded from its bytecode with Keras' own globals, so the modules it "
+                "names (tf, np) are not defined: import them inside it, or make it a layer class")
+    return None
 
 
 def _header(bundle, directory):
