@@ -171,14 +171,16 @@ class InstrumentedStep:
             scale = (tf.cast(tf.convert_to_tensor(self.optimizer.dynamic_scale), tf.float32)
                      if self.loss_scaled else None)
             objective = total * scale if self.loss_scaled else total
-        grads = tape.gradient(objective, self.trainable)
-        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, self.trainable)]
+        raw = tape.gradient(objective, self.trainable)
+        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(raw, self.trainable)]
         if self.loss_scaled:
             # Statistics and any clipping see true gradients; the LossScaleOptimizer gets
             # scaled ones back and skips the update when they are not finite.
             grads = [g / tf.cast(scale, g.dtype) for g in grads]
         applied = self.grad_transform(grads) if self.grad_transform is not None else grads
         handed = [g * tf.cast(scale, g.dtype) for g in applied] if self.loss_scaled else applied
+        if self.grad_transform is None:
+            handed = keras_gradients(raw, handed)
         start = graph_position()
         with self.raised_by("train.optimizer"):
             self.optimizer.apply_gradients(zip(handed, self.trainable))
@@ -275,3 +277,11 @@ def relative_variable_names(variables, keras_model):
     if prefix and names and all(n.startswith(prefix) for n in names):
         return [n[len(prefix):] for n in names]
     return names
+
+
+def keras_gradients(raw, dense):
+    """The gradients to hand the optimizer: an Embedding's IndexedSlices as the tape gave them, as Keras' own
+    train step hands them (Adam and RMSprop update only the rows a sparse gradient names; a dense one of zeros
+    moves the others by their moments), the dense ones (statistics, clipping, unscaling) for the rest."""
+    tf, _ = tensorflow()
+    return [g if isinstance(g, tf.IndexedSlices) else d for g, d in zip(raw, dense)]
