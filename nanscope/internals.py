@@ -132,6 +132,16 @@ def raw_iterations(optimizer):
     return int(getattr(optimizer, RAW_ITERATIONS).numpy())
 
 
+# A tf.function's `jit_compile` argument (tensorflow/python/eager/polymorphic_function): instrument
+# compiles its instrumented step the same way, so XLA's random numbers stay the user's.
+JIT_COMPILE = "_jit_compile"
+
+
+def jit_compile_of(function):
+    """The `jit_compile` a tf.function was made with (True, False or None); None for a plain function."""
+    return getattr(function, JIT_COMPILE, None)
+
+
 # --- TensorFlow: op callbacks and the gradient tape ----------------------------------------------------
 
 

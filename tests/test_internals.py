@@ -239,3 +239,12 @@ def test_canary_the_given_learning_rate_and_the_raw_step_counter():
         return None
 
     canary(f"optimizer.{internals.LEARNING_RATE} / {internals.RAW_ITERATIONS}", check)
+
+
+def test_canary_a_tf_functions_jit_compile():
+    def check():
+        seen = (internals.jit_compile_of(tf.function(lambda x: x, jit_compile=True)),
+                internals.jit_compile_of(tf.function(lambda x: x)), internals.jit_compile_of(lambda x: x))
+        return None if seen == (True, None, None) else f"tf.function.{internals.JIT_COMPILE} read {seen}"
+
+    canary(f"tf.function.{internals.JIT_COMPILE}", check)

@@ -26,9 +26,7 @@ from nanscope.runtime import tensorflow
 tf, keras = tensorflow()
 GUEST_CELLS = ["exponential-decay+adamw", "cosine-warmup+ema+global-clipnorm", "custom-schedule+accumulation",
                "float16+loss-scaling+batchnorm", "embedding+gru", "lstm+attention+custom-layer",
-               pytest.param("jit-compile+batchnorm+dropout", marks=pytest.mark.xfail(strict=True, reason=(
-                   "instrument recompiles a jit_compile=True tf.function without XLA (keras/instrument.py: "
-                   "tf.function(self._step)), so Dropout draws other masks and the user's losses change")))]
+               "jit-compile+batchnorm+dropout"]
 
 
 def custom_loop(cell, folder=None):

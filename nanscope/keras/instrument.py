@@ -31,6 +31,7 @@ from nanscope.attribution import StepNames
 from nanscope.keras.recorder import GuestOptions, StepRecorder
 from nanscope.keras.rows import RowBuffer
 from nanscope.keras.snapshot import StepSnapshot
+from nanscope.internals import jit_compile_of
 from nanscope.learning_rate import LearningRateView
 from nanscope.optimizers import optimizer_settings
 from nanscope.report import run_header
@@ -135,6 +136,7 @@ class InstrumentedFunction:
 
     def _start(self, args, kwargs):
         self._run = GuestRun(self.python_function, self.models, self.optimizers, self.options,
+                             jit_compile_of(self.function),
                              getattr(self.function, "python_function", None) is not None, args, kwargs)
         self.report = self._run.recorder.report
 
@@ -197,8 +199,9 @@ class GuestRun:
     (no step runs), as its first call would.
     """
 
-    def __init__(self, python_function, models, optimizers, options, compiled, args, kwargs):
+    def __init__(self, python_function, models, optimizers, options, jit, compiled, args, kwargs):
         self.python_function, self.models, self.optimizers, self.options = python_function, models, optimizers, options
+        self.jit = bool(jit)
         if not all(m.built for m in models) or not all(o.built for o in optimizers):
             tf.function(python_function).get_concrete_function(*args, **kwargs)
         self.layers = [layer for model in models for layer in probed_layers(model)]
@@ -210,7 +213,8 @@ class GuestRun:
         self.expected = expected_layer_indices(options.expect_nonfinite, names)
         state = _unique([v for model in models for v in model.variables]
                         + [v for optimizer in optimizers for v in optimizer.variables])
-        self.snapshot = StepSnapshot(state) if options.forensics else None
+        # XLA compiles fixed shapes: the batch copy (a variable of any shape) cannot be compiled.
+        self.snapshot = StepSnapshot(state) if options.forensics and not self.jit else None
         forensics = None
         if self.snapshot is not None:
             forensics = GuestForensics(self.snapshot, self._replay_call, labelled_arguments, self.layers, models,
@@ -223,7 +227,8 @@ class GuestRun:
                                                variables=variable_names), self._call_order,
                                      forensics.locate if forensics is not None else None,
                                      learning_rate=learning_rate)
-        self.compiled = tf.function(self._step) if compiled else self._step
+        # The user's own jit_compile: a step recompiled without XLA would draw other random numbers (Dropout).
+        self.compiled = tf.function(self._step, jit_compile=self.jit or None) if compiled else self._step
 
     def _header(self, compiled, learning_rate):
         name, config = optimizer_settings(self.optimizers[0] if self.optimizers else None)
