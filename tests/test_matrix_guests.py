@@ -79,6 +79,8 @@ def test_instrument(name, tmp_path):
         assert doc["run"]["learning_rate_schedule"]["step"] == STEPS - 1
         assert doc["run"]["optimizer_config"]["learning_rate"] == pytest.approx(float(schedule(STEPS - 1)), rel=1e-6)
     assert report.steps_run == STEPS
+    assert any(note.startswith("forensics off: the step is compiled with jit_compile=True") for note in doc["notes"]) \
+        == cell.jit_compile
     shown = (tmp_path / "shown.txt").read_text()
     assert "HEALTHY" in shown and max(len(line) for line in shown.splitlines()) <= 80
 

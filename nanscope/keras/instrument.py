@@ -291,6 +291,9 @@ class GuestRun:
 
     def finish(self, notes):
         extra = ["recorded around a custom train step by nanscope.instrument"]
+        if self.jit and self.options.forensics:
+            extra.append("forensics off: the step is compiled with jit_compile=True, and XLA cannot compile the "
+                         "batch copy the replay needs; a non-finite step is reported without its op")
         if self.snapshot is not None:
             extra.append(f"forensics: the weights and optimizer state before each step and its arguments were kept on "
                          f"the device ({self.snapshot.nbytes() / 2**20:.1f} MiB besides the batch)")
