@@ -15,7 +15,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from nanscope.render.format import fmt, hanging, sparkline
+from nanscope.render.format import fitted, fmt, hanging, sparkline
 
 CURVE_WIDTH = 16
 
@@ -29,8 +29,8 @@ def render_clipping_report(report, console):
         f"batch {run.get('batch_size')}, "
         f"same initial weights and batch order for all",
     ))
-    console.print(_outcome_table(report))
-    console.print(_clipping_table(report))
+    console.print(_outcome_table(report, console))
+    console.print(_clipping_table(report, console))
     console.print(Text("took effect: on every step where the threshold bit, the gradient the update used was within "
                        "it; Δw: the optimizer's real first update matched Keras' documented clipping", style="dim"))
     if report.baseline is not None:
@@ -53,33 +53,42 @@ def _table(title):
     return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
 
 
-def _name_cell(run, report):
+def _name_cell(run, report, wrap):
     recommended = run.strategy.name == report.recommended
-    return Text(run.strategy.name + (" *" if recommended else ""), style="bold green" if recommended else None)
+    return Text(wrap(run.strategy.name + (" *" if recommended else "")), style="bold green" if recommended else None)
 
 
-def _outcome_table(report):
+def _names(report):
+    return [run.strategy.name + " *" for run in report.runs]
+
+
+def _outcome_table(report, console):
     """Per strategy: where it went non-finite, its losses and its loss curve."""
-    table = _table("strategies (* recommended; loss curve: log scale, x = non-finite)")
-    table.add_column("strategy", overflow="fold", min_width=12)
     scaled = any(run.result.skipped_updates for run in report.runs)
-    for header in ("NaN\nat",) + (("skipped\nupdates",) if scaled else ()) + ("final\nloss", "best\nloss",
-                                                                              "val\nloss"):
-        table.add_column(header, justify="right", no_wrap=True)
-    table.add_column("loss curve", no_wrap=True)
-    for run in report.runs:
-        result = run.result
-        skipped = (_skipped_cell(result),) if scaled else ()
-        table.add_row(
-            _name_cell(run, report), Text(fmt(result.first_nonfinite_step), style="red") if not result.finite else "-",
-            *skipped, fmt(result.final_loss), fmt(result.best_loss), fmt(result.val_loss),
-            sparkline(result.losses, width=CURVE_WIDTH),
-        )
-    if scaled:
-        table.caption = ("skipped updates: the LossScaleOptimizer's scaled gradients overflowed float16 and it "
-                         "skipped the update; not a failure (stalled: so many that the run did not train)")
-        table.caption_justify = "left"
-    return table
+
+    def build(wrap):
+        table = _table("strategies (* recommended; loss curve: log scale, x = non-finite)")
+        table.add_column("strategy", no_wrap=True)
+        for header in ("NaN\nat",) + (("skipped\nupdates",) if scaled else ()) + ("final\nloss", "best\nloss",
+                                                                                  "val\nloss"):
+            table.add_column(header, justify="right", no_wrap=True)
+        table.add_column("loss curve", no_wrap=True)
+        for run in report.runs:
+            result = run.result
+            skipped = (_skipped_cell(result),) if scaled else ()
+            table.add_row(
+                _name_cell(run, report, wrap),
+                Text(fmt(result.first_nonfinite_step), style="red") if not result.finite else "-",
+                *skipped, fmt(result.final_loss), fmt(result.best_loss), fmt(result.val_loss),
+                sparkline(result.losses, width=CURVE_WIDTH),
+            )
+        if scaled:
+            table.caption = ("skipped updates: the LossScaleOptimizer's scaled gradients overflowed float16 and it "
+                             "skipped the update; not a failure (stalled: so many that the run did not train)")
+            table.caption_justify = "left"
+        return table
+
+    return fitted(build, _names(report), console)
 
 
 def _skipped_cell(result):
@@ -87,21 +96,24 @@ def _skipped_cell(result):
     return Text(text + " stalled", style="red") if result.stalled else text
 
 
-def _clipping_table(report):
+def _clipping_table(report, console):
     """Per strategy: its threshold, how often it clipped, how much it removed, and whether it took effect."""
-    table = _table("clipping (clipped: share of steps; removed: share of the gradient norm)")
-    table.add_column("strategy", overflow="fold", min_width=12)
-    for header in ("threshold", "clipped", "removed"):
-        table.add_column(header, justify="right", no_wrap=True)
-    table.add_column("took\neffect", no_wrap=True)
-    for run in report.runs:
-        effect = run.effect
-        threshold = fmt(run.strategy.threshold)
-        if run.strategy.kind == "auto" and _auto_without_percentile(report):
-            threshold += " (G)"
-        table.add_row(_name_cell(run, report), threshold, _percent(effect.clipped_fraction),
-                      _percent(effect.norm_removed), _took_effect(run))
-    return table
+    def build(wrap):
+        table = _table("clipping (clipped: share of steps; removed: share of the gradient norm)")
+        table.add_column("strategy", no_wrap=True)
+        for header in ("threshold", "clipped", "removed"):
+            table.add_column(header, justify="right", no_wrap=True)
+        table.add_column("took\neffect", no_wrap=True)
+        for run in report.runs:
+            effect = run.effect
+            threshold = fmt(run.strategy.threshold)
+            if run.strategy.kind == "auto" and _auto_without_percentile(report):
+                threshold += " (G)"
+            table.add_row(_name_cell(run, report, wrap), threshold, _percent(effect.clipped_fraction),
+                          _percent(effect.norm_removed), _took_effect(run))
+        return table
+
+    return fitted(build, _names(report), console)
 
 
 def _auto_without_percentile(report):

@@ -14,7 +14,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 from rich.text import Text
 
-from nanscope.render.format import hanging
+from nanscope.render.format import fitted, hanging
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 MAX_ROWS_SHOWN = 40
@@ -31,7 +31,7 @@ def render_data_report(scan, console, show_all=False):
     for role, columns in (("input", scan.inputs), ("target", scan.targets)):
         for array in dict.fromkeys(c.array for c in columns):
             in_array = [c for c in columns if c.array == array]
-            console.print(_column_table(_array_title(role, array, in_array[0].output), in_array, show_all))
+            console.print(_column_table(_array_title(role, array, in_array[0].output), in_array, console, show_all))
     for labels in scan.label_checks or ([scan.labels] if scan.labels is not None else []):
         _print_labels(labels, console)
     for rec in scan.recommendations:
@@ -50,23 +50,28 @@ def _array_title(role, array, output):
     return f"{role} {array} (output {output})"
 
 
-def _column_table(title, columns, show_all=False):
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1),
-                  collapse_padding=True)
-    # Numbers never wrap or get cut; names and notes fold, so the table fits 80 columns.
-    table.add_column("column", overflow="fold", min_width=6)
-    for header in ("NaN/\n+Inf/\n-Inf", "min", "max", "mean", "std", "zeros"):
-        table.add_column(header, justify="right", no_wrap=True)
-    table.add_column("notes", overflow="fold", min_width=11)
+def _column_table(title, columns, console, show_all=False):
     shown = columns if show_all else _worth_showing(columns)
-    for c in shown:
-        style = "red" if c.is_problem else "yellow" if c.scale else "dim" if c.constant or c.allowed_nonfinite else ""
-        table.add_row(
-            c.name, f"{c.nan}/{c.posinf}/{c.neginf}", _num(c.min), _num(c.max), _num(c.mean),
-            _num(c.std), f"{c.zeros:.0%}", _notes(c), style=style,
-        )
-    table.caption = _hidden_caption([c for c in columns if c not in shown])
-    return table
+
+    # Numbers never wrap or get cut; names break only after _ . / - (render.format.name_lines), notes at spaces.
+    def build(wrap):
+        table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1),
+                      collapse_padding=True)
+        table.add_column("column", no_wrap=True)
+        for column in ("NaN/\n+Inf/\n-Inf", "min", "max", "mean", "std", "zeros"):
+            table.add_column(column, justify="right", no_wrap=True)
+        table.add_column("notes", min_width=8)
+        for c in shown:
+            style = ("red" if c.is_problem else "yellow" if c.scale
+                     else "dim" if c.constant or c.allowed_nonfinite else "")
+            table.add_row(
+                wrap(c.name), f"{c.nan}/{c.posinf}/{c.neginf}", _num(c.min), _num(c.max), _num(c.mean),
+                _num(c.std), f"{c.zeros:.0%}", _notes(c), style=style,
+            )
+        table.caption = _hidden_caption([c for c in columns if c not in shown])
+        return table
+
+    return fitted(build, [c.name for c in shown], console)
 
 
 def _hidden_caption(hidden):

@@ -80,3 +80,86 @@ def hanging(marker, text, style=None):
     grid.add_column(overflow="fold")
     grid.add_row(marker, text, style=style)
     return grid
+
+
+# Where an identifier (a layer, variable, column or fix name) may break across lines: after these.
+NAME_BREAKS = "_./-=, "
+# The narrowest a name column is squeezed to before the table is let run wide.
+NAME_MIN_WIDTH = 8
+
+
+def name_lines(name, width):
+    """`name` broken into lines of at most `width` characters, only after _ . / - = , or a space (or before a
+    `[`), so that "tenure_months" becomes "tenure_" / "months", never "tenure_mont" / "hs". A part with no
+    break in `width` characters is split at `width`, the one case a word is cut.
+    """
+    name = str(name)
+    if len(name) <= width:
+        return name
+    parts, start = [], 0
+    for i, char in enumerate(name):
+        if char in NAME_BREAKS or (char == "[" and i > start):
+            end = i + 1 if char != "[" else i
+            parts.append(name[start:end])
+            start = end
+    parts.append(name[start:])
+    lines, line = [], ""
+    for part in parts:
+        while len(part) > width:  # no break in `width` characters
+            if line:
+                lines.append(line)
+                line = ""
+            lines.append(part[:width])
+            part = part[width:]
+        if len(line) + len(part) > width:
+            lines.append(line)
+            line = part
+        else:
+            line += part
+    lines.append(line)
+    return "\n".join(line.rstrip() for line in lines if line.strip())
+
+
+def header(text):
+    """A column header with one word per line, for a column of numbers that never wraps (its header cannot)."""
+    return "\n".join(text.split(" "))
+
+
+def compact_table(title=None):
+    """A table for 80 columns: a rule under the header, two spaces between columns, no outer edge."""
+    from rich import box
+    from rich.table import Table
+
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+
+
+def fitted(build, names, console, width=None):
+    """The table `build(wrap)` makes, where `wrap(name)` breaks the name cells at the widest width at which the
+    whole table fits `width` (default: the console's) without cutting a cell; at NAME_MIN_WIDTH if none does.
+
+    Names and other identifiers are the only cells that give way: numbers never wrap and prose columns wrap
+    at spaces, so a table that fits this way shows every number whole.
+    """
+    width = width or console.width
+    longest = max((len(str(n)) for n in names), default=NAME_MIN_WIDTH)
+    for name_width in range(max(longest, NAME_MIN_WIDTH), NAME_MIN_WIDTH - 1, -1):
+        table = build(lambda name, w=name_width: name_lines(name, w))
+        if _narrowest(table, console) <= width:
+            return table
+    return table
+
+
+def _narrowest(table, console):
+    """The fewest columns `table` can take without cutting a cell: a column that does not wrap needs its
+    widest line, one that wraps its longest word. (Rich measures both by the longest word and, when the
+    sum does not fit, cuts every column alike.)"""
+    from rich.measure import Measurement
+
+    options = console.options.update_width(10 ** 4)
+    natural, narrowest = Measurement.get(console, options, table).maximum, 0
+    for column in table.columns:
+        sizes = [Measurement.get(console, options, cell) for cell in (column.header, *column.cells)]
+        widest = max(size.maximum for size in sizes)
+        natural -= widest  # what is left is the padding and the rules between columns
+        narrowest += widest if column.no_wrap else max(max(size.minimum for size in sizes), column.min_width or 0)
+    return narrowest + natural

@@ -7,11 +7,14 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from nanscope.render.format import fmt, hanging, selected_steps, sparkline
+from nanscope.render.format import compact_table, fitted, fmt, hanging, header, selected_steps, sparkline
 
 STATUS_STYLE = {"healthy": "bold green", "warning": "bold yellow", "nonfinite": "bold red"}
 SEVERITY_STYLE = {"error": "red", "warning": "yellow", "info": "cyan"}
 WORST_SHOWN = 6
+# A Panel's border and padding take 4 columns; a verification table sits 3 in under its recommendation.
+PANEL_BORDER = 4
+VERIFY_INDENT = 3
 
 
 def render_trace_report(report, console, show_all=False):
@@ -26,13 +29,13 @@ def render_trace_report(report, console, show_all=False):
         console.print(_steps_table(report))
     outputs = report.output_summaries()
     if outputs:
-        console.print(_outputs_table(outputs))
+        console.print(_outputs_table(outputs, console))
     if report.layers:
-        console.print(_layers_table(report, show_all))
-    console.print(_variables_table(report, show_all))
+        console.print(_layers_table(report, console, show_all))
+    console.print(_variables_table(report, console, show_all))
     if report.first_nonfinite is not None:
         console.print(_first_nonfinite(report))
-    console.print(_recommendations(report))
+    console.print(_recommendations(report, console))
     for note in report.notes:
         console.print(hanging("note: ", note, style="dim"))
     if report.trace_path:
@@ -43,7 +46,7 @@ def _header(report):
     run = report.run
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
-    grid.add_column()
+    grid.add_column(overflow="fold")  # a long path has no space to wrap at: folded, not cut
     optimizer = ", ".join(f"{k}={fmt(v)}" for k, v in run.get("optimizer_config", {}).items())
     rows = [
         ("spec", run.get("spec")),
@@ -52,7 +55,8 @@ def _header(report):
         ("loss", run.get("loss")),
         ("optimizer", f"{run.get('optimizer')}({optimizer})" + _loss_scale_text(report)),
         *_schedule_rows(run),
-        ("steps", f"{report.steps_run} of {run.get('steps_requested')}"
+        ("steps", f"{report.steps_run}"
+                  + (f" of {run['steps_requested']}" if run.get("steps_requested") is not None else "")
                   + (" (interrupted)" if report.interrupted else "")
                   + (f" (stopped: {report.stopped})" if report.stopped else "")),
     ]
@@ -114,9 +118,10 @@ def _curves(report):
 
 
 def _steps_table(report):
-    table = Table(title="selected steps", title_justify="left", show_edge=False)
-    for column in ("step", "loss", "grad norm", "applied norm", "non-finite (data/out/grad/weights)", "phase"):
-        table.add_column(column, justify="right" if column != "phase" else "left")
+    table = compact_table("selected steps")
+    for column in ("step", "loss", "grad norm", "applied norm", "non-finite data/out/grad/weights"):
+        table.add_column(header(column), justify="right", no_wrap=True)
+    table.add_column("phase")
     first = report.first_nonfinite.step if report.first_nonfinite else None
     for record in selected_steps(report.records, first):
         style = "red" if record.phase else None
@@ -136,16 +141,20 @@ def _skipped_text(record):
     return Text("skipped" + scales, style="dim")
 
 
-def _outputs_table(outputs):
-    table = Table(title="outputs (each output's own mean loss)", title_justify="left", show_edge=False)
-    for column in ("output", "loss", "weight", "first", "last", "NaN steps"):
-        table.add_column(column, justify="left" if column in ("output", "loss") else "right", overflow="fold",
-                         min_width=18 if column == "loss" else None)
-    for row in outputs:
-        style = "red" if row["nonfinite_steps"] else None
-        table.add_row(row["name"], row["loss"], fmt(row["weight"]), fmt(row["first_loss"]), fmt(row["last_loss"]),
-                      str(row["nonfinite_steps"]), style=style)
-    return table
+def _outputs_table(outputs, console):
+    def build(wrap):
+        table = compact_table("outputs (each output's own mean loss)")
+        table.add_column("output", no_wrap=True)
+        table.add_column("loss", min_width=12)
+        for column in ("weight", "first", "last", "NaN steps"):
+            table.add_column(header(column), justify="right", no_wrap=True)
+        for row in outputs:
+            style = "red" if row["nonfinite_steps"] else None
+            table.add_row(wrap(row["name"]), row["loss"], fmt(row["weight"]), fmt(row["first_loss"]),
+                          fmt(row["last_loss"]), str(row["nonfinite_steps"]), style=style)
+        return table
+
+    return fitted(build, [row["name"] for row in outputs], console)
 
 
 def _shown(rows, named, show_all):
@@ -161,41 +170,51 @@ def _caption(table, rows, shown, what):
         table.caption_justify = "left"
 
 
-def _layers_table(report, show_all=False):
+def _layers_table(report, console, show_all=False):
     rows = sorted(report.layer_summaries(), key=lambda r: (-r["nonfinite_steps"], -(r["max_abs"] or 0)))
     shown = _shown(rows, report.named_in_findings()[0], show_all)
-    table = Table(title="layers (non-finite first, then largest max |x|; mean |x|: last step; zeros: last counted)",
-                  title_justify="left", show_edge=False)
-    _caption(table, rows, shown, "layers")
     mixed = any(row.get("dtype") not in (None, "float32") for row in rows)
-    columns = ("layer", "class") + (("dtype",) if mixed else ()) + ("max |x|", "mean |x|", "zeros", "loss term",
-                                                                     "NaN steps")
-    for column in columns:
-        table.add_column(column, justify="left" if column in ("layer", "class", "dtype") else "right",
-                         overflow="fold", min_width=12 if column == "layer" else None)
-    for row in shown:
-        style = "red" if row["nonfinite_steps"] else None
-        zeros = "" if row["zero_fraction_last"] is None else f"{row['zero_fraction_last']:.0%}"
-        cells = [row["name"], row["class"]] + ([row.get("dtype") or "-"] if mixed else [])
-        table.add_row(*cells, fmt(row["max_abs"]), fmt(row["mean_abs_last"]), zeros,
-                      fmt(row["loss_term_last"]), str(row["nonfinite_steps"]), style=style)
-    return table
+
+    def build(wrap):
+        table = compact_table("layers (non-finite first, then largest max |x|; mean |x|: last step; zeros: last "
+                              "counted)")
+        _caption(table, rows, shown, "layers")
+        table.add_column("layer", no_wrap=True)
+        table.add_column("class", no_wrap=True)
+        if mixed:
+            table.add_column("dtype", no_wrap=True)
+        for column in ("max |x|", "mean |x|", "zeros", "loss term", "NaN steps"):
+            table.add_column(header(column) if " " in column and "|" not in column else column, justify="right",
+                             no_wrap=True)
+        for row in shown:
+            style = "red" if row["nonfinite_steps"] else None
+            zeros = "" if row["zero_fraction_last"] is None else f"{row['zero_fraction_last']:.0%}"
+            cells = [wrap(row["name"]), wrap(row["class"])] + ([row.get("dtype") or "-"] if mixed else [])
+            table.add_row(*cells, fmt(row["max_abs"]), fmt(row["mean_abs_last"]), zeros,
+                          fmt(row["loss_term_last"]), str(row["nonfinite_steps"]), style=style)
+        return table
+
+    return fitted(build, [row["name"] for row in shown] + [row["class"] for row in shown], console)
 
 
-def _variables_table(report, show_all=False):
+def _variables_table(report, console, show_all=False):
     rows = sorted(report.variable_summaries(), key=lambda r: (-r["nonfinite_steps"], -(r["max_grad_norm"] or 0)))
     shown = _shown(rows, report.named_in_findings()[1], show_all)
-    table = Table(title="variables (non-finite first, then largest max grad; |w|: last step)", title_justify="left",
-                  show_edge=False)
-    _caption(table, rows, shown, "variables")
-    for column in ("variable", "max grad", "last grad", "max |dw|/|w|", "|w|", "NaN steps"):
-        table.add_column(column, justify="left" if column == "variable" else "right",
-                         overflow="fold", min_width=16 if column == "variable" else None)
-    for row in shown:
-        style = "red" if row["nonfinite_steps"] else None
-        table.add_row(row["name"], fmt(row["max_grad_norm"]), fmt(row["last_grad_norm"]), fmt(row["max_update_ratio"]),
-                      fmt(row["weight_norm_last"]), str(row["nonfinite_steps"]), style=style)
-    return table
+
+    def build(wrap):
+        table = compact_table("variables (non-finite first, then largest max grad; |w|: last step)")
+        _caption(table, rows, shown, "variables")
+        table.add_column("variable", no_wrap=True)
+        for column in ("max grad", "last grad", "max |dw|/|w|", "|w|", "NaN steps"):
+            table.add_column(header(column) if "|" not in column else column, justify="right", no_wrap=True)
+        for row in shown:
+            style = "red" if row["nonfinite_steps"] else None
+            table.add_row(wrap(row["name"]), fmt(row["max_grad_norm"]), fmt(row["last_grad_norm"]),
+                          fmt(row["max_update_ratio"]), fmt(row["weight_norm_last"]), str(row["nonfinite_steps"]),
+                          style=style)
+        return table
+
+    return fitted(build, [row["name"] for row in shown], console)
 
 
 def _first_nonfinite(report):
@@ -251,42 +270,55 @@ def render_replay(report, console):
     """Print a replayed step: the first-non-finite panel and the recommendations."""
     if report.first_nonfinite is not None:
         console.print(_first_nonfinite(report))
-    console.print(_recommendations(report))
+    console.print(_recommendations(report, console))
     for note in report.notes:
         console.print(hanging("note: ", note, style="dim"))
 
 
-def _verification(rec):
+def _verification(rec, console, width):
     if any(row.get("one_step") for row in rec.verification):
-        return _step_verification(rec)
-    table = Table(show_edge=False, padding=(0, 1))
-    for column in ("fix", "finite", "final loss", "best loss", "unfixed final", "unfixed best"):
-        table.add_column(column, justify="left" if column == "fix" else "right", no_wrap=column == "fix")
-    for row in rec.verification:
-        finite = "yes" if row["finite"] else f"no (step {row['first_nonfinite_step']})"
-        if row.get("stalled"):
-            finite += f", {row['skipped_updates']} update(s) skipped: it did not train"
-        fix = row["fix"] + (" (together)" if row.get("together_with") else "")
-        table.add_row(fix, finite, fmt(row["final_loss"]), fmt(row["best_loss"]), fmt(row["unfixed_final_loss"]),
-                      fmt(row["unfixed_best_loss"]),
-                      style="green" if row["helped"] else "red")
-    return Padding(table, (0, 0, 0, 3))
+        return _step_verification(rec, console, width)
+
+    def build(wrap):
+        table = compact_table()
+        table.add_column("fix", no_wrap=True)
+        table.add_column("finite", min_width=6)
+        for column in ("final loss", "best loss", "unfixed final", "unfixed best"):
+            table.add_column(header(column), justify="right", no_wrap=True)
+        for row in rec.verification:
+            finite = "yes" if row["finite"] else f"no (step {row['first_nonfinite_step']})"
+            if row.get("stalled"):
+                finite += f", {row['skipped_updates']} update(s) skipped: it did not train"
+            fix = row["fix"] + (" (together)" if row.get("together_with") else "")
+            table.add_row(wrap(fix), finite, fmt(row["final_loss"]), fmt(row["best_loss"]),
+                          fmt(row["unfixed_final_loss"]), fmt(row["unfixed_best_loss"]),
+                          style="green" if row["helped"] else "red")
+        return table
+
+    names = [row["fix"] + (" (together)" if row.get("together_with") else "") for row in rec.verification]
+    return Padding(fitted(build, names, console, width - VERIFY_INDENT), (0, 0, 0, VERIFY_INDENT))
 
 
-def _step_verification(rec):
+def _step_verification(rec, console, width):
     """The rows of `replay --verify`: one saved step per fix, where it went non-finite, the losses before and after."""
-    table = Table(show_edge=False, padding=(0, 1))
-    for column in ("fix", "step finite", "loss", "loss after the step"):
-        table.add_column(column, justify="left" if column == "fix" else "right", no_wrap=column == "fix")
-    for row in rec.verification:
-        where = " ".join(part for part in (row.get("nonfinite_phase"), row.get("nonfinite_op")) if part)
-        finite = "yes" if row["finite"] else f"no ({where})" if where else "no"
-        table.add_row(row["fix"], finite, fmt(row["loss"]), fmt(row["final_loss"]),
-                      style="green" if row["helped"] else "red")
-    return Padding(table, (0, 0, 0, 3))
+    def build(wrap):
+        table = compact_table()
+        table.add_column("fix", no_wrap=True)
+        table.add_column("step finite", min_width=6)
+        for column in ("loss", "loss after the step"):
+            table.add_column(header(column), justify="right", no_wrap=True)
+        for row in rec.verification:
+            where = " ".join(part for part in (row.get("nonfinite_phase"), row.get("nonfinite_op")) if part)
+            finite = "yes" if row["finite"] else f"no ({where})" if where else "no"
+            table.add_row(wrap(row["fix"]), finite, fmt(row["loss"]), fmt(row["final_loss"]),
+                          style="green" if row["helped"] else "red")
+        return table
+
+    names = [row["fix"] for row in rec.verification]
+    return Padding(fitted(build, names, console, width - VERIFY_INDENT), (0, 0, 0, VERIFY_INDENT))
 
 
-def _recommendations(report):
+def _recommendations(report, console):
     if not report.recommendations:
         return Panel(Text("no findings", style="green"), title="recommendations", title_align="left")
     parts = []
@@ -297,12 +329,12 @@ def _recommendations(report):
             verified = "  [verified on the saved step: it stays finite]"
         if rec.verified and rec.data.get("verified_with"):
             verified = f"  [verified together with {', '.join(rec.data['verified_with'])}: the fixes stay finite]"
-        parts.append(Text.assemble(f"{number}. ", (f"[{rec.severity}] ", SEVERITY_STYLE.get(rec.severity, "")),
-                                   (rec.title, "bold"), f"  ({rec.id})",
-                                   (verified, "green" if rec.verified else "red")))
+        parts.append(hanging(f"{number}. ", Text.assemble((f"[{rec.severity}] ", SEVERITY_STYLE.get(rec.severity, "")),
+                                                          (rec.title, "bold"), f"  ({rec.id})",
+                                                          (verified, "green" if rec.verified else "red"))))
         parts.extend(hanging("   - ", line) for line in rec.evidence)
         if rec.verification:
-            parts.append(_verification(rec))
+            parts.append(_verification(rec, console, console.width - PANEL_BORDER))
         parts.append(Syntax(rec.fix, "yaml" if rec.fix.lstrip().startswith(("train:", "data:", "model:")) else "python",
                             theme="ansi_dark", background_color="default", padding=(0, 3), word_wrap=True))
     return Panel(Group(*parts), title="recommendations", title_align="left")

@@ -261,8 +261,10 @@ def _input_scale(report, evidence, healthy):
     far = [f for f in evidence.features if _far(f.std, f.mean_abs)]
     if not far:
         return []
-    shown = ", ".join(f"{f.name} (std {f.std:.3g})" for f in far[:5])
-    lines = [f"{len(far)} input feature(s) far from unit scale: {shown}"]
+    largest = sorted(far, key=lambda f: -max(f.std, f.mean_abs))  # the farthest first: those are named
+    shown = ", ".join(f"{f.name} (std {f.std:.3g})" for f in largest[:5])
+    more = f", and {len(far) - 5} more" if len(far) > 5 else ""
+    lines = [f"{len(far)} input feature(s) far from unit scale: {shown}{more}"]
     spread = max(f.std for f in far)
     return [(0.6, recommend("normalize-inputs", scale_severity(report, spread), lines,
-                            data={"features": [f.key for f in far[:20]]}))]
+                            data={"features": [f.key for f in far if f in largest[:20]]}))]

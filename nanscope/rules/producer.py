@@ -63,7 +63,7 @@ def _where(first):
     if first.layer:
         parts.append(f"layer {first.layer}" + (f" ({first.layer_class})" if first.layer_class else ""))
     if getattr(first, "loss", None):
-        parts.append(f"loss {first.loss}")
+        parts.append(first.loss if first.loss == "the loss" else f"loss {first.loss}")  # the loss has no name
     if getattr(first, "output", None):
         parts.append(f"output {first.output!r}")
     function = (getattr(first, "context", None) or {}).get("function")
