@@ -303,3 +303,20 @@ def test_classes_come_from_the_model_output_width(tmp_path, write_spec):
     code, doc, _ = run_cli(spec, "--json", "-")
     assert code == 1 and doc["labels"]["classes"] == 3 and doc["labels"]["bad_rows"] == 15
     assert [r["id"] for r in doc["recommendations"]] == ["fix-labels"]
+
+
+def test_each_label_problem_lists_its_own_rows_and_every_label_is_counted(tmp_path):
+    """Row 28 holds 3 (>= classes), row 29 holds -1: two problems, each with its own row; -1 is counted."""
+    x = RNG.standard_normal((30, 2))
+    np.savez(tmp_path / "sparse.npz", x=x, y=np.r_[np.arange(28) % 3, 3, -1])
+    scan = scan_data(tmp_path / "sparse.npz", loss="sparse_categorical_crossentropy", classes=3)
+    labels = scan.labels
+    assert labels.problems == ["1 row(s) hold a negative label", "1 row(s) hold a label >= classes (3)"]
+    assert labels.problem_rows == [[29], [28]]
+    assert labels.class_counts == {-1: 1, 0: 10, 1: 9, 2: 9, 3: 1}
+    evidence = next(r for r in scan.recommendations if r.id == "fix-labels").evidence
+    assert evidence == ["sparse_categorical_crossentropy: 1 row(s) hold a negative label (first rows [29])",
+                        "sparse_categorical_crossentropy: 1 row(s) hold a label >= classes (3) (first rows [28])"]
+    np.savez(tmp_path / "signs.npz", x=x, y=np.where(np.arange(30) % 3 == 0, -1.0, 1.0))  # a {-1, 1} encoding
+    binary = scan_data(tmp_path / "signs.npz", loss="binary_crossentropy").labels
+    assert binary.class_counts == {-1: 10, 1: 20} and binary.problem_rows == [[0, 3, 6, 9, 12]]

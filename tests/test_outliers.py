@@ -91,3 +91,22 @@ def test_a_growth_fit_over_a_long_run_reads_only_the_points_that_can_qualify(mon
     # The finite, positive copies of the input are all that grows (about 27 bytes a step), not the fits' dozen
     # arrays of every step (over 150 bytes a step).
     assert answers[50_000] - answers[5_000] < 40 * 45_000
+
+
+def test_a_long_tail_holds_no_glitch_rows_and_only_a_shared_far_value_is_called_a_code():
+    """Exponential and lognormal columns reach their far values through values in between: no glitches. A 9999
+    in three rows stands apart and is shared: a missing-value code; one 9999 alone is a glitch, not a code."""
+    from nanscope.rules.outliers import _fix
+
+    rng = np.random.default_rng(5)
+    tails = np.column_stack([rng.exponential(300.0, 5000), rng.lognormal(10.0, 0.6, 5000)]).astype(np.float32)
+    z = np.abs(tails - np.median(tails, 0)) / (1.4826 * np.median(np.abs(tails - np.median(tails, 0)), 0))
+    assert 0 < (z > EXTREME_Z).sum() < 0.01 * len(tails)  # a few far values, as glitches would be
+    assert glitch_rows(tails) == {}
+    coded = rng.normal(50.0, 10.0, (2000, 1)).astype(np.float32)
+    coded[[10, 200, 1500]] = 9999.0
+    found = glitch_rows(coded)
+    assert sorted(found) == [10, 200, 1500]
+    assert "x[0] = 9999 in 3 rows (a missing-value code?)" in _fix({"x": found})
+    coded[[200, 1500]] = 50.0
+    assert "missing-value code" not in _fix({"x": glitch_rows(coded)})

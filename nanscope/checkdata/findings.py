@@ -12,7 +12,7 @@ import re
 import numpy as np
 
 from nanscope.rules.catalogue import RULES, recommend
-from nanscope.rules.outliers import EXTREME_Z, MAX_FRACTION
+from nanscope.rules.outliers import EXTREME_Z
 
 LARGE_SCALE = 10.0
 SMALL_SCALE = 1e-3
@@ -45,15 +45,14 @@ def recommendations(inputs, targets, label_checks, regression_arrays):
             found.append(_clean(role, bad))
     glitched = [c for c in (*inputs, *targets) if _glitches(c)]
     if glitched:
-        found.append(_outlier_rows(glitched, "warning"))
-    tails = [c for c in (*inputs, *targets) if c.outliers and not _glitches(c)]
+        found.append(_outlier_rows(glitched, "warning", inputs, targets))
+    tails = [c for c in (*inputs, *targets) if c.outliers and c.outliers > (c.detached_rows or 0)]
     if tails:
-        found.append(_outlier_rows(tails, "info"))
-    large_inputs = [c for c in inputs if c.scale and not c.constant and not _scale_from_glitches(c)]
+        found.append(_outlier_rows(tails, "info", inputs, targets))
+    large_inputs = [c for c in inputs if c.scale and not c.constant]
     if large_inputs:
         found.append(_scale("normalize-inputs", large_inputs))
-    large_targets = [c for c in targets if c.scale == "large" and c.array in regression_arrays
-                     and not _scale_from_glitches(c)]
+    large_targets = [c for c in targets if c.scale == "large" and c.array in regression_arrays]
     if large_targets:
         found.append(_scale("normalize-targets", large_targets))
     found.extend(_fix_labels(labels) for labels in label_checks if labels.problems)
@@ -66,28 +65,63 @@ def recommendations(inputs, targets, label_checks, regression_arrays):
 
 
 def _glitches(column):
-    """True when a few of the column's values (at most MAX_FRACTION) lie over EXTREME_Z robust std out."""
-    return bool(column.outliers) and column.outliers <= MAX_FRACTION * column.values
+    """True when some of the column's values stand apart from the rest (`rules.outliers.detached`): a
+    missing-value code that rows share, or glitch values in a column with few far values (the scan
+    counts none as detached in a column with more than MAX_FRACTION far out: a heavy tail)."""
+    return bool(column.detached_rows)
 
 
-def _scale_from_glitches(column):
-    """True when the column looks far from unit scale only because of its glitch values."""
-    return _glitches(column) and max(abs(column.median), column.robust_std) <= LARGE_SCALE
-
-
-def _outlier_rows(columns, severity):
+def _outlier_rows(columns, severity, inputs, targets):
     def line(c):
+        if severity == "warning" and c.codes:
+            value, rows = c.codes[0]
+            z = abs(value - c.median) / c.robust_std
+            return (f"{_named(c)}: {rows} rows hold exactly {value:.6g}, {z:.3g} robust std from the median "
+                    f"{c.median:.4g} (robust std {c.robust_std:.3g}) and apart from every other value: a "
+                    "missing-value code?")
         worst = ", ".join(f"{row} ({value:.6g}, z {z:.3g})" for row, value, z in c.outlier_rows)
-        return (f"{_named(c)}: {c.outliers} value(s) over {EXTREME_Z:g} robust std from the median {c.median:.4g} "
-                f"(robust std {c.robust_std:.3g}); worst rows {worst}")
+        count = c.detached_rows if severity == "warning" else c.outliers - (c.detached_rows or 0)
+        where = ("apart from the rest of the column, " if severity == "warning" else "")
+        return (f"{_named(c)}: {count} value(s) {where}over {EXTREME_Z:g} robust std from the median "
+                f"{c.median:.4g} (robust std {c.robust_std:.3g}); worst rows {worst}")
 
     evidence = [line(c) for c in columns[:EVIDENCE_LINES]] + _more(columns)
     if severity == "info":
-        evidence.append(f"more than {MAX_FRACTION:.0%} of the values lie that far out: a heavy tail, not a few bad "
-                        "rows (a log transform is the usual fix)")
+        evidence.append("values in between lead out to them: a heavy tail of the data, not a few bad rows "
+                        "(a log transform is the usual fix)")
     rows = sorted({row for c in columns for row, _, _ in c.outlier_rows})
     data = {"columns": [c.name for c in columns], "rows": rows, **_outputs(columns)}
-    return recommend("drop-outlier-rows", severity, evidence, data=data)
+    fix = _outlier_fix(columns[0], inputs, targets) if severity == "warning" else _tail_fix(columns[0], inputs,
+                                                                                             targets)
+    return recommend("drop-outlier-rows", severity, evidence, fix=fix, data=data)
+
+
+def _cell(column, inputs, targets):
+    """("x[:, 3]", "x", 3): how a training script indexes the column, by its role, array and position."""
+    role, columns = ("x", inputs) if column in inputs else ("y", targets)
+    arrays = list(dict.fromkeys(c.array for c in columns))
+    array = role if len(arrays) == 1 else f"{role}[{column.array!r}]"
+    index = [c for c in columns if c.array == column.array].index(column)
+    return f"{array}[:, {index}]", array, index
+
+
+def _tail_fix(column, inputs, targets):
+    cell, _, _ = _cell(column, inputs, targets)
+    return (f"{cell} = np.sign({cell}) * np.log1p(np.abs({cell}))   # {column.name}: compress the long tail "
+            "(keep the rows)")
+
+
+def _outlier_fix(column, inputs, targets):
+    """The snippet for the first glitched column: its own array and column index, its code or its bound."""
+    cell, array, index = _cell(column, inputs, targets)
+    if column.codes:
+        value, rows = column.codes[0]
+        test = f"bad = {cell} == {value:.6g}   # {column.name}: the code in {rows} rows"
+    else:
+        test = (f"bad = np.abs({cell} - {column.median:.6g}) > {EXTREME_Z * column.robust_std:.4g}   "
+                f"# {column.name}: robust z > {EXTREME_Z:g}")
+    return (f"{test}\nx, y = x[~bad], y[~bad]   # or repair them ({array}[bad, {index}] = np.nan, then impute); "
+            "do not standardise instead")
 
 
 def _clean(role, columns):
@@ -103,7 +137,8 @@ def _clean(role, columns):
 
 def _fix_labels(labels):
     where = "" if labels.output is None else f"output {labels.output}: "
-    evidence = [f"{where}{labels.loss}: {p}" for p in labels.problems] + [f"{where}first rows: {labels.first_bad_rows}"]
+    evidence = [f"{where}{labels.loss}: {problem} (first rows {rows})"
+                for problem, rows in zip(labels.problems, labels.problem_rows)]
     data = {"bad_rows": labels.bad_rows, **({} if labels.output is None else {"output": labels.output})}
     return recommend("fix-labels", "error", evidence, data=data)
 
@@ -122,7 +157,13 @@ def _outputs(columns):
 
 
 def _scale(rule_id, columns):
-    evidence = [f"{_named(c)}: mean {c.mean:.4g}, std {c.std:.4g} ({c.scale} scale)" for c in columns[:EVIDENCE_LINES]]
+    def line(c):
+        if c.clean_std is None:
+            return f"{_named(c)}: mean {c.mean:.4g}, std {c.std:.4g} ({c.scale} scale)"
+        return (f"{_named(c)}: mean {c.clean_mean:.4g}, std {c.clean_std:.4g} without its {c.detached_rows} "
+                f"detached row(s) (std {c.std:.4g} with them) ({c.scale} scale)")
+
+    evidence = [line(c) for c in columns[:EVIDENCE_LINES]]
     data = {"columns": [c.name for c in columns], **_outputs(columns)}
     return recommend(rule_id, "warning", evidence + _more(columns), data=data)
 

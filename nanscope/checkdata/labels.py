@@ -9,12 +9,15 @@ hint (spec, command line or the model's output width), from the one-hot width, o
 multi-output model has one tally per target array, against its own output's loss.
 """
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
 
 MAX_COUNTED_CLASSES = 10_000
 FIRST_ROWS_KEPT = 5
+# Distinct integer labels outside [0, MAX_COUNTED_CLASSES) counted; more are not class labels.
+MAX_OTHER_LABELS = 100
 ONE_HOT_TOLERANCE = 1e-3
 
 LABEL_KINDS = ("sparse", "onehot", "binary")
@@ -53,6 +56,7 @@ class LabelReport:
         bad_rows: int. Rows that break what the loss expects.
         first_bad_rows: list of int. The first few of them.
         problems: list of str. One line per kind of problem found.
+        problem_rows: list of list of int. The first few rows of each problem, in the order of `problems`.
         output: str, int or None. The output of a multi-output model the labels belong to:
             its name, or its position when the targets are listed in output order.
         array: str or None. The target array checked.
@@ -65,6 +69,7 @@ class LabelReport:
     bad_rows: int = 0
     first_bad_rows: list = field(default_factory=list)
     problems: list = field(default_factory=list)
+    problem_rows: list = field(default_factory=list)
     output: str | int | None = None
     array: str | None = None
 
@@ -83,12 +88,16 @@ class LabelTally:
     def __init__(self, loss, kind, classes=None, output=None, array=None):
         self.report = LabelReport(loss, kind, classes, output=output, array=array)
         self._counts = np.zeros(0, np.int64)
+        self._other_counts = Counter()  # integer labels outside [0, MAX_COUNTED_CLASSES): -1, 99999
         self._issues = {}
+        self._issue_rows = {}
+        self._row_ids = None
 
     def update(self, y, row_ids):
         """Check a chunk of targets; `row_ids` are the data rows of its rows."""
         y = np.asarray(y, dtype=np.float64)
         check = {"sparse": self._sparse, "onehot": self._onehot, "binary": self._binary}[self.report.kind]
+        self._row_ids = np.asarray(row_ids)
         bad = check(y.reshape(len(y), -1))
         if bad is not None and bad.any():
             self.report.bad_rows += int(bad.sum())
@@ -96,21 +105,33 @@ class LabelTally:
             kept.extend(int(r) for r in row_ids[bad][: FIRST_ROWS_KEPT - len(kept)])
 
     def finish(self):
-        """The LabelReport, with class counts and one line per problem."""
+        """The LabelReport, with the count of every integer label seen and one line (and its rows) per problem."""
         report = self.report
-        report.class_counts = {int(k): int(n) for k, n in enumerate(self._counts) if n}
-        report.problems = [f"{n} row(s) {issue}" for issue, n in self._issues.items() if n]
+        counts = {int(k): int(n) for k, n in enumerate(self._counts) if n}
+        counts.update((int(k), int(n)) for k, n in self._other_counts.items())
+        report.class_counts = dict(sorted(counts.items()))
+        found = [issue for issue, n in self._issues.items() if n]
+        report.problems = [f"{self._issues[issue]} row(s) {issue}" for issue in found]
+        report.problem_rows = [self._issue_rows[issue] for issue in found]
         return report
 
     def _note(self, issue, mask):
         self._issues[issue] = self._issues.get(issue, 0) + int(mask.sum())
+        kept = self._issue_rows.setdefault(issue, [])
+        if len(kept) < FIRST_ROWS_KEPT and mask.any():
+            kept.extend(int(r) for r in self._row_ids[mask][: FIRST_ROWS_KEPT - len(kept)])
         return mask
 
     def _count(self, labels):
-        labels = labels[(labels >= 0) & (labels < MAX_COUNTED_CLASSES)].astype(np.int64)
-        counts = np.bincount(labels, minlength=len(self._counts))
+        labels = labels[labels == np.round(labels)]
+        inside = (labels >= 0) & (labels < MAX_COUNTED_CLASSES)
+        counts = np.bincount(labels[inside].astype(np.int64), minlength=len(self._counts))
         counts[: len(self._counts)] += self._counts
         self._counts = counts
+        values, seen = np.unique(labels[~inside], return_counts=True)
+        for value, n in zip(values.tolist(), seen.tolist()):
+            if value in self._other_counts or len(self._other_counts) < MAX_OTHER_LABELS:
+                self._other_counts[value] += n
 
     def _sparse(self, y):
         if y.shape[1] != 1:
@@ -147,6 +168,5 @@ class LabelTally:
         finite = np.isfinite(y)
         with np.errstate(invalid="ignore"):
             outside = self._note("hold a target outside [0, 1]", (finite & ((y < 0) | (y > 1))).any(axis=1))
-        values = y[finite]
-        self._count(values[(values == 0) | (values == 1)])
+        self._count(y[finite])  # every integer target is counted, a -1 of a {-1, 1} encoding too
         return outside

@@ -31,6 +31,12 @@ class ColumnReport:
         max_robust_z: float or None. The largest robust z-score of any value: (max or min - median) / robust_std.
         outliers: int or None. Exact number of values over 10 robust std from the median.
         outlier_rows: list. The worst of them, worst first: [row, value, robust z].
+        detached_rows: int or None. How many of them stand apart from the rest of the column (beyond a gap of
+            10 robust std, `rules.outliers.detached`): glitches or missing-value codes, not a long tail.
+        codes: list. The detached values that two or more rows share exactly, most rows first: [value, rows]
+            (a missing-value code such as 9999).
+        clean_mean, clean_std: float or None. The column's mean and std without its detached values; its scale
+            is judged on these (None when nothing is detached).
         output: str, int or None. For a target column of a multi-output model, the output it
             belongs to: its name, or its position when the targets are listed in output order.
     """
@@ -58,6 +64,10 @@ class ColumnReport:
     max_robust_z: float | None = None
     outliers: int | None = None
     outlier_rows: list = field(default_factory=list)
+    detached_rows: int | None = None
+    codes: list = field(default_factory=list)
+    clean_mean: float | None = None
+    clean_std: float | None = None
 
     @property
     def nonfinite(self):

@@ -11,14 +11,17 @@ without glitches pays for the sample alone.
 """
 
 import heapq
+from collections import Counter
 
 import numpy as np
 
-from nanscope.rules.outliers import EXTREME_Z, robust_scale
+from nanscope.rules.outliers import EXTREME_Z, detached, robust_scale
 
 # Rows kept per array for the median and MAD (the estimate's error shrinks as 1/sqrt(rows)).
 SAMPLE_ROWS = 20000
 WORST_ROWS = 5
+# Distinct far values counted per column; a column with more has a tail, not a few glitches or a code.
+MAX_FAR_VALUES = 256
 
 
 class RowSample:
@@ -58,26 +61,89 @@ def largest_z(median, scale, low, high):
 
 
 class OutlierCount:
-    """Exact count and worst rows of the values over EXTREME_Z robust std from the median, in chosen columns."""
+    """Exact count and worst rows of the values over EXTREME_Z robust std from the median, in chosen columns.
+
+    It also keeps, per column, how many rows hold each far value (up to MAX_FAR_VALUES distinct ones: more
+    is a tail, not a few glitches) and the edges of the values that are not far, which
+    `rules.outliers.detached` needs to tell a glitch or a missing-value code from a long tail.
+    """
 
     def __init__(self, columns, median, scale):
         self.columns = list(columns)
         self.median, self.scale = median[self.columns], scale[self.columns]
         self.count = np.zeros(len(self.columns), dtype=np.int64)
         self.worst = [[] for _ in self.columns]  # min-heaps of (z, row, value)
+        self.far_values = [Counter() for _ in self.columns]
+        self.inner_low = np.full(len(self.columns), np.inf)
+        self.inner_high = np.full(len(self.columns), -np.inf)
+        # Count, mean and sum of squared deviations of the values that are not far, in float64 (Chan et al.).
+        self.inner = (np.zeros(len(self.columns)), np.zeros(len(self.columns)), np.zeros(len(self.columns)))
 
     def update(self, block, row_ids):
+        values = np.asarray(block[:, self.columns], dtype=np.float64)
         with np.errstate(all="ignore"):
-            z = np.abs(np.asarray(block[:, self.columns], dtype=np.float64) - self.median) / self.scale
+            z = np.abs(values - self.median) / self.scale
         far = np.isfinite(z) & (z > EXTREME_Z)
+        inner = np.isfinite(values) & ~far
+        if len(values):
+            self.inner_low = np.minimum(self.inner_low, np.where(inner, values, np.inf).min(axis=0))
+            self.inner_high = np.maximum(self.inner_high, np.where(inner, values, -np.inf).max(axis=0))
+            count = inner.sum(axis=0).astype(np.float64)
+            mean = np.where(inner, values, 0.0).sum(axis=0) / np.maximum(count, 1)
+            m2 = (np.where(inner, values - mean, 0.0) ** 2).sum(axis=0)
+            self.inner = _merged(self.inner, (count, mean, m2))
         self.count += far.sum(axis=0)
         for index in np.flatnonzero(far.any(axis=0)):
             heap = self.worst[index]
             for position in np.flatnonzero(far[:, index]):
                 item = (float(z[position, index]), int(row_ids[position]), float(block[position, self.columns[index]]))
                 (heapq.heappush if len(heap) < WORST_ROWS else heapq.heappushpop)(heap, item)
+            counted = self.far_values[index]
+            if counted is not None:
+                counted.update(values[far[:, index], index].tolist())
+                if len(counted) > MAX_FAR_VALUES:
+                    self.far_values[index] = None
 
     def results(self):
-        """{column: (count, [(row, value, z)] worst first)}."""
-        return {column: (int(self.count[i]), [(row, value, z) for z, row, value in sorted(self.worst[i], reverse=True)])
-                for i, column in enumerate(self.columns)}
+        """{column: (count, [(row, value, z)] worst first, {detached value: rows}, (mean, std) without them)}."""
+        found = {}
+        for i, column in enumerate(self.columns):
+            apart = self._detached(i)
+            worst = [(row, value, z) for z, row, value in sorted(self.worst[i], reverse=True)]
+            found[column] = (int(self.count[i]), worst, apart, self._clean(i, apart))
+        return found
+
+    def _clean(self, index, apart):
+        """(mean, population std) of the column without its detached values; (None, None) when none are."""
+        if not apart:
+            return None, None
+        kept = {value: rows for value, rows in self.far_values[index].items() if value not in apart}
+        count, mean, m2 = (float(part[index]) for part in self.inner)
+        if kept:
+            values = np.array(list(kept), dtype=np.float64)
+            rows = np.array(list(kept.values()), dtype=np.float64)
+            tail_mean = float((rows * values).sum() / rows.sum())
+            tail = (rows.sum(), tail_mean, float((rows * (values - tail_mean) ** 2).sum()))
+            count, mean, m2 = _merged((count, mean, m2), tail)
+        if count == 0:
+            return None, None
+        return float(mean), float(np.sqrt(m2 / count))
+
+    def _detached(self, index):
+        counted = self.far_values[index]
+        if not counted or not np.isfinite(self.inner_high[index]):
+            return {}
+        return detached(dict(counted), float(self.inner_low[index]), float(self.inner_high[index]),
+                        float(self.scale[index]))
+
+
+
+def _merged(a, b):
+    """Chan et al.'s merge of two (count, mean, m2) summaries (arrays or floats)."""
+    (n_a, mean_a, m2_a), (n_b, mean_b, m2_b) = a, b
+    n = n_a + n_b
+    with np.errstate(invalid="ignore", divide="ignore"):
+        delta = mean_b - mean_a
+        mean = np.where(n > 0, mean_a + delta * n_b / np.maximum(n, 1), 0.0)
+        m2 = m2_a + m2_b + delta ** 2 * n_a * n_b / np.maximum(n, 1)
+    return n, mean, m2

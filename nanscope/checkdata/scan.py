@@ -25,7 +25,7 @@ from nanscope.checkdata.readers import FILE_READERS, open_stream
 from nanscope.checkdata.result import ColumnReport, DataScan
 from nanscope.checkdata.robust import OutlierCount, RowSample, largest_z
 from nanscope.checkdata.stats import ColumnStats
-from nanscope.rules.outliers import EXTREME_Z
+from nanscope.rules.outliers import EXTREME_Z, MAX_FRACTION, missing_value_codes
 from nanscope.data.inputs import id_inputs
 from nanscope.errors import DataError, SpecError
 from nanscope.spec import DataSpec, load_spec
@@ -260,12 +260,16 @@ class _ArrayScans:
     def _column_reports(self, name, ids=False):
         s = self.stats[name]
         mean, std, low, high = s.finite_mean(), s.std(), s.finite_min(), s.finite_max()
-        scales = [None] * s.columns if ids else column_scale(mean, std, s.count)
         values = s.count + s.nan + s.posinf + s.neginf
         names = self._column_names(name, s.columns)
         allowed = self.stream.allow_nonfinite
         output = self.stream.outputs.get(name)
         aliases = {name} if output is None else {name, str(output)}
+        robust = [self._robust_fields(name, i) for i in range(s.columns)]
+        # The scale is judged without the detached values (glitches, missing-value codes): they are not the data.
+        judged_mean = np.array([m if r.get("clean_mean") is None else r["clean_mean"] for r, m in zip(robust, mean)])
+        judged_std = np.array([d if r.get("clean_std") is None else r["clean_std"] for r, d in zip(robust, std)])
+        scales = [None] * s.columns if ids else column_scale(judged_mean, judged_std, s.count)
         return [
             ColumnReport(
                 names[i], name, int(values[i]), self.positions[name], int(s.nan[i]), int(s.posinf[i]),
@@ -273,7 +277,7 @@ class _ArrayScans:
                 float(s.zeros[i] / max(values[i], 1)), list(s.first_nonfinite_rows[i]),
                 allowed_nonfinite=bool(({names[i]} | aliases) & allowed),
                 constant=bool(s.count[i] > 1 and low[i] == high[i]), scale=scales[i], output=output, ids=ids,
-                **self._robust_fields(name, i),
+                **robust[i],
             )
             for i in range(s.columns)
         ]
@@ -283,9 +287,17 @@ class _ArrayScans:
             return {}
         median, scale, largest = (float(v[column]) for v in self.robust[name])
         counted = self.outliers[name].results().get(column) if name in self.outliers else None
-        count, worst = counted if counted is not None else (0, [])
+        count, worst, apart, (clean_mean, clean_std) = counted if counted is not None else (0, [], {}, (None, None))
+        s = self.stats[name]
+        values = int(s.count[column] + s.nan[column] + s.posinf[column] + s.neginf[column])
+        if not missing_value_codes(apart) and count > MAX_FRACTION * values:
+            # Many values far out are a heavy tail, whose farthest can stand apart too: they are the data.
+            apart, clean_mean, clean_std = {}, None, None
         return {"median": median, "robust_std": scale, "max_robust_z": largest, "outliers": count,
-                "outlier_rows": [list(item) for item in worst]}
+                "outlier_rows": [list(item) for item in worst], "detached_rows": int(sum(apart.values())),
+                "codes": [[value, rows] for value, rows in sorted(missing_value_codes(apart).items(),
+                                                                  key=lambda item: -item[1])],
+                "clean_mean": clean_mean, "clean_std": clean_std}
 
     def _column_names(self, name, columns):
         given = self.stream.column_names.get(name)

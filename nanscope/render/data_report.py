@@ -120,8 +120,8 @@ def _print_labels(labels, console):
     counts = ", ".join(f"{k}: {n}" for k, n in list(labels.class_counts.items())[:20])
     if counts:
         console.print(f"    class counts: {counts}", highlight=False)
-    for problem in labels.problems:
-        console.print(f"    {problem} (first rows {labels.first_bad_rows})", style="red", markup=False)
+    for problem, rows in zip(labels.problems, labels.problem_rows):
+        console.print(f"    {problem} (first rows {rows})", style="red", markup=False)
 
 
 def _num(value):

@@ -29,6 +29,41 @@ SPIKE_FACTOR = 100.0
 SPIKE_WINDOW = 20
 # Rows named in the evidence.
 SHOWN_ROWS = 5
+# A value this many rows share exactly, far out and apart from the rest, is a missing-value code (9999, -999).
+CODE_ROWS = 2
+
+
+def detached(far, inner_low, inner_high, scale):
+    """The far values that stand apart from their column: beyond a gap of EXTREME_Z robust std.
+
+    A long tail (exponential, lognormal) reaches its far values through a run of values in
+    between; a glitch or a missing-value code sits alone, far from everything else. Walking out
+    from the bulk on each side, every value past the first gap wider than EXTREME_Z robust
+    standard deviations is detached.
+
+    Args:
+        far: dict. {value: rows} of the values over EXTREME_Z robust std from the median.
+        inner_low, inner_high: float. The smallest and largest values that are not far (the bulk's edges).
+        scale: float. The column's robust standard deviation.
+
+    Returns:
+        dict: {value: rows} of the detached values.
+    """
+    found = {}
+    for side, edge in ((1, inner_high), (-1, inner_low)):
+        values = sorted((v for v in far if (v > edge if side > 0 else v < edge)), key=lambda v: side * v)
+        previous, apart = edge, False
+        for value in values:
+            apart = apart or abs(value - previous) > EXTREME_Z * scale
+            if apart:
+                found[value] = far[value]
+            previous = value
+    return found
+
+
+def missing_value_codes(values):
+    """{value: rows} of the detached values that CODE_ROWS or more rows share exactly."""
+    return {value: rows for value, rows in values.items() if rows >= CODE_ROWS}
 
 
 def robust_scale(values):
@@ -58,7 +93,18 @@ def glitch_rows(array):
     with np.errstate(all="ignore"):
         z = np.abs(flat.astype(np.float64) - median) / scale
     z = np.where(np.isfinite(z) & (scale > 0), z, 0.0)
-    rows, columns = np.nonzero(z > EXTREME_Z)
+    far = z > EXTREME_Z
+    if len(np.unique(np.nonzero(far)[0])) > MAX_FRACTION * len(flat):  # many values far out: a heavy tail
+        return {}
+    for column in np.flatnonzero(far.any(axis=0)):  # a far value that a long tail leads up to is no glitch
+        values = flat[:, column].astype(np.float64)
+        inner = values[~far[:, column] & np.isfinite(values)]
+        if not len(inner):
+            continue
+        apart = detached(dict(zip(*np.unique(values[far[:, column]], return_counts=True))), inner.min(), inner.max(),
+                         scale[column])
+        far[:, column] &= np.isin(values, list(apart))
+    rows, columns = np.nonzero(far)
     if len(rows) == 0 or len(np.unique(rows)) > MAX_FRACTION * len(flat):
         return {}
     found = {}
@@ -137,8 +183,9 @@ def _fix(glitches):
     label, found = next(iter(glitches.items()))
     column, value, _, median, scale = next(iter(found.values()))[0]
     array = label.split("[")[0]
-    return (f"# rows {', '.join(map(str, list(found)[:SHOWN_ROWS]))}: {label}[{column}] = {value:.6g} and the like "
-            "(a missing-value code?)\n"
+    shared = sum(1 for cells in found.values() for c in cells if c[0] == column and c[1] == value)
+    code = f" in {shared} rows (a missing-value code?)" if shared >= CODE_ROWS else ""
+    return (f"# rows {', '.join(map(str, list(found)[:SHOWN_ROWS]))}: {label}[{column}] = {value:.6g}{code}\n"
             f"bad = np.abs({label}[:, {column}] - {median:.4g}) > {EXTREME_Z * scale:.4g}   # robust z>{EXTREME_Z:g}\n"
             f"x, y = x[~bad], y[~bad]   # drop the rows; or repair: {array}[bad, {column}] = np.nan, then impute\n"
             "# do not standardise instead: the glitch inflates the std and squashes the real signal")
