@@ -322,7 +322,9 @@ def apply_overrides(spec: RunSpec, steps: int | None = None, learning_rate: floa
             OptimizerSpec.model_validate(spec.train.optimizer.model_dump())
     except ValidationError as exc:
         error = exc.errors()[0]
-        option = OVERRIDE_OPTIONS.get(str(error["loc"][-1]), "command line")
+        # The first location part that names an override: a union (a rate or a schedule) adds its member's tag after it.
+        option = next((OVERRIDE_OPTIONS[str(part)] for part in error["loc"] if str(part) in OVERRIDE_OPTIONS),
+                      "command line")
         message = error["msg"].removeprefix("Value error, ")
         raise SpecError(f"{spec.source}: {option}: {message}. Received: {option} {error.get('input')!r}") from exc
     return spec
