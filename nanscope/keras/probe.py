@@ -7,6 +7,11 @@ replica's row, and writes all of them into its own copy of an on-read buffer wit
 replica axis (`RowBuffer`). On one device none of this is traced: the step is the
 same as without a strategy.
 
+Under `jit_compile=True` the train function Keras builds around the step is left
+without XLA, and the instrumented step is compiled by XLA on its own: the snapshot of
+the state and the batch (a variable of any shape, which XLA cannot compile) is taken
+between the two, outside XLA.
+
 nanscope is a guest in the user's `fit`: a failure of its own code while the step is
 traced is caught, kept in `failure`, and the step goes on uninstrumented.
 """
@@ -57,12 +62,13 @@ class StepProbe:
                               self.strategy if self.replicas > 1 else None)
         self.expected = list(expected)
         self.snapshot = None
-        # XLA compiles fixed shapes: the batch copy (a variable of any shape) cannot be compiled.
-        self.forensics_off = ("jit_compile=True" if model.jit_compile else "tf.distribute" if self.replicas > 1
-                              else None)
+        self.forensics_off = "tf.distribute" if self.replicas > 1 else None
         if forensics and self.forensics_off is None:
             state = list(model.variables) + (list(optimizer.variables) if optimizer is not None else [])
             self.snapshot = StepSnapshot(state, freezing=self.per_execution > 1)
+        # XLA compiles fixed shapes and the batch copy is a variable of any shape: under jit_compile=True
+        # the snapshot is taken in a step of nanscope's own, not compiled, around the user's step compiled by XLA.
+        self.xla_inside = bool(model.jit_compile) and self.snapshot is not None
         self.moments = FeatureMoments() if self.replicas == 1 else None
         self.original_step = model.train_step
         self.failure = None
@@ -72,7 +78,8 @@ class StepProbe:
         """Replace `train_step` with the instrumented one and rebuild the train function around it."""
         model = self.model
         self._saved = (override(model, "train_step", self._instrumented(self.original_step)), model.train_function)
-        model.make_train_function(force=True)
+        with xla_outside_off(model, self.xla_inside):
+            model.make_train_function(force=True)
         if self.replicas > 1:
             model.train_function = self._hooked_per_call(model.train_function)
         model.train_function = self._detaching_on_error(model.train_function)
@@ -139,6 +146,28 @@ class StepProbe:
         if self.replicas > 1:
             return self._instrumented_per_replica(original)
 
+        if self.xla_inside:
+            return self._snapshot_around(tf.function(self._instrumented_step(original, snapshot=False),
+                                                     reduce_retracing=True, jit_compile=True), original)
+        return self._instrumented_step(original, snapshot=self.snapshot is not None)
+
+    def _snapshot_around(self, step, original):
+        """`step` (compiled by XLA), after the snapshot of its state and batch, taken outside XLA."""
+        @functools.wraps(original)
+        def train_step(data):
+            try:
+                self._take(data)
+            except Exception as exc:  # nanscope's own failure: the step runs, without a snapshot
+                self.failure = self.failure or exc
+            return step(data)
+
+        return train_step
+
+    def _take(self, data):
+        self.snapshot.remember_structure(data)
+        self.snapshot.take(data, self.rows.counter.read_value())
+
+    def _instrumented_step(self, original, snapshot):
         @functools.wraps(original)
         def train_step(data):
             hooks = contextlib.ExitStack()
@@ -146,9 +175,8 @@ class StepProbe:
                 capture = StepCapture(self.model, [self.model.optimizer], self.trainable,
                                       outputs=len(self.output_names))
                 self.layer_probe.begin()
-                if self.snapshot is not None:
-                    self.snapshot.remember_structure(data)
-                    self.snapshot.take(data, self.rows.counter.read_value())
+                if snapshot:
+                    self._take(data)
                 hooks.enter_context(self.layer_probe.attached())
                 hooks.enter_context(capture.attached())
             except Exception as exc:  # nanscope's own failure: the user's step runs as it would without it
@@ -209,6 +237,19 @@ class StepProbe:
     def call_order(self):
         """Probed layer names in execution order, as seen when the step was traced."""
         return [self.layers[i].name for i in self.layer_probe.call_order]
+
+
+@contextlib.contextmanager
+def xla_outside_off(model, off):
+    """While Keras builds the train function: without XLA around `train_step` when `off` (it compiles its own)."""
+    if not off:
+        yield
+        return
+    model.jit_compile = False
+    try:
+        yield
+    finally:
+        model.jit_compile = True
 
 
 def _logged_loss(capture, logs):
