@@ -8,8 +8,7 @@ it for one change; every run resets the weights first, so runs are comparable.
 
 import math
 import zlib
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -18,37 +17,11 @@ from nanscope.data import targets
 from nanscope.engine.loss_scale import LossScaleWatch
 from nanscope.history import StepHistory
 from nanscope.jsonio import jsonable
+from nanscope.rules.fixes import Change  # noqa: F401  (the Change an experiment runs; declared with the rules)
 from nanscope.series import ScalarColumns
 
 # The scalar columns an experiment's result reads of every step (its verdict, its JSON, the report's overview).
 RESULT_COLUMNS = ("phase", "loss", "grad_global_norm", "loss_scale", "update_skipped", "loss_missing")
-
-
-@dataclass
-class Change:
-    """One change to try.
-
-    Args:
-        name: str. Short label ("clipnorm=1", "lr/10").
-        params: dict. What the change sets, for the report.
-        optimizer_overrides: dict. Optimizer arguments to override (learning_rate, clipnorm, epsilon, ...).
-        grad_transform: callable(list of grads) -> list of grads, optional. Applied before the optimizer.
-        model: LoadedModel, optional. A changed model (e.g. relu -> relu6); its weights must match the session's.
-        loss_scaling: bool, optional. Wrap the optimizer in a LossScaleOptimizer (None: as the spec says).
-        data: callable(LoadedData) -> LoadedData, optional. Changed training and validation data
-            (standardised inputs or targets); the batch order stays the same.
-        rescales_loss: bool, default False. The change puts the loss in other units (standardised
-            targets), so it is judged against its own first loss, not the unfixed run's.
-    """
-
-    name: str
-    params: dict = field(default_factory=dict)
-    optimizer_overrides: dict = field(default_factory=dict)
-    grad_transform: Any = None
-    model: Any = None
-    loss_scaling: bool | None = None
-    data: Any = None
-    rescales_loss: bool = False
 
 
 @dataclass

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nanscope.engine.records import LayerStats, OutputStats
-from nanscope.engine.schema import OUTPUT, SCALARS, Columns
+from nanscope.engine.schema import OUTPUT, PHASES, SCALARS, Columns
 from nanscope.rules.limits import activation_limit
 from nanscope.rules.outliers import SPIKE_FACTOR, SPIKE_WINDOW
 from nanscope.series import OVERVIEW_WIDTH, ScalarColumns
@@ -43,7 +43,7 @@ DEFAULT_KEEP = 500
 DEFAULT_SAMPLE = 500
 # Events beyond this many add no rows (each costs up to 2 * keep rows).
 MAX_EVENTS = 8
-# Healthy steps whose per-layer max |x| is kept for the rules' trend fits (rules.early). A
+# Healthy steps whose per-layer max |x| is kept for the rules' trend fits (rules.bounded_activation). A
 # least-squares slope over n points whose log values span D is at most 1.5 * D / n; log
 # float32 magnitudes span D = ln(3.4e38 / 1.4e-45) = 191, so a fitted growth of 1.5x a
 # step (slope ln 1.5) spans at most 708 points: a fit reaching back further never
@@ -52,10 +52,8 @@ TREND_WINDOW = 1024
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 # The warning onsets that are events. A loss spike is rules.outliers' (the loss SPIKE_FACTOR
 # times the median of the SPIKE_WINDOW finite losses before it); a layer's activation bound is
-# rules.early's for its dtype (rules.limits: an output whose square overflows float32, a
+# rules.bounded_activation's for its dtype (rules.limits: an output whose square overflows float32, a
 # hundredth of float16's max).
-# A step's phase as a number in the scalar columns: 0 is a finite step.
-PHASES = (None, "data", "forward", "loss", "backward", "update")
 # The columns kept for every step, before SCALARS (and the per-output columns).
 HEAD = ("batch_rows", "phase", "weight_norm", "update_ratio")
 

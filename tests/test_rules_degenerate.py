@@ -23,6 +23,7 @@ from nanscope.report import FirstNonfinite, TraceReport
 from nanscope.rules.catalogue import RULES
 from nanscope.rules.diagnose import detectors, diagnose, projected_overflow_step
 from nanscope.rules.evidence import RunEvidence, feature_scales, target_scales
+from nanscope.rules.facts import facts_from
 
 NAN = math.nan
 # Values a healthy or a broken run can leave in any column of its records.
@@ -114,9 +115,9 @@ def test_every_detector_survives_a_degenerate_history(name, value, steps, nan_co
         records = [record(s, value, nan_columns=nan_columns, loss_scale=scale) for s in range(steps)]
         for first in firsts(value):
             report = report_of(records, first, dtype=dtype, lr=value if math.isfinite(value) else 0.01)
-            healthy = report.history.healthy()
+            facts = facts_from(report, evidence)
             for _, detector in detectors():
-                for score, rec in detector(report, evidence, healthy):  # raises: the test fails
+                for score, rec in detector(facts):  # raises: the test fails
                     assert math.isfinite(score) and rec.id in RULES
                     assert not any(QUOTED_NONFINITE.search(line) for line in rec.evidence), rec.evidence
 
@@ -187,13 +188,13 @@ def test_a_run_whose_rule_raises_still_writes_its_json_and_keeps_its_exit_code(t
 
     from typer.testing import CliRunner
 
-    import nanscope.rules.diagnose as diagnose_module
+    import nanscope.rules.clip_gradients as clip_gradients
     from nanscope.cli import app
 
-    def broken(report, evidence, healthy):
+    def broken(facts):
         raise ZeroDivisionError("float division by zero")
 
-    monkeypatch.setattr(diagnose_module, "_gradient_growth", broken)  # a bug in one rule, nothing else changed
+    monkeypatch.setattr(clip_gradients, "detect", broken)  # a bug in one rule, nothing else changed
     spec = Path(__file__).parent.parent / "configs" / "exploding-regression.yaml"
     out = tmp_path / "report.json"
     result = CliRunner().invoke(app,

@@ -64,6 +64,8 @@ class Columns(tuple):
         return dict(zip(self, row))
 
 
+# A step's phase as a number in the scalar columns (the history's "phase"): 0 is a finite step.
+PHASES = (None, "data", "forward", "loss", "backward", "update")
 # The scalars of one step, in row order.
 SCALARS = Columns(
     "loss", "data_loss", "x_nonfinite", "y_nonfinite", "output_nonfinite", "loss_nonfinite",

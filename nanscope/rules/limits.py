@@ -1,6 +1,6 @@
 """How large a layer's output may grow, per dtype, before it is a warning sign.
 
-The `bounded-activation` rule (rules/early.py) warns past these bounds, and the step
+The `bounded-activation` rule (rules/bounded_activation.py) warns past these bounds, and the step
 history (nanscope/history.py) treats the first step past one as an event, so a long
 run keeps the full rows around that warning's onset.
 """

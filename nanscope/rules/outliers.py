@@ -8,13 +8,11 @@ spiked or went non-finite, are the cause to fix: drop or repair those rows. Stan
 the column instead would divide the real signal by a scale the glitch inflated.
 """
 
-import math
 import warnings
 
 import numpy as np
 
 from nanscope.data import inputs, targets
-from nanscope.rules.catalogue import recommend
 
 # 1.4826 x MAD estimates the standard deviation of normal data.
 MAD_TO_STD = 1.4826
@@ -114,30 +112,6 @@ def glitch_rows(array):
     return found
 
 
-def outlier_findings(report, evidence, healthy):
-    """(score, Recommendation) pairs for training rows that hold glitches, tied to the step they hit."""
-    glitches = evidence.glitches
-    if not glitches or not report.records:
-        return []
-    rows = sorted({row for found in glitches.values() for row in found})
-    hit = _step_hit(report, evidence.batch_rows, set(rows)) if evidence.batch_rows is not None else None
-    lines = [_row_line(label, row, cells) for label, found in glitches.items() for row, cells in found.items()]
-    evidence = [f"{len(rows)} training row(s) hold values over {EXTREME_Z:g} robust standard deviations from their "
-                f"column's median (median and MAD of the column): " + "; ".join(lines[:SHOWN_ROWS])
-                + (f"; ... and {len(lines) - SHOWN_ROWS} more" if len(lines) > SHOWN_ROWS else "")]
-    severity, score = "info", 0.3
-    data = {"rows": rows[:100], "values": {label: {str(r): [c[1] for c in cells] for r, cells in found.items()}
-                                           for label, found in glitches.items()}}
-    if hit is not None:
-        step, how, batch_rows = hit
-        evidence.insert(0, f"step {step}: {how}; its batch held row(s) {', '.join(map(str, batch_rows))}")
-        # The run went non-finite at that step or after it: the glitch is the first thing that went wrong.
-        severity = "error" if report.first_nonfinite is not None and report.first_nonfinite.step >= step else "warning"
-        score = 0.97
-        data["step"] = step
-    return [(score, recommend("drop-outlier-rows", severity, evidence, _fix(glitches), data))]
-
-
 def glitches_in(x, y, ids=()):
     """{array label: glitch_rows} over the float regression targets and the float inputs that are not `ids`."""
     found = {}
@@ -147,48 +121,6 @@ def glitches_in(x, y, ids=()):
     for label, part in targets.named(y):
         found[label] = glitch_rows(part)
     return {label: rows for label, rows in found.items() if rows}
-
-
-def _step_hit(report, batch_rows, rows):
-    """(step, what happened, the glitch rows in its batch) for the first step whose batch held glitch rows and
-    whose loss spiked or went non-finite; None when no such step ran."""
-    losses = []
-    first_bad = report.first_nonfinite.step if report.first_nonfinite is not None else None
-    for record in report.records:
-        in_batch = sorted(rows.intersection(batch_rows(record.step).tolist()))
-        spiked = _spike(record.loss, losses)
-        if in_batch and (spiked or record.step == first_bad):
-            window = min(len(losses), SPIKE_WINDOW)
-            how = (f"the first non-finite value ({report.first_nonfinite.phase} phase)" if record.step == first_bad
-                   else f"the loss spiked to {record.loss:.4g}, {spiked:.3g}x the median of the {window} steps before")
-            return record.step, how, in_batch
-        if math.isfinite(record.loss):
-            losses.append(record.loss)
-    return None
-
-
-def _spike(loss, before):
-    if not before or not math.isfinite(loss):
-        return None
-    median = float(np.median(before[-SPIKE_WINDOW:]))
-    return loss / median if median > 0 and loss > SPIKE_FACTOR * median else None
-
-
-def _row_line(label, row, cells):
-    column, value, z, median, scale = max(cells, key=lambda c: c[2])
-    return f"row {row}: {label}[{column}] = {value:.6g} (robust z {z:.3g}; median {median:.4g}, robust std {scale:.3g})"
-
-
-def _fix(glitches):
-    label, found = next(iter(glitches.items()))
-    column, value, _, median, scale = next(iter(found.values()))[0]
-    array = label.split("[")[0]
-    shared = sum(1 for cells in found.values() for c in cells if c[0] == column and c[1] == value)
-    code = f" in {shared} rows (a missing-value code?)" if shared >= CODE_ROWS else ""
-    return (f"# rows {', '.join(map(str, list(found)[:SHOWN_ROWS]))}: {label}[{column}] = {value:.6g}{code}\n"
-            f"bad = np.abs({label}[:, {column}] - {median:.4g}) > {EXTREME_Z * scale:.4g}   # robust z>{EXTREME_Z:g}\n"
-            f"x, y = x[~bad], y[~bad]   # drop the rows; or repair: {array}[bad, {column}] = np.nan, then impute\n"
-            "# do not standardise instead: the glitch inflates the std and squashes the real signal")
 
 
 def repaired(session):

@@ -1,4 +1,4 @@
-"""Mixed-precision findings: float16 overflow and underflow, and a loss scale that has collapsed.
+"""`loss-scaling` and `float32-layer`: float16 overflow and underflow, and a loss scale that has collapsed.
 
 Keras' LossScaleOptimizer halves its scale and skips the update whenever the scaled
 gradients overflow, and doubles it after a run of good steps; the scale has no floor and
@@ -10,8 +10,33 @@ import numpy as np
 
 from nanscope.engine import loss_scale
 from nanscope.engine.loss_scale import collapsed_window
-from nanscope.history import PHASES
-from nanscope.rules.catalogue import recommend
+from nanscope.engine.schema import PHASES
+from nanscope.rules.fixes import Change
+from nanscope.rules.operand import finding_data, operand
+from nanscope.rules.rule import Fixtures, Rule
+
+LOSS_SCALING = Rule(
+    "loss-scaling",
+    "Scale the loss under mixed precision",
+    "A float16 value overflowing (> 65504) or gradients underflowing; a loss scale that collapses (most "
+    "updates skipped).",
+    "optimizer = keras.optimizers.LossScaleOptimizer(optimizer)  # dynamic loss scaling\n"
+    "# or keep the overflowing layer in float32: keras.layers.Dense(..., dtype='float32')",
+)
+FLOAT32_LAYER = Rule(
+    "float32-layer",
+    "Keep the overflowing layer in float32",
+    "Under mixed precision with a LossScaleOptimizer already in use: a float16 value overflowing (> 65504), "
+    "or a loss scale that collapses because the gradient overflows at every scale.",
+    "keras.layers.Dense(..., dtype='float32')  # the layer that overflows keeps float32 under mixed_float16\n"
+    "# or compute the op in float32: tf.exp(tf.cast(x, tf.float32))",
+)
+RULES = (LOSS_SCALING, FLOAT32_LAYER)
+BY_ID = {rule.id: rule for rule in RULES}
+FIXTURES = {
+    "loss-scaling": Fixtures(fires=("float16-overflow-no-loss-scaling",), quiet=("float16-loss-scaling",)),
+    "float32-layer": Fixtures(fires=(), quiet=("float16-loss-scaling",)),
+}
 
 # Largest finite float16 (numpy.finfo(float16).max). Outputs within a factor of 2 of it
 # overflow on the next doubling of the activations.
@@ -24,27 +49,42 @@ UNDERFLOW_FRACTION_LIMIT = 0.1
 BEFORE_GRADIENTS = tuple(PHASES.index(phase) for phase in loss_scale.BEFORE_GRADIENTS)
 
 
-def precision_findings(report, evidence, healthy):
+def detect(facts):
     """(score, Recommendation) pairs for float16 layers and loss scaling."""
     found = []
-    found.extend(_skipped_updates(report))
-    found.extend(_float16_layers(report))
+    found.extend(_skipped_updates(facts))
+    found.extend(_float16_layers(facts))
     return found
 
 
-def overflow_rule(report):
-    """The rule for a float16 value that overflows: loss scaling, or when a LossScaleOptimizer is already in use,
-    keeping the layer in float32 (scaling the loss again cannot help)."""
-    return "float32-layer" if report.run.get("loss_scaling") else "loss-scaling"
+def overflow_rule(run):
+    """The rule for a float16 value that overflows: loss scaling, or when a LossScaleOptimizer is already in use
+    (`run["loss_scaling"]`), keeping the layer in float32 (scaling the loss again cannot help)."""
+    return FLOAT32_LAYER if run.get("loss_scaling") else LOSS_SCALING
 
 
-def _skipped_updates(report):
-    history = report.history
-    if history is None or not history.count:
+def matches_float16(first, inputs):
+    """True when the producing op computed in float16 before the update."""
+    return inputs.get("dtype") == "float16" and first.phase != "update"
+
+
+def float16_finding(facts, first, where, inputs):
+    """The Recommendation for an op whose float16 value overflowed."""
+    evidence = [f"{where}: {first.op} overflowed float16 (largest finite value {FLOAT16_MAX:g}); "
+                f"{operand(inputs)}"]
+    rule = overflow_rule(facts.run)
+    if rule is FLOAT32_LAYER:
+        evidence.append("a LossScaleOptimizer is already in use: loss scaling protects the gradients, not this value")
+    return rule.recommend("error", evidence, data=finding_data(first, inputs))
+
+
+def _skipped_updates(facts):
+    columns = facts.steps
+    if columns is None:
         return []
-    steps, skips, scales, before = (history.steps(), history.column("update_skipped"), history.column("loss_scale"),
-                                    history.column("loss_scale_before"))
-    window = collapsed_window(skips != 0, scales != 0, np.isin(history.column("phase"), BEFORE_GRADIENTS))
+    steps, skips, scales, before = (columns["step"], columns["update_skipped"], columns["loss_scale"],
+                                    columns["loss_scale_before"])
+    window = collapsed_window(skips != 0, scales != 0, np.isin(columns["phase"], BEFORE_GRADIENTS))
     if window is None:
         return []
     skipped = window[skips[window] != 0]
@@ -58,26 +98,24 @@ def _skipped_updates(report):
     ]
     fix = ("# the gradient itself is not finite: find the op with `nanscope trace-steps` on float32\n"
            "train:\n  mixed_precision: null   # or keep the failing layer in float32: dtype='float32'")
-    return [(0.9, recommend(overflow_rule(report), "error", evidence, fix,
-                            data={"skipped": len(skipped), "window": len(window), "loss_scale": last_scale}))]
+    return [(0.9, overflow_rule(facts.run).recommend("error", evidence, fix, data={
+        "skipped": len(skipped), "window": len(window), "loss_scale": last_scale}))]
 
 
-def _float16_layers(report):
+def _float16_layers(facts):
     found = []
-    dtypes = report.run.get("layer_dtypes") or {}
-    for index, (name, cls) in enumerate(report.layers):
-        if dtypes.get(name) != "float16":
+    dtypes = facts.run.get("layer_dtypes") or {}
+    for layer in facts.layers:
+        name, cls = layer.name, layer.cls
+        if dtypes.get(name) != "float16" or not layer.called_steps:
             continue
-        aggregate = report.history.layers[index] if index < len(report.history.layers) else None
-        if aggregate is None or not aggregate.called_steps:
-            continue
-        peak, underflow = aggregate.max_abs, aggregate.underflow_max
+        peak, underflow = layer.max_abs, layer.underflow_max
         if peak > FLOAT16_NEAR_OVERFLOW:
-            found.append((0.65, recommend(overflow_rule(report), "warning", [
+            found.append((0.65, overflow_rule(facts.run).recommend("warning", [
                 f"layer {name} ({cls}, float16) output max |x| reached {peak:.4g}, within 2x of float16's "
                 f"largest finite value {FLOAT16_MAX:g}"], _keep_float32(cls), data={"layer": name, "max_abs": peak})))
-        if underflow > UNDERFLOW_FRACTION_LIMIT and not report.run.get("loss_scaling"):
-            found.append((0.5, recommend("loss-scaling", "warning", [
+        if underflow > UNDERFLOW_FRACTION_LIMIT and not facts.run.get("loss_scaling"):
+            found.append((0.5, LOSS_SCALING.recommend("warning", [
                 f"layer {name} ({cls}, float16): {underflow:.0%} of its non-zero outputs are below float16's "
                 "smallest normal 6.1e-05 and lose precision"], _keep_float32(cls),
                 data={"layer": name, "underflow_fraction": underflow})))
@@ -87,3 +125,16 @@ def _float16_layers(report):
 def _keep_float32(cls):
     return (f"keras.layers.{cls}(..., dtype='float32')   # keep this layer in float32 under mixed precision\n"
             "# and keep loss scaling on: keras.optimizers.LossScaleOptimizer(optimizer)")
+
+
+def verify_fixes(rec, session, run):
+    """The run again under a LossScaleOptimizer (loss-scaling), when some layer computes in float16 without one."""
+    if rec.id != "loss-scaling" or not _float16_without_loss_scaling(run):
+        return []
+    return [Change("loss scaling", {"optimizer": "LossScaleOptimizer"}, loss_scaling=True)]
+
+
+def _float16_without_loss_scaling(run):
+    """True when some layer computes in float16 and the run's optimizer does not scale the loss."""
+    dtypes = (run.get("layer_dtypes") or {}).values()
+    return "float16" in dtypes and not run.get("loss_scaling")

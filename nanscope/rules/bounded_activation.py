@@ -1,0 +1,105 @@
+"""`bounded-activation`: a layer's outputs growing toward its dtype's overflow bound, or past it."""
+
+from nanscope.internals import flatten_layers
+from nanscope.rules.fixes import Change, StepFix
+from nanscope.rules.limits import activation_limit
+from nanscope.rules.rule import Fixtures, Rule
+from nanscope.rules.trends import geometric_growth
+from nanscope.runtime import tensorflow
+
+BOUNDED_ACTIVATION = Rule(
+    "bounded-activation",
+    "Bound the activations",
+    "Layer outputs (typically ReLU) growing toward the dtype's overflow bound, or overflowing.",
+    "keras.layers.Dense(units, activation='relu6')  # or add keras.layers.LayerNormalization() after it",
+)
+RULES = (BOUNDED_ACTIVATION,)
+FIXTURES = Fixtures(fires=(), quiet=("tabular-regression-adam",))
+
+# Layer outputs growing by more than 50% a step over at least 5 steps and by 1e4
+# overall: healthy outputs settle within a small factor of their start.
+OUTPUT_GROWTH_RATE = 1.5
+OUTPUT_GROWTH_MIN_STEPS = 5
+OUTPUT_GROWTH_MIN_TOTAL = 1e4
+
+
+def detect(facts):
+    """(score, Recommendation) pairs for the first layer whose healthy outputs passed their dtype's bound, or grew
+    geometrically through a relu-like activation."""
+    severity = "error" if facts.failed else "warning"
+    for layer in facts.layers:
+        limit = activation_limit(layer.dtype)
+        # The largest value is exact over every healthy step, and so is the trend (see history.TREND_WINDOW).
+        peak = layer.max_abs_healthy
+        if peak is None:
+            continue
+        trend = geometric_growth(layer.trend_steps, layer.trend_values, OUTPUT_GROWTH_RATE, OUTPUT_GROWTH_MIN_STEPS,
+                                 OUTPUT_GROWTH_MIN_TOTAL)
+        if peak <= limit and (trend is None or not layer.relu_like):
+            continue
+        evidence = [f"layer {layer.name} ({layer.cls}, {layer.dtype}) output max |x| reached {peak:.3g} "
+                    f"(warning bound {limit:.3g} for {layer.dtype})"]
+        if trend is not None:
+            evidence.append(f"it grew {trend[0]:.3g}x per step from step {trend[1]}")
+        data = {"layer": layer.name, "max_abs": peak, "limit": limit, "relu": layer.relu_like}
+        return [(0.65, BOUNDED_ACTIVATION.recommend(severity, evidence, data=data))]
+    return []
+
+
+def verify_fixes(rec, session, run):
+    """The run again with every relu made relu6 (a model nanscope can clone)."""
+    model = relu6_model(session.model)
+    return [Change("relu->relu6", {"activation": "relu6"}, model=model)] if model is not None else []
+
+
+def relu6_model(loaded):
+    """A clone of a Sequential/functional Keras model with every relu made relu6, weights copied; None if not
+    possible."""
+    _tf, keras = tensorflow()
+    model = loaded.keras_model
+    if model is None or not _has_relu(model):
+        return None
+
+    def clone_layer(layer):
+        config = layer.get_config()
+        if config.get("activation") == "relu":
+            config["activation"] = "relu6"
+        if type(layer).__name__ == "ReLU" and config.get("max_value") is None:
+            config["max_value"] = 6.0
+        return type(layer).from_config(config)
+
+    try:
+        clone = keras.models.clone_model(model, clone_function=clone_layer)
+        clone.set_weights(model.get_weights())
+    except Exception:  # subclassed models cannot be cloned: the fix is then not automatically applicable
+        return None
+    from nanscope.models import from_keras
+
+    return from_keras(clone, f"{loaded.description} with relu6")
+
+
+def _has_relu(model):
+    for layer in flatten_layers(model):
+        config = layer.get_config() if hasattr(layer, "get_config") else {}
+        if config.get("activation") == "relu" or type(layer).__name__ == "ReLU":
+            return True
+    return False
+
+
+def bundle_fixes(rec, bundle, run):
+    """The saved step with every relu layer's activation made relu6 (put back after)."""
+    _, keras = tensorflow()
+    relu = keras.activations.relu
+    layers = [layer for layer in flatten_layers(bundle.model) if getattr(layer, "activation", None) is relu
+              or (type(layer).__name__ == "ReLU" and getattr(layer, "max_value", 0) is None)]
+    if not layers:
+        return []
+
+    def change(model):
+        saved = [(layer, "activation", layer.activation) if hasattr(layer, "activation") and
+                 layer.activation is relu else (layer, "max_value", layer.max_value) for layer in layers]
+        for layer, name, _ in saved:
+            setattr(layer, name, keras.activations.relu6 if name == "activation" else 6.0)
+        return lambda: [setattr(layer, name, old) for layer, name, old in saved]
+
+    return [StepFix("relu->relu6", {"activation": "relu6"}, acts_on="step", change=change)]

@@ -1,0 +1,83 @@
+"""What a rule's fix applier returns: a `Change` for a re-run (`trace-steps --verify`, compare-clipping) or a
+`StepFix` for a saved fit step (`replay DIR --verify`), and the moments both standardise with.
+
+A rule module that can apply its own fix defines `verify_fixes(rec, session, run)` -> list of Change and/or
+`bundle_fixes(rec, bundle, run)` -> list of StepFix (`run` is the run description, `report.run`).
+"""
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Change:
+    """One change to try.
+
+    Args:
+        name: str. Short label ("clipnorm=1", "lr/10").
+        params: dict. What the change sets, for the report.
+        optimizer_overrides: dict. Optimizer arguments to override (learning_rate, clipnorm, epsilon, ...).
+        grad_transform: callable(list of grads) -> list of grads, optional. Applied before the optimizer.
+        model: LoadedModel, optional. A changed model (e.g. relu -> relu6); its weights must match the session's.
+        loss_scaling: bool, optional. Wrap the optimizer in a LossScaleOptimizer (None: as the spec says).
+        data: callable(LoadedData) -> LoadedData, optional. Changed training and validation data
+            (standardised inputs or targets); the batch order stays the same.
+        rescales_loss: bool, default False. The change puts the loss in other units (standardised
+            targets), so it is judged against its own first loss, not the unfixed run's.
+    """
+
+    name: str
+    params: dict = field(default_factory=dict)
+    optimizer_overrides: dict = field(default_factory=dict)
+    grad_transform: Any = None
+    model: Any = None
+    loss_scaling: bool | None = None
+    data: Any = None
+    rescales_loss: bool = False
+
+
+@dataclass
+class StepFix:
+    """One fix applied to the saved step.
+
+    Args:
+        name: str. Short label ("lr/10", "drop 2 non-finite rows").
+        params: dict. What it sets, for the report.
+        acts_on: str. "update" (the optimizer: too late when the forward pass is already non-finite) or "step".
+        change: callable(model) -> callable undo, optional. Changes the model or optimizer after the state is put back.
+        batch: the batch to run on instead of the saved one, optional.
+    """
+
+    name: str
+    params: dict = field(default_factory=dict)
+    acts_on: str = "update"
+    change: object = None
+    batch: object = None
+
+
+def moments(array):
+    """Per last-axis feature: (mean, std) over every other axis, NaN-aware, std 0 taken as 1."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
+        values = array.astype(np.float64)
+        axes = tuple(range(values.ndim - 1)) or None
+        shift, scale = np.nanmean(values, axis=axes), np.nanstd(values, axis=axes)
+    scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0)
+    return np.nan_to_num(shift), scale
+
+
+def optimizer_setting(name, value, also=None):
+    """A StepFix change that sets optimizer attributes (the inner optimizer under loss scaling) and puts them back."""
+    values = {name: value, **(also or {})}
+
+    def change(model):
+        inner = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+        before = {key: getattr(inner, key) for key in values}
+        for key, new in values.items():
+            setattr(inner, key, new)
+        return lambda: [setattr(inner, key, old) for key, old in before.items()]
+
+    return change

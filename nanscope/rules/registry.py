@@ -1,0 +1,68 @@
+"""Every rule module, in catalogue order, and what each one provides.
+
+A rule module (one rule, or a small family) declares `RULES` (its catalogue entries),
+`FIXTURES` (its cases in tests/realistic/cases.py: one `Fixtures`, or one per rule id),
+and where it has them: its detector(s) over `facts.Facts` (listed in DETECTORS, in the
+order their findings tie-break), `verify_fixes(rec, session, run)` for `trace-steps
+--verify` and `bundle_fixes(rec, bundle, run)` for `replay DIR --verify`.
+"""
+
+from nanscope.rules import (bounded_activation, clean_input_data, clip_gradients, double_where,
+                            drop_constant_features, drop_outlier_rows, fix_labels, learning_rate, masked_softmax,
+                            optimizer_epsilon, precision, producer, safe_division, safe_sqrt, scale, stable_exp,
+                            stable_log, weight_constraint)
+
+# Catalogue order: the order `nanscope rules`, docs/rules/ and the README table list the rules in.
+UNITS = (clean_input_data, drop_outlier_rows, scale, learning_rate, clip_gradients, bounded_activation, stable_log,
+         stable_exp, safe_division, masked_softmax, double_where, safe_sqrt, precision, optimizer_epsilon, fix_labels,
+         drop_constant_features, weight_constraint)
+
+# (rule ids it can fire, module, name of its detector(facts)) for every detector, in the order their findings
+# tie-break. Looked up when the rules run (`detectors`), so a detector is one attribute of its module.
+DETECTORS = (
+    (("clean-input-data",), clean_input_data, "detect"),
+    (("drop-outlier-rows",), drop_outlier_rows, "detect"),
+    (producer.RULE_IDS, producer, "detect"),
+    (("loss-scaling", "float32-layer"), precision, "detect"),
+    (("clip-gradients",), clip_gradients, "detect"),
+    (("lower-learning-rate",), learning_rate, "detect_update_ratio"),
+    (("lower-learning-rate",), learning_rate, "detect_loss_growth"),
+    (("bounded-activation",), bounded_activation, "detect"),
+    (("weight-constraint",), weight_constraint, "detect"),
+    (("normalize-targets",), scale, "detect_targets"),
+    (("normalize-inputs",), scale, "detect_inputs"),
+)
+# Rules of a family whose applier does not apply to every member (it returns no fix for the others).
+_NO_VERIFY_FIX = {"float32-layer"}
+
+
+def detectors():
+    """(rule ids it can fire, detector(facts)) for every detector, in the order their findings tie-break."""
+    return tuple((rule_ids, getattr(module, name)) for rule_ids, module, name in DETECTORS)
+
+
+def unit_of(rule_id):
+    """The module that declares `rule_id`."""
+    return next(unit for unit in UNITS if any(rule.id == rule_id for rule in unit.RULES))
+
+
+def rules():
+    """Every Rule, in catalogue order."""
+    return [rule for unit in UNITS for rule in unit.RULES]
+
+
+def fixtures(rule_id):
+    """The rule's Fixtures."""
+    declared = unit_of(rule_id).FIXTURES
+    return declared[rule_id] if isinstance(declared, dict) else declared
+
+
+def verify_fixers():
+    """{rule id: verify_fixes(rec, session, run)} of every rule whose fix `trace-steps --verify` can apply."""
+    return {rule.id: unit.verify_fixes for unit in UNITS if hasattr(unit, "verify_fixes") for rule in unit.RULES
+            if rule.id not in _NO_VERIFY_FIX}
+
+
+def bundle_fixers():
+    """{rule id: bundle_fixes(rec, bundle, run)} of every rule whose fix `replay DIR --verify` can apply."""
+    return {rule.id: unit.bundle_fixes for unit in UNITS if hasattr(unit, "bundle_fixes") for rule in unit.RULES}
