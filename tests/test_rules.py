@@ -18,7 +18,8 @@ REPO = Path(__file__).parent.parent
 RULE_IDS = ("clean-input-data", "drop-outlier-rows", "normalize-inputs", "normalize-targets", "lower-learning-rate",
             "clip-gradients", "bounded-activation", "stable-log", "stable-exp", "safe-division", "safe-sqrt",
             "loss-scaling", "float32-layer", "optimizer-epsilon", "weight-constraint", "fix-labels",
-            "drop-constant-features", "masked-softmax", "double-where")
+            "drop-constant-features", "masked-softmax", "double-where", "safe-pow", "clamp-inverse-trig", "avoid-poles",
+            "finite-logits", "guard-op")
 
 
 def producer_line(tag):

@@ -19,7 +19,7 @@ CHECK_DATA_ONLY = {"fix-labels", "drop-constant-features"}
 
 def test_the_catalogue_is_the_registry_in_order_with_unique_ids():
     ids = [rule.id for rule in registry.rules()]
-    assert len(ids) == len(set(ids)) == 19
+    assert len(ids) == len(set(ids)) == 24
     assert list(RULES) == ids
     assert all(re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", rule_id) for rule_id in ids)
 

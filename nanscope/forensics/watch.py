@@ -27,6 +27,12 @@ from nanscope.runtime import tensorflow
 
 # For these ops the second input is the denominator: that is the operand to describe.
 DENOMINATOR_OPS = {"RealDiv", "Div", "DivNoNan", "FloorDiv", "TruncateDiv", "Xdivy"}
+# For these the second input is the argument of the log (x * log(y)): the operand to describe.
+LOG_ARGUMENT_OPS = {"Xlogy", "Xlog1py"}
+# The name of the described second operand, by op.
+SECOND_OPERAND = {**{op: "denominator" for op in DENOMINATOR_OPS}, **{op: "log argument" for op in LOG_ARGUMENT_OPS}}
+# Ops whose second input is an exponent: its range is kept beside the base's statistics.
+EXPONENT_OPS = {"Pow"}
 # tf.where: the op that picks between two branches and throws the other away.
 SELECT_OPS = {"Select", "SelectV2"}
 
@@ -103,6 +109,15 @@ def operand_stats(value):
         "negative_fraction": float(np.mean(array < 0.0)),
         "nonfinite": int(array.size - finite.size),
     }
+
+
+def exponent_stats(op, operands):
+    """{"exponent_min", "exponent_max"} of a Pow's exponent (a float array or tensor), else {}."""
+    if op not in EXPONENT_OPS or len(operands) < 2 or operands[1] is None:
+        return {}
+    value = operands[1].numpy() if hasattr(operands[1], "numpy") else operands[1]
+    stats = operand_stats(value)
+    return {"exponent_min": stats["min"], "exponent_max": stats["max"]} if stats else {}
 
 
 def _introduces(inputs, outputs):
@@ -287,30 +302,34 @@ class OpWatch:
         if self.phase == "backward":
             return self._gradient_event(op_type, outputs)
         layer = self._stack[-1] if self._stack else None
-        index = 1 if op_type in DENOMINATOR_OPS and len(inputs) > 1 else 0
+        index = 1 if op_type in SECOND_OPERAND and len(inputs) > 1 else 0
         floats = [t for t in inputs if _is_float(t) and hasattr(t, "numpy")]
         operand = inputs[index] if index < len(inputs) and _is_float(inputs[index]) else (floats[0] if floats else None)
         event = OpEvent(
             op=op_type, phase=self.phase, layer=layer.name if layer is not None else None,
             layer_class=type(layer).__name__ if layer is not None else None, source=self.source(),
             inputs=operand_stats(operand.numpy()) if operand is not None else {},
-            operand="denominator" if index == 1 and operand is inputs[index] else "input",
+            operand=SECOND_OPERAND[op_type] if index == 1 and operand is inputs[index] else "input",
             dtype=outputs[0].dtype.name if outputs else "float32",
         )
+        if event.inputs:
+            event.inputs.update(exponent_stats(op_type, inputs))
         if self.phase in ("forward", "loss"):
             event.context.update(masked_rows(op_type, inputs, outputs, self.producer_of))
         return event
 
     def _function_event(self, op_type, inner, outputs):
         """The op inside a function call (a SavedModel's restored function) that made the value."""
-        index = 1 if inner.op in DENOMINATOR_OPS and len(inner.operands) > 1 else 0
+        index = 1 if inner.op in SECOND_OPERAND and len(inner.operands) > 1 else 0
         operand = inner.operands[index] if index < len(inner.operands) else None
         layer = self._stack[-1] if self._stack else None
         event = OpEvent(op=inner.op, phase=self.phase, layer=layer.name if layer is not None else None,
                         layer_class=type(layer).__name__ if layer is not None else None, source=self.source(),
                         inputs=operand_stats(operand) if operand is not None else {},
-                        operand="denominator" if index == 1 else "input",
+                        operand=SECOND_OPERAND[inner.op] if index == 1 else "input",
                         dtype=outputs[0].dtype.name if outputs else "float32")
+        if event.inputs:
+            event.inputs.update(exponent_stats(inner.op, inner.operands))
         event.context["function"] = {"call": op_type, "functions": inner.functions, "node": inner.node,
                                      "inputs": inner.inputs}
         if self.phase == "backward" and inner.op.endswith("Grad"):
@@ -328,10 +347,11 @@ class OpWatch:
             event.layer_class = type(known.layer).__name__ if known.layer is not None else None
             event.source, event.forward_phase = known.source, known.phase
             event.context.update(_trap(known))
-        index = 1 if forward_op in DENOMINATOR_OPS and len(forward_inputs) > 1 else 0
+        index = 1 if forward_op in SECOND_OPERAND and len(forward_inputs) > 1 else 0
         if index < len(forward_inputs) and _is_float(forward_inputs[index]):
-            event.inputs = operand_stats(forward_inputs[index].numpy())
-            event.operand = "denominator" if index == 1 else "input"
+            event.inputs = {**operand_stats(forward_inputs[index].numpy()),
+                            **exponent_stats(forward_op, forward_inputs)}
+            event.operand = SECOND_OPERAND[forward_op] if index == 1 else "input"
         return event
 
     def _differentiated_record(self, forward_op, forward_inputs, forward_outputs):

@@ -8,14 +8,14 @@ order their findings tie-break), `verify_fixes(rec, session, run)` for `trace-st
 """
 
 from nanscope.rules import (bounded_activation, clean_input_data, clip_gradients, double_where,
-                            drop_constant_features, drop_outlier_rows, fix_labels, learning_rate, masked_softmax,
-                            optimizer_epsilon, precision, producer, safe_division, safe_sqrt, scale, stable_exp,
-                            stable_log, weight_constraint)
+                            drop_constant_features, drop_outlier_rows, finite_logits, fix_labels, guard_op,
+                            inverse_trig, learning_rate, masked_softmax, optimizer_epsilon, poles, precision, producer,
+                            safe_division, safe_pow, safe_sqrt, scale, stable_exp, stable_log, weight_constraint)
 
 # Catalogue order: the order `nanscope rules`, docs/rules/ and the README table list the rules in.
 UNITS = (clean_input_data, drop_outlier_rows, scale, learning_rate, clip_gradients, bounded_activation, stable_log,
          stable_exp, safe_division, masked_softmax, double_where, safe_sqrt, precision, optimizer_epsilon, fix_labels,
-         drop_constant_features, weight_constraint)
+         drop_constant_features, weight_constraint, safe_pow, inverse_trig, poles, finite_logits, guard_op)
 
 # (rule ids it can fire, module, name of its detector(facts)) for every detector, in the order their findings
 # tie-break. Looked up when the rules run (`detectors`), so a detector is one attribute of its module.

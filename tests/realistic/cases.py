@@ -41,6 +41,18 @@ HEALTHY = {
     "two-heads-regression-and-class": spec("two_heads", "two_targets", {"value": "mse", "kind": SPARSE}),
     "gru-sequences": spec("gru", "sequences", optimizer={"name": "adam", "learning_rate": 0.01}),
     "tabular-huber-rmsprop": spec("mlp", "tabular", "huber", {"name": "rmsprop", "learning_rate": 0.001}),
+    # The buggy unsafe-op cases below with their rule's fix applied: each must train and stay quiet.
+    "gem-pooling-clamped": spec("gem", "tabular", model_args={"clamp": True}),
+    "focal-loss-gamma-half-floored": spec("mlp", "tabular", f"{LOSSES}:focal_gamma_half_floored",
+                                          {"name": "adam", "learning_rate": 0.01}, steps=80,
+                                          model_args={"activation": "sigmoid"}, data_args={"kind": "binary"}),
+    "arcface-2d-clamped": spec("arcface", "classes", SPARSE, model_args={"clamp": True}),
+    "negative-binomial-softplus-dispersion": spec("linear_head", "counts", f"{LOSSES}:negative_binomial_softplus",
+                                                  model_args={"outputs": 2}),
+    "poisson-softplus-rate": spec("linear_head", "counts", f"{LOSSES}:poisson_softplus"),
+    "rmsle-softplus-head": spec("linear_head", "prices", f"{LOSSES}:rmsle_softplus"),
+    "attention-pooling-finite-fill": spec("filled_pooling", "padded", model_args={"fill": -1e9}),
+    "compound-growth-log-space": spec("compound_growth", "tabular", model_args={"log_space": True}),
 }
 
 # case: (spec, the rule that must rank in the top 2)
@@ -64,4 +76,15 @@ BUGGY = {
     "attention-row-fully-masked": (spec("masked_pooling", "padded", data_args={"empty_rows": [5]}), "masked-softmax"),
     "loss-file-mean-over-zero-count": (spec("mlp", "tabular", f"{LOSSES}:large_target_mse"), "safe-division"),
     "tf-where-gradient-trap": (spec("mean_of_positives", "tabular"), "double-where"),
+    "gem-pooling-without-clamp": (spec("gem", "tabular"), "safe-pow"),
+    "focal-loss-gamma-half": (spec("mlp", "tabular", f"{LOSSES}:focal_gamma_half",
+                                   {"name": "adam", "learning_rate": 0.01}, steps=80,
+                                   model_args={"activation": "sigmoid"}, data_args={"kind": "binary"}), "safe-pow"),
+    "arcface-2d-unclamped": (spec("arcface", "classes", SPARSE), "clamp-inverse-trig"),
+    "negative-binomial-relu-dispersion": (spec("linear_head", "counts", f"{LOSSES}:negative_binomial_relu",
+                                               model_args={"outputs": 2}), "avoid-poles"),
+    "poisson-relu-rate": (spec("linear_head", "counts", f"{LOSSES}:poisson_relu"), "avoid-poles"),
+    "rmsle-linear-head": (spec("linear_head", "prices", f"{LOSSES}:rmsle"), "avoid-poles"),
+    "attention-pooling-plus-inf-fill": (spec("filled_pooling", "padded"), "finite-logits"),
+    "compound-growth-product": (spec("compound_growth", "tabular"), "guard-op"),
 }

@@ -253,3 +253,117 @@ def float16_overflow():
 def dead_relu():
     return keras.Sequential([keras.Input((10,)), keras.layers.Dense(8, activation="relu", kernel_initializer="zeros"),
                              keras.layers.Dense(1)])
+
+
+# --- unsafe ops without a guard, and the same models with the rule's fix ------------------------------------
+
+
+def counts(rows=320, seed=0):
+    """Tabular features and Poisson counts whose log-rate is linear in them."""
+    x, y = tabular(rows, seed=seed)
+    rng = np.random.default_rng(seed + 2)
+    return x, rng.poisson(np.exp(0.5 * y)).astype(np.float32)
+
+
+def prices(rows=320, seed=0):
+    """Tabular features and positive prices spread over orders of magnitude (an RMSLE target)."""
+    x, y = tabular(rows, seed=seed)
+    return x, np.exp(2.0 * y).astype(np.float32)
+
+
+def classes(rows=320, seed=0):
+    """Tabular features and a 3-class label from a linear score."""
+    x, y = tabular(rows, seed=seed)
+    return x, np.digitize(y[:, 0], [-0.5, 0.5]).astype(np.int32)
+
+
+class PowerMean(keras.layers.Layer):
+    """Generalised-mean (GeM) pooling over the features with a learnable exponent p: mean(x^p)^(1/p). Without
+    GeM's clamp a negative mean to the power 1/p is NaN."""
+
+    def __init__(self, clamp=False, **kwargs):
+        super().__init__(**kwargs)
+        self.clamp = clamp
+
+    def build(self, shape):
+        self.p = self.add_weight(shape=(), initializer=keras.initializers.Constant(3.0), name="p")
+
+    def call(self, x):
+        if self.clamp:
+            x = tf.maximum(x, 1e-6)  # safe-pow's fix: the base floored above 0
+        return tf.pow(tf.reduce_mean(tf.pow(x, self.p), axis=-1, keepdims=True), 1.0 / self.p)
+
+
+class ArcMargin(keras.layers.Layer):
+    """ArcFace's additive angular margin on a 2-D embedding (as in the paper's toy figure): 4 * cos(theta + 0.3),
+    with theta = acos of the cosine between the embedding and each class centre."""
+
+    def __init__(self, classes=3, clamp=False, **kwargs):
+        super().__init__(**kwargs)
+        self.classes, self.clamp = classes, clamp
+
+    def build(self, shape):
+        self.centres = self.add_weight(shape=(shape[-1], self.classes), initializer="identity", name="centres")
+
+    def call(self, e):
+        cos = tf.matmul(tf.math.l2_normalize(e, axis=-1), tf.math.l2_normalize(self.centres, axis=0))
+        if self.clamp:
+            cos = tf.clip_by_value(cos, -1.0 + 1e-7, 1.0 - 1e-7)  # clamp-inverse-trig's fix
+        return 4.0 * tf.cos(tf.acos(cos) + 0.3)
+
+
+class FilledPooling(keras.layers.Layer):
+    """Attention pooling over padded tokens whose padding scores are filled with `fill`: +inf is a sign slip
+    (softmax then gives inf - inf = NaN in every padded row); -1e9 is the masked fill that works."""
+
+    def __init__(self, fill=float("inf"), **kwargs):
+        super().__init__(**kwargs)
+        self.fill = fill
+        self.embed, self.score = keras.layers.Embedding(VOCAB, 8), keras.layers.Dense(1)
+
+    def call(self, ids):
+        h = self.embed(ids)
+        scores = tf.where(ids > 0, tf.squeeze(self.score(h), -1), self.fill)
+        return tf.reduce_sum(tf.nn.softmax(scores, axis=-1)[..., None] * h, axis=1)
+
+
+class CompoundGrowth(keras.layers.Layer):
+    """The compound growth of 128 quarterly rates (1 + relu(r)), multiplied out: the product overflows float32.
+    In log space (`log_space`) it is their sum of log1p."""
+
+    def __init__(self, log_space=False, **kwargs):
+        super().__init__(**kwargs)
+        self.log_space = log_space
+
+    def call(self, r):
+        if self.log_space:
+            return tf.reduce_sum(tf.math.log1p(tf.nn.relu(r)), axis=-1, keepdims=True)  # guard-op's form
+        return tf.reduce_prod(1.0 + tf.nn.relu(r), axis=-1, keepdims=True)
+
+
+def gem(clamp=False):
+    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(8), PowerMean(clamp, name="gem"),
+                             keras.layers.Dense(1)])
+
+
+def arcface(clamp=False):
+    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(3, activation="relu"),
+                             ArcMargin(3, clamp, name="arc")])
+
+
+def filled_pooling(fill=float("inf")):
+    ids = keras.Input((LENGTH,), dtype="int32")
+    return keras.Model(ids, keras.layers.Dense(1)(FilledPooling(fill, name="pool")(ids)))
+
+
+def compound_growth(log_space=False):
+    large = keras.initializers.RandomNormal(stddev=3.0, seed=0)
+    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(128, kernel_initializer=large),
+                             CompoundGrowth(log_space, name="growth"), keras.layers.Dense(1)])
+
+
+def linear_head(outputs=1):
+    """A relu MLP whose linear head starts with large weights: its first predictions reach below -1."""
+    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(32, activation="relu"),
+                             keras.layers.Dense(outputs, kernel_initializer=keras.initializers.RandomNormal(
+                                 stddev=1.0, seed=0))])

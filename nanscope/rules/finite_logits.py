@@ -1,0 +1,32 @@
+"""`finite-logits`: a Softmax or LogSoftmax fed infinite logits (+inf - inf = NaN), as a mask filled with +inf
+(a sign slip) or a score forced with `float("inf")` gives. A row masked at every position with -inf is
+`masked-softmax`'s."""
+
+from nanscope.rules.operand import finding_data, operand, source_fix
+from nanscope.rules.rule import Fixtures, Rule
+
+FINITE_LOGITS = Rule(
+    "finite-logits",
+    "Keep the logits finite before a softmax",
+    "A Softmax or LogSoftmax whose logits hold +inf (or -inf in a row that is not fully masked): the "
+    "max-subtraction inside it gives inf - inf = NaN.",
+    "scores = tf.where(mask, scores, -1e9)  # masked positions: a large negative finite fill, never +inf\n"
+    "weights = tf.nn.softmax(scores, axis=-1)",
+)
+RULES = (FINITE_LOGITS,)
+FIXTURES = Fixtures(fires=("attention-pooling-plus-inf-fill",), quiet=("attention-pooling-finite-fill",))
+OPS = {"Softmax", "LogSoftmax"}
+
+
+def matches(first, inputs, op):
+    """True for a softmax fed non-finite logits."""
+    return op in OPS and inputs.get("nonfinite", 0) > 0
+
+
+def finding(facts, first, where, inputs):
+    """The Recommendation for a softmax of infinite logits."""
+    evidence = [f"{where}: {first.op} fed {inputs.get('nonfinite')} non-finite logits ({operand(inputs)} over the "
+                "finite ones); softmax subtracts the row's max, and inf - inf is NaN"]
+    snippet = ("scores = tf.where(mask, scores, -1e9)  # a finite fill (float16: -32752), never +inf\n"
+               "weights = tf.nn.softmax(scores, axis=-1)  # a score to force: a large finite one (1e4), not inf")
+    return FINITE_LOGITS.recommend("error", evidence, source_fix(first, snippet), finding_data(first, inputs))
