@@ -24,6 +24,7 @@ from nanscope.rules.catalogue import RULES
 from nanscope.rules.diagnose import detectors, diagnose, projected_overflow_step
 from nanscope.rules.evidence import RunEvidence, feature_scales, target_scales
 from nanscope.rules.facts import facts_from
+from nanscope.rules.registry import fallbacks
 
 NAN = math.nan
 # Values a healthy or a broken run can leave in any column of its records.
@@ -116,14 +117,14 @@ def test_every_detector_survives_a_degenerate_history(name, value, steps, nan_co
         for first in firsts(value):
             report = report_of(records, first, dtype=dtype, lr=value if math.isfinite(value) else 0.01)
             facts = facts_from(report, evidence)
-            for _, detector in detectors():
+            for _, detector in detectors() + fallbacks():
                 for score, rec in detector(facts):  # raises: the test fails
                     assert math.isfinite(score) and rec.id in RULES
                     assert not any(QUOTED_NONFINITE.search(line) for line in rec.evidence), rec.evidence
 
 
 def test_every_catalogue_rule_is_run_here_or_by_check_data():
-    covered = {rule for rule_ids, _ in detectors() for rule in rule_ids}
+    covered = {rule for rule_ids, _ in detectors() + fallbacks() for rule in rule_ids}
     assert covered | CHECK_DATA_RULES == set(RULES)
 
 

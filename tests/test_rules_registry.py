@@ -33,7 +33,7 @@ def test_every_rule_module_declares_its_rules_and_fixtures():
 
 
 def test_every_rule_but_check_datas_has_a_detector():
-    detected = {rule_id for rule_ids, _ in registry.detectors() for rule_id in rule_ids}
+    detected = {rule_id for rule_ids, _ in registry.detectors() + registry.fallbacks() for rule_id in rule_ids}
     assert detected == set(RULES) - CHECK_DATA_ONLY
 
 

@@ -37,6 +37,10 @@ def diagnose(report, evidence):
     for rule_ids, detector in detectors():
         with optional_part(report.notes, f"rule {', '.join(rule_ids)}"):
             found.extend(detector(facts))
+    if not any(rec.severity != "info" for _, rec in found):  # nothing explains the run: the fallbacks speak
+        for rule_ids, detector in registry.fallbacks():
+            with optional_part(report.notes, f"rule {', '.join(rule_ids)}"):
+                found.extend(detector(facts))
     # Findings that fired above info come first, then by how directly the evidence implicates
     # them. Stable sort: equal keys keep detector order, so the same evidence gives the same order.
     found.sort(key=lambda pair: (pair[1].severity == "info", -pair[0]))

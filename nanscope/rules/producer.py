@@ -4,12 +4,12 @@ The forensic replay names the op (Log, Exp, RealDiv, Sqrt, their gradients, an o
 update) and the statistics of its operand (`rules/operand.py`). Each op rule module says
 which producers it `matches` and words its `finding`; this module asks them in order of
 precedence, so that one producer gets the rule that fixes it, citing the op, the layer, the
-source line and the values. A producer that no op rule covers gets `guard-op`: the op's
-operand against its domain (`rules/domains.py`) and a guarded form.
+source line and the values. A producer that no rule explains gets `guard-op` (a fallback,
+`registry.FALLBACKS`): the op's operand against its domain (`rules/domains.py`) and a guarded form.
 """
 
-from nanscope.rules import (double_where, finite_logits, guard_op, inverse_trig, masked_softmax, optimizer_epsilon,
-                            poles, precision, safe_division, safe_pow, safe_sqrt, stable_exp, stable_log)
+from nanscope.rules import (double_where, finite_logits, inverse_trig, masked_softmax, optimizer_epsilon, poles,
+                            precision, safe_division, safe_pow, safe_sqrt, stable_exp, stable_log)
 from nanscope.rules.operand import where
 
 # The op rules for an ordinary producer, in order: the first that matches gives the finding.
@@ -17,7 +17,7 @@ OP_RULES = (stable_log, stable_exp, safe_division, safe_sqrt, safe_pow, inverse_
 # The rules this family can fire.
 RULE_IDS = ("masked-softmax", "double-where", "stable-log", "stable-exp", "safe-division", "safe-sqrt",
             "loss-scaling", "float32-layer", "optimizer-epsilon", "safe-pow", "clamp-inverse-trig", "avoid-poles",
-            "finite-logits", "guard-op")
+            "finite-logits")
 
 
 def detect(facts):
@@ -41,7 +41,4 @@ def detect(facts):
     rule = next((rule for rule in OP_RULES if rule.matches(first, inputs, op)), None)
     if rule is not None:
         found.append((1.0, rule.finding(facts, first, at, inputs)))
-    elif not found and op is not None and first.phase != "update":
-        # No localized NaN without advice: the op, its operand against its domain, a guarded form.
-        found.append((guard_op.SCORE, guard_op.finding(facts, first, at, inputs)))
     return found

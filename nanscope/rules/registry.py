@@ -32,6 +32,11 @@ DETECTORS = (
     (("normalize-targets",), scale, "detect_targets"),
     (("normalize-inputs",), scale, "detect_inputs"),
 )
+# (rule ids, module, detector name) of the fallbacks: run only when the detectors found nothing at warning or error
+# level, for a run that would otherwise end without advice.
+FALLBACKS = (
+    (("guard-op",), guard_op, "detect"),
+)
 # Rules of a family whose applier does not apply to every member (it returns no fix for the others).
 _NO_VERIFY_FIX = {"float32-layer"}
 
@@ -39,6 +44,11 @@ _NO_VERIFY_FIX = {"float32-layer"}
 def detectors():
     """(rule ids it can fire, detector(facts)) for every detector, in the order their findings tie-break."""
     return tuple((rule_ids, getattr(module, name)) for rule_ids, module, name in DETECTORS)
+
+
+def fallbacks():
+    """(rule ids it can fire, detector(facts)) for every fallback, in order."""
+    return tuple((rule_ids, getattr(module, name)) for rule_ids, module, name in FALLBACKS)
 
 
 def unit_of(rule_id):
