@@ -8,7 +8,8 @@ STABLE_LOG = Rule(
     "Take the log of something that cannot be zero",
     "A Log op fed 0 or negative values (log(0) = -inf, log(x<0) = NaN), or its gradient 1/x overflowing.",
     "loss = keras.losses.CategoricalCrossentropy(from_logits=True)  # and drop the final softmax\n"
-    "# or: tf.nn.log_softmax(logits)  /  tf.math.log(tf.clip_by_value(p, 1e-7, 1.0))",
+    "# a sigmoid output: keras.losses.BinaryCrossentropy(from_logits=True)\n"
+    "# or take the log from the logits: tf.nn.log_softmax(logits)  /  tf.math.log_sigmoid(logits)",
 )
 RULES = (STABLE_LOG,)
 FIXTURES = Fixtures(fires=("log-of-softmax-layer",), quiet=("cnn-softmax-onehot",))
@@ -25,6 +26,8 @@ def finding(facts, first, where, inputs):
     """The Recommendation for a log of 0 or of a negative value."""
     why = "log(0) = -inf and log(x<0) = NaN" if first.phase != "backward" else "the gradient 1/x overflows near x = 0"
     evidence = [f"{where}: {first.op} fed {operand(inputs)}; {why}"]
-    fix = source_fix(first, "tf.math.log(tf.clip_by_value(p, 1e-7, 1.0))  # or tf.nn.log_softmax(logits), "
-                            "or a Keras loss with from_logits=True")
+    # Clipping p at 1e-7 keeps the value finite but its gradient is 0 wherever it clips: a hand-written BCE on a
+    # saturated sigmoid (a GAN's discriminator) then stops learning. The log from the logits keeps the gradient.
+    fix = source_fix(first, "tf.nn.log_softmax(logits)  # the log of a softmax, from its logits\n"
+                            "# of a sigmoid: tf.math.log_sigmoid(logits); or a Keras loss with from_logits=True")
     return STABLE_LOG.recommend("error", evidence, fix, finding_data(first, inputs))

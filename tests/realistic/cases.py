@@ -52,6 +52,7 @@ HEALTHY = {
     "poisson-softplus-rate": spec("linear_head", "counts", f"{LOSSES}:poisson_softplus"),
     "rmsle-softplus-head": spec("linear_head", "prices", f"{LOSSES}:rmsle_softplus"),
     "attention-pooling-finite-fill": spec("filled_pooling", "padded", model_args={"fill": -1e9}),
+    "mape-floored-at-the-unit": spec("linear_head", "counts", f"{LOSSES}:mape_floored"),
     "compound-growth-log-space": spec("compound_growth", "tabular", model_args={"log_space": True}),
 }
 
@@ -86,5 +87,6 @@ BUGGY = {
     "poisson-relu-rate": (spec("linear_head", "counts", f"{LOSSES}:poisson_relu"), "avoid-poles"),
     "rmsle-linear-head": (spec("linear_head", "prices", f"{LOSSES}:rmsle"), "avoid-poles"),
     "attention-pooling-plus-inf-fill": (spec("filled_pooling", "padded"), "finite-logits"),
+    "mape-over-zero-counts": (spec("linear_head", "counts", f"{LOSSES}:mape"), "safe-division"),
     "compound-growth-product": (spec("compound_growth", "tabular"), "guard-op"),
 }

@@ -61,3 +61,13 @@ def rmsle(y_true, y_pred):
 def rmsle_softplus(y_true, y_pred):
     """The same loss with avoid-poles' fix: log1p of a softplus prediction."""
     return tf.sqrt(tf.reduce_mean(tf.square(tf.math.log1p(tf.nn.softplus(y_pred)) - tf.math.log1p(y_true))))
+
+
+def mape(y_true, y_pred):
+    """Mean absolute percentage error over counts that can be 0: |y - p| / |y| is inf there."""
+    return tf.reduce_mean(tf.abs(y_true - y_pred) / tf.abs(y_true))
+
+
+def mape_floored(y_true, y_pred):
+    """The same MAPE with safe-division's fix: the denominator floored at the counts' unit, 1."""
+    return tf.reduce_mean(tf.abs(y_true - y_pred) / tf.maximum(tf.abs(y_true), 1.0))
