@@ -96,7 +96,7 @@ def test_a_growth_fit_over_a_long_run_reads_only_the_points_that_can_qualify(mon
 def test_a_long_tail_holds_no_glitch_rows_and_only_a_shared_far_value_is_called_a_code():
     """Exponential and lognormal columns reach their far values through values in between: no glitches. A 9999
     in three rows stands apart and is shared: a missing-value code; one 9999 alone is a glitch, not a code."""
-    from nanscope.rules.outliers import _fix
+    from nanscope.rules.drop_outlier_rows import _fix
 
     rng = np.random.default_rng(5)
     tails = np.column_stack([rng.exponential(300.0, 5000), rng.lognormal(10.0, 0.6, 5000)]).astype(np.float32)
