@@ -16,9 +16,12 @@ _default_unraisable = sys.unraisablehook
 
 
 def install():
-    """Route SIGINT and SIGTERM to `request`; keep dropped interrupts out of the user's terminal."""
-    global _deferring
+    """Route SIGINT and SIGTERM to `request`, forgetting an earlier command's stop request (a notebook or a
+    test process runs many commands: one Ctrl-C must not stop every later run at step 0); keep dropped
+    interrupts out of the user's terminal."""
+    global _deferring, _requested
     _deferring = False
+    _requested = False
     signal.signal(signal.SIGINT, request)
     signal.signal(signal.SIGTERM, request)
     if sys.unraisablehook is not _quiet_unraisable:

@@ -61,6 +61,21 @@ def test_report_redraws_from_the_trace(tmp_path):
     assert redrawn == expected
 
 
+def test_a_stop_request_from_an_earlier_command_does_not_stop_the_next_one(tmp_path):
+    from nanscope import interrupt
+
+    # A Ctrl-C that ended an earlier command in this process (a notebook, this test process) is remembered...
+    with pytest.raises(KeyboardInterrupt):
+        interrupt.request()
+    assert interrupt.requested()
+    out = tmp_path / "r.json"
+    result = runner.invoke(app, ["trace-steps", str(CONFIGS / "healthy-classification.yaml"), "--steps", "5",
+                                 "--json", str(out), "--trace", str(tmp_path / "t.jsonl")])
+    # ...but the next command starts afresh and runs all 5 steps instead of stopping at step 0 with exit 130.
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["steps_run"] == 5 and not interrupt.requested()
+
+
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: {factory: x.py:build}\ndata: {synthetic: {kind: regression}, batchsize: 3}\n")
