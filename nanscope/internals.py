@@ -65,6 +65,13 @@ def symbolic_build(model, element_spec):
     model._symbolic_build(data_batch=element_spec)
 
 
+def compile_metrics_built(model):
+    """True when the model's compiled metrics exist as variables (`_compile_metrics.built`); Keras builds them in
+    the first traced step, so before it `model.metrics_variables` lacks them."""
+    metrics = getattr(model, "_compile_metrics", None)
+    return metrics is None or bool(metrics.built)
+
+
 def own_losses(layer, regularizers=True):
     """The loss terms `layer` itself owns: its `add_loss` terms (`_get_own_losses`) and, with `regularizers`,
     its weight regularizers applied to its own variables (`_trainable_variables`)."""

@@ -87,6 +87,11 @@ class FirstNonfinite:
             (`masked_rows`, `softmax_rows`, `batch_rows`), the tf.where that threw the op's forward
             value away (`discarded_by`: op and source, `forward_nonfinite`), and `reached_loss` (true when
             the op's non-finite values reached the loss, whatever a tf.where dropped on the way).
+        reproducible: bool or None. Re-run compiled from the state before it on the same batch: True
+            non-finite again (deterministic), False finite (nondeterminism or a transient fault), None
+            not checked (`nanscope.guard.verdicts`).
+        origin: str or None. The same batch from an earlier state: "batch" non-finite there too, "state"
+            finite there (the model's state drifted), None not checked.
     """
 
     step: int
@@ -103,6 +108,8 @@ class FirstNonfinite:
     worker: int | None = None
     loss: str | None = None
     context: dict = field(default_factory=dict)
+    reproducible: bool | None = None
+    origin: str | None = None
 
 
 @dataclass
@@ -125,6 +132,9 @@ class TraceReport:
             a worker of a multi-worker run went missing. The run's exit code is then 1.
         cluster: Cluster or None. Under `train.distribute: multi_worker`, the worker that made this
             report (only the chief's is written). Not serialised.
+        interventions: list of dict. What the guard did to the run: {step, action, reason, ...}
+            (`nanscope.guard`); empty when it did nothing.
+        spikes: list of dict. Loss and gradient-norm spikes the guard found ({step, metric, value, z, ...}).
     """
 
     run: dict
@@ -140,6 +150,8 @@ class TraceReport:
     trace_path: str | None = None
     stopped: str | None = None
     cluster: object | None = None
+    interventions: list = field(default_factory=list)
+    spikes: list = field(default_factory=list)
 
     def diagnosis_line(self) -> str:
         """One line: where the first non-finite value appeared and the top finding ("step 3, forward pass, ...")."""
@@ -266,6 +278,8 @@ class TraceReport:
             **({"stopped": self.stopped} if self.stopped else {}),
             "run": self.run,
             "first_nonfinite": self.first_nonfinite,
+            "interventions": self.interventions,
+            "spikes": self.spikes,
             "steps": [step_json(r, self.output_names) for r in self.records],
             "steps_total": self.steps_run,
             "steps_sampling": self.history.sampling_note() if self.history is not None else None,
@@ -337,6 +351,8 @@ def load_trace(path: str | os.PathLike) -> TraceReport:
         stopped=summary.get("stopped"),
         notes=summary.get("notes", []) + _trace_end_notes(summary, others) + reader.notes(),
         trace_path=str(path),
+        interventions=summary.get("interventions", []),
+        spikes=summary.get("spikes", []),
     )
     if first is None and not summary:
         report.first_nonfinite = _first_bad(history)

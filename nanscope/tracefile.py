@@ -113,6 +113,8 @@ def summary_fields(report):
     """What a TraceReport found, as the trace's last line holds it (JSON-safe)."""
     return jsonable({
         "first_nonfinite": report.first_nonfinite,
+        "interventions": getattr(report, "interventions", []),
+        "spikes": getattr(report, "spikes", []),
         "recommendations": report.recommendations,
         "validation_loss": report.validation_loss,
         "interrupted": report.interrupted,

@@ -102,6 +102,23 @@ def test_canary_symbolic_build():
     canary("Trainer._symbolic_build", check)
 
 
+def test_canary_compile_metrics_built():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+    spec = (tf.TensorSpec([None, 3], tf.float32), tf.TensorSpec([None, 1], tf.float32))
+
+    def check():
+        if internals.compile_metrics_built(model):
+            return "the compiled metrics were built before any step"
+        internals.symbolic_build(model, spec)
+        names = [v.path for v in model.metrics_variables]
+        if not internals.compile_metrics_built(model) or "mean_absolute_error/total" not in names:
+            return f"symbolic_build did not build the compiled metrics: {names}"
+        return None
+
+    canary("CompileMetrics.built", check)
+
+
 def test_canary_own_losses():
     class Penalised(keras.layers.Layer):
         def call(self, x):

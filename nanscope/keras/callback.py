@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nanscope.errors import first_line
+from nanscope.guard.options import GuardOptions, guard_options, resolve_on_nonfinite
 from nanscope.history import DEFAULT_KEEP, DEFAULT_SAMPLE
 from nanscope.keras.recorder import GuestOptions
 from nanscope.runtime import tensorflow
@@ -38,7 +39,19 @@ class NanScope(keras.callbacks.Callback):
 
     Args:
         report: str or Path, default None. Write the JSON report here.
-        stop_on_nonfinite: bool, default True. Stop training after the first non-finite step.
+        on_nonfinite: str, default "stop". What a non-finite step does: "stop" training after it;
+            "continue" recording; "skip" its update (the weights, the optimizer's state and the
+            metrics go back to before the step; its logs say `nanscope_skipped`) and go on;
+            "rollback" to an earlier state (kept every `snapshot_every` steps) with the learning
+            rate lowered, and go on. Every intervention is in the report (`interventions`).
+        stop_on_nonfinite: bool, default None. Alias of `on_nonfinite`: True "stop", False "continue".
+        max_skips: int or (int, int), default (10, 100). Consecutive and total skips; one more stops the run.
+        snapshot_every: int, default 100. Steps between the earlier states kept on the host for `rollback`
+            and the origin verdict (0: none kept).
+        skip_spikes: bool, default False. Skip a step whose loss or gradient norm spikes (a robust z-score
+            over 6 over the last 128 steps) too.
+        guard: GuardOptions, default None. The guard's other settings (`nanscope.guard.GuardOptions`);
+            the arguments above override its fields.
         verbose: int, default 1. 0 prints nothing; 1 prints the Rich report when training ends.
             Under MultiWorkerMirroredStrategy only the chief prints, and only the chief writes
             `report`, `trace` and `tensorboard`; every worker's `callback.report` holds the records.
@@ -64,14 +77,19 @@ class NanScope(keras.callbacks.Callback):
         model.fit(x, y, epochs=3, callbacks=[NanScope(report="nanscope.json")])
         callback.report.first_nonfinite   # FirstNonfinite or None
         model.fit(x, y, callbacks=[NanScope(repro="nan-step")])   # then: nanscope replay nan-step --verify
+        model.fit(x, y, callbacks=[NanScope(on_nonfinite="skip", max_skips=(3, 20))])  # keep training alive
     """
 
-    def __init__(self, report: str | os.PathLike | None = None, stop_on_nonfinite: bool = True, verbose: int = 1,
-                 console: Console | None = None, tensorboard: str | os.PathLike | None = None,
+    def __init__(self, report: str | os.PathLike | None = None, stop_on_nonfinite: bool | None = None,
+                 verbose: int = 1, console: Console | None = None, tensorboard: str | os.PathLike | None = None,
                  trace: str | os.PathLike | None = None, expect_nonfinite: Sequence[str] = (),
                  forensics: bool = True, keep_steps: int = DEFAULT_KEEP, sample_steps: int = DEFAULT_SAMPLE,
-                 trace_full: bool = False, repro: str | os.PathLike | None = None) -> None:
+                 trace_full: bool = False, repro: str | os.PathLike | None = None, on_nonfinite: str | None = None,
+                 max_skips: int | tuple | None = None, snapshot_every: int | None = None,
+                 skip_spikes: bool | None = None, guard: GuardOptions | None = None) -> None:
         super().__init__()
+        guard = guard_options(guard, on_nonfinite=resolve_on_nonfinite(on_nonfinite, stop_on_nonfinite),
+                              max_skips=max_skips, snapshot_every=snapshot_every, skip_spikes=skip_spikes)
         if isinstance(expect_nonfinite, str):
             raise ValueError("`expect_nonfinite` must be a list of layer-name patterns. "
                              f"Received: expect_nonfinite={expect_nonfinite!r}")
@@ -83,10 +101,10 @@ class NanScope(keras.callbacks.Callback):
             raise ValueError("`repro` needs the snapshot that `forensics=True` keeps. "
                              f"Received: repro={str(repro)!r}, forensics=False")
         self.options = GuestOptions(
-            report=Path(report) if report else None, stop_on_nonfinite=stop_on_nonfinite, verbose=verbose,
+            report=Path(report) if report else None, stop_on_nonfinite=guard.stops, verbose=verbose,
             console=console, tensorboard=tensorboard, trace=trace, expect_nonfinite=list(expect_nonfinite),
             forensics=forensics, keep_steps=keep_steps, sample_steps=sample_steps, trace_full=trace_full,
-            repro=Path(repro) if repro is not None else None)
+            repro=Path(repro) if repro is not None else None, guard=guard)
         self.report = None
         self._run = None
 

@@ -13,7 +13,8 @@ from nanscope.engine.records import expected_layer_indices
 from nanscope.engine.step import probed_layers
 from nanscope.data.inputs import id_inputs
 from nanscope.errors import first_line
-from nanscope.internals import flatten_layers, symbolic_build
+from nanscope.guard.host import GuestGuard
+from nanscope.internals import compile_metrics_built, flatten_layers, symbolic_build
 from nanscope.keras.forensics import GuestForensics, labelled_fit_batch
 from nanscope.keras.header import fit_header, fit_outputs, rows_seen
 from nanscope.report import run_header
@@ -41,7 +42,9 @@ class FitRun:
         self.probe = self.recorder = self.forensics = None
         self.recording, self.notes, self.steps_seen = True, [], 0
         self.last_epoch_logs, self.epoch, self.repro_note, self.repro_written = {}, 0, None, False
-        if is_built(model):
+        self.guard = None
+        # A skip puts the metrics' totals back too: they must exist before the step is traced.
+        if is_built(model) and (compile_metrics_built(model) or not options.guard.intervenes):
             self._start()
         else:
             self._start_on_first_call()
@@ -49,7 +52,8 @@ class FitRun:
     def _start(self):
         model, options = self.model, self.options
         expected = expected_layer_indices(options.expect_nonfinite, [layer.name for layer in probed_layers(model)])
-        probe = self.probe = StepProbe(model, expected, forensics=options.forensics)
+        probe = self.probe = StepProbe(model, expected, forensics=options.forensics,
+                                       metrics=options.guard.intervenes)
         names = StepNames(layers=[(layer.name, type(layer).__name__) for layer in probe.layers],
                           variables=probe.variable_names, outputs=probe.output_names)
         if probe.snapshot is not None:
@@ -61,6 +65,8 @@ class FitRun:
         self.recorder = StepRecorder(options, fit_header(model, self.params, probe, role, learning_rate), names,
                                      lambda: probe.call_order, self._locate if self.forensics else None, role,
                                      learning_rate)
+        self.guard = GuestGuard.for_fit(options.guard, model, probe, self.recorder)
+        probe.after_execution = self._after_execution
         probe.attach()
 
     def _locate(self, record, first):
@@ -132,8 +138,17 @@ class FitRun:
         self.recorder.collect(records)
         if self.probe.failure is not None:
             raise self.probe.failure
+        if self.guard.observe(records) and self.guard.stopped:
+            self.model.stop_training = True
         if self.recorder.first_nonfinite is not None and self.options.stop_on_nonfinite:
             self.model.stop_training = True
+
+    def _after_execution(self, logs):
+        """After each execution, before any callback sees its logs: record, let the guard act, say what it did."""
+        if not self.recording:
+            return logs
+        self.guarded("recording", self.collect)
+        return self.guard.logs(logs) if self.recording else logs
 
     def disable(self, note):
         """Stop recording and put the model back as it was found; `note` goes into the report."""
@@ -160,7 +175,9 @@ class FitRun:
             labels = [(label, "float32") for label in self.probe.moments.labels() if label.startswith("x")]
             ids = id_inputs(labels, self.model)
             evidence.features, evidence.targets = self.probe.moments.scales(ids, run.get("loss"), run.get("outputs"))
-        report = self.recorder.finish(evidence, self.notes + self._notes(), self.last_epoch_logs.get("val_loss"))
+        self.guard.finish(report)
+        report = self.recorder.finish(evidence, self.notes + self._notes() + self.guard.notes(),
+                                      self.last_epoch_logs.get("val_loss"))
         if self.repro_written:
             self._add_findings_to_bundle(report.recommendations)
         return report

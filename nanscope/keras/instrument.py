@@ -16,6 +16,8 @@ import functools
 import logging
 import os
 import weakref
+
+import numpy as np
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +25,7 @@ from nanscope.engine.records import expected_layer_indices
 from nanscope.engine.schema import join
 from nanscope.engine.step import probed_layers, relative_variable_names
 from nanscope.errors import NonFiniteError, first_line
+from nanscope.guard.options import GuardOptions, guard_options, resolve_on_nonfinite
 from nanscope.keras.capture import StepCapture, not_absorbed
 from nanscope.keras.forensics import GuestForensics, labelled_arguments
 from nanscope.keras.header import UNKNOWN_TO_GUESTS, parameter_count, precision
@@ -46,10 +49,12 @@ log = logging.getLogger("nanscope")
 
 
 def instrument(models: keras.Model | Sequence[keras.Model], optimizers: Any = (),
-               report: str | os.PathLike | None = None, stop_on_nonfinite: bool = True, verbose: int = 1,
+               report: str | os.PathLike | None = None, stop_on_nonfinite: bool | None = None, verbose: int = 1,
                console: Console | None = None, tensorboard: str | os.PathLike | None = None,
                trace: str | os.PathLike | None = None, expect_nonfinite: Sequence[str] = (),
-               forensics: bool = True) -> Callable[[Callable[..., Any]], InstrumentedFunction]:
+               forensics: bool = True, on_nonfinite: str | None = None, max_skips: int | tuple | None = None,
+               snapshot_every: int | None = None, skip_spikes: bool | None = None,
+               guard: GuardOptions | None = None) -> Callable[[Callable[..., Any]], InstrumentedFunction]:
     """Record nanscope's per-step statistics around a custom training step; raise at the first NaN/Inf.
 
     Decorate the step function (a `tf.function`, or a plain function that TensorFlow can
@@ -64,10 +69,13 @@ def instrument(models: keras.Model | Sequence[keras.Model], optimizers: Any = ()
         optimizers: keras.Optimizer or list of them, default (). Whose `apply` gives the gradients.
         report: str or Path, default None. Write the `nanscope.trace/1` JSON here (at the first
             non-finite step, and at interpreter exit).
-        stop_on_nonfinite: bool, default True. Raise `NonFiniteError` at the first non-finite step;
-            False records it and goes on.
+        stop_on_nonfinite: bool, default None. Alias of `on_nonfinite`: True "stop" (raise `NonFiniteError`
+            at the first non-finite step), False "continue" (record it and go on).
         verbose: int, default 1. 1 prints the report when it is written.
         console, tensorboard, trace, expect_nonfinite, forensics: as for `NanScope`.
+        on_nonfinite, max_skips, snapshot_every, skip_spikes, guard: as for `NanScope`. A skip puts the
+            models' and optimizers' variables back as they were before the step; the step's return value
+            is still what it returned. Past `max_skips` it raises `NonFiniteError`.
 
     Example:
         @nanscope.instrument(model, optimizer, report="nanscope.json")
@@ -84,9 +92,11 @@ def instrument(models: keras.Model | Sequence[keras.Model], optimizers: Any = ()
     if isinstance(expect_nonfinite, str):
         raise ValueError("`expect_nonfinite` must be a list of layer-name patterns. "
                          f"Received: expect_nonfinite={expect_nonfinite!r}")
-    options = GuestOptions(report=report, stop_on_nonfinite=stop_on_nonfinite, verbose=verbose, console=console,
+    guard = guard_options(guard, on_nonfinite=resolve_on_nonfinite(on_nonfinite, stop_on_nonfinite),
+                          max_skips=max_skips, snapshot_every=snapshot_every, skip_spikes=skip_spikes)
+    options = GuestOptions(report=report, stop_on_nonfinite=guard.stops, verbose=verbose, console=console,
                            tensorboard=tensorboard, trace=trace, expect_nonfinite=list(expect_nonfinite),
-                           forensics=forensics)
+                           forensics=forensics, guard=guard)
 
     def decorate(function):
         return InstrumentedFunction(function, models, optimizers, options)
@@ -146,10 +156,13 @@ class InstrumentedFunction:
         self._run.recorder.collect(records)
         if self._run.failure is not None:
             raise self._run.failure
+        self._run.guard.observe(records)
 
     def _should_raise(self):
-        return (self.options.stop_on_nonfinite and not self._raised and self._run is not None
-                and self._run.recorder.first_nonfinite is not None)
+        if self._raised or self._run is None:
+            return False
+        return self._run.guard.stopped or (self.options.stop_on_nonfinite
+                                           and self._run.recorder.first_nonfinite is not None)
 
     def _guarded(self, what, action):
         try:
@@ -229,6 +242,38 @@ class GuestRun:
                                      learning_rate=learning_rate)
         # The user's own jit_compile: a step recompiled without XLA would draw other random numbers (Dropout).
         self.compiled = tf.function(self._step, jit_compile=self.jit or None) if compiled else self._step
+        self.guard = self._guard(variable_names)
+        self._rerun = None
+
+    def _guard(self, variable_names):
+        from nanscope.guard.guard import Guard
+        from nanscope.guard.host import GuestGuard, attributed
+        from nanscope.guard.state import GuestState
+
+        options = self.options.guard
+        if self.snapshot is None:
+            made = GuestGuard(Guard(options), self.recorder)
+            made.no_state(options, "forensics=False")
+            return made
+        state = GuestState(self.snapshot, self.optimizers)
+        guard = Guard(options, state, lambda batch: attributed(self.rerun(batch), self.recorder),
+                      variable_names=variable_names)
+        return GuestGuard(guard, self.recorder)
+
+    def rerun(self, batch, step=-1):
+        """The step again, compiled, on `batch` ((args, kwargs)) from the variables as they are: its StepRecord."""
+        if self._rerun is None:
+            self._rerun = tf.function(self._measured)
+        args, kwargs = batch
+        row = self._rerun(*args, **kwargs).numpy()
+        return self.rows.record(step, np.concatenate([[float(step)], row]))
+
+    def _measured(self, *args, **kwargs):
+        capture = StepCapture(None, self.optimizers, self.trainable, keras_models=self.models)
+        self.layer_probe.begin()
+        with self.layer_probe.attached(), capture.attached():
+            result = self.python_function(*args, **kwargs)
+        return self._row(capture, args, kwargs, result)[0]
 
     def _header(self, compiled, learning_rate):
         name, config = optimizer_settings(self.optimizers[0] if self.optimizers else None)
@@ -273,18 +318,24 @@ class GuestRun:
         return result
 
     def _write(self, capture, args, kwargs, result):
+        row, values, stats = self._row(capture, args, kwargs, result)
+        self.rows.write(row)
+        if self.snapshot is not None:
+            keep = [i for i in range(len(self.layers)) if i not in self.expected]
+            layer_bad = tf.reduce_sum(tf.gather(stats[:, NONFINITE], keep)) if keep else tf.constant(0.0)
+            self.snapshot.freeze(not_absorbed(values, layer_bad))
+
+    def _row(self, capture, args, kwargs, result):
+        """The step's row (without its step number), its SCALARS by name and its layer statistics."""
         batch = [t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t)]
         stats = self.layer_probe.stats_matrix()
         # A step that returns no loss records it as unknown (`loss_missing`), never as a value.
         values, var_rows, terms = capture.values([t for t in batch if t.dtype.is_floating], None,
                                                  returned_loss(result), self.layers)
         rows = tf.cast(tf.shape(batch[0])[0], tf.float32) if batch and batch[0].shape.rank else tf.constant(0.0)
-        self.rows.write(tf.concat([tf.stack([rows]), join([capture.scalars(values, None, None), stats,
-                                                           tf.stack(terms), var_rows])], axis=0))
-        if self.snapshot is not None:
-            keep = [i for i in range(len(self.layers)) if i not in self.expected]
-            layer_bad = tf.reduce_sum(tf.gather(stats[:, NONFINITE], keep)) if keep else tf.constant(0.0)
-            self.snapshot.freeze(not_absorbed(values, layer_bad))
+        row = tf.concat([tf.stack([rows]), join([capture.scalars(values, None, None), stats, tf.stack(terms),
+                                                 var_rows])], axis=0)
+        return row, values, stats
 
     def read(self):
         return [self.rows.record(step, row) for step, row in self.rows.read()]
@@ -297,7 +348,8 @@ class GuestRun:
         if self.snapshot is not None:
             extra.append(f"forensics: the weights and optimizer state before each step and its arguments were kept on "
                          f"the device ({self.snapshot.nbytes() / 2**20:.1f} MiB besides the batch)")
-        return self.recorder.finish(RunEvidence(keras_model=self.models[0]), list(notes) + extra)
+        self.guard.finish(self.recorder.report)
+        return self.recorder.finish(RunEvidence(keras_model=self.models[0]), list(notes) + extra + self.guard.notes())
 
 
 def returned_loss(result):

@@ -20,6 +20,8 @@ import contextlib
 import functools
 import threading
 
+import numpy as np
+
 from nanscope.engine.probes import LayerRecorder
 from nanscope.engine.schema import LAYER, join
 from nanscope.engine.step import probed_layers, relative_variable_names
@@ -43,9 +45,11 @@ class StepProbe:
         expected: list of int. Indices of layers whose non-finite outputs are intended.
         forensics: bool, default True. Keep the state before each step and its batch on the
             device (one copy of the weights and of the optimizer's slots), for the replay.
+        metrics: bool, default False. Copy the metrics' totals with that state (the guard puts
+            them back with a skipped step).
     """
 
-    def __init__(self, model, expected=(), forensics=True):
+    def __init__(self, model, expected=(), forensics=True, metrics=False):
         self.model = model
         optimizer = model.optimizer
         if optimizer is not None and not optimizer.built:
@@ -65,14 +69,17 @@ class StepProbe:
         self.forensics_off = "tf.distribute" if self.replicas > 1 else None
         if forensics and self.forensics_off is None:
             state = list(model.variables) + (list(optimizer.variables) if optimizer is not None else [])
-            self.snapshot = StepSnapshot(state, freezing=self.per_execution > 1)
+            self.snapshot = StepSnapshot(state, freezing=self.per_execution > 1,
+                                         extra=list(model.metrics_variables) if metrics else ())
         # XLA compiles fixed shapes and the batch copy is a variable of any shape: under jit_compile=True
         # the snapshot is taken in a step of nanscope's own, not compiled, around the user's step compiled by XLA.
         self.xla_inside = bool(model.jit_compile) and self.snapshot is not None
         self.moments = FeatureMoments() if self.replicas == 1 else None
         self.original_step = model.train_step
         self.failure = None
+        self.after_execution = None  # callable(logs) -> logs, run on the host after each execution (the guard)
         self._saved = None
+        self._rerun = None
 
     def attach(self):
         """Replace `train_step` with the instrumented one and rebuild the train function around it."""
@@ -118,7 +125,7 @@ class StepProbe:
         def train_function(iterator):
             calls.append(None)
             try:
-                return function(iterator)
+                logs = function(iterator)
             except StopIteration:
                 raise
             except Exception as exc:
@@ -135,6 +142,7 @@ class StepProbe:
             except BaseException:
                 self.detach()
                 raise
+            return self.after_execution(logs) if self.after_execution is not None else logs
 
         return train_function
 
@@ -194,16 +202,41 @@ class StepProbe:
         return train_step
 
     def _write(self, capture, data, logs):
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        stats = self.layer_probe.stats_matrix()
-        values, var_rows, terms = capture.values(x, y, _logged_loss(capture, logs), self.layers)
-        row = tf.concat([tf.stack([_batch_rows(x)]),
-                         join([capture.scalars(values, y, sample_weight), stats, tf.stack(terms), var_rows])], axis=0)
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+        row, values, stats = self._row(capture, data, logs)
         self.rows.write(row)
         if self.moments is not None:
             self.moments.add(x, y)
         if self.snapshot is not None:
             self.snapshot.freeze(not_absorbed(values, self._layer_nonfinite(stats)))
+
+    def _row(self, capture, data, logs):
+        """The step's row (without its step number), its SCALARS by name and its layer statistics."""
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        stats = self.layer_probe.stats_matrix()
+        values, var_rows, terms = capture.values(x, y, _logged_loss(capture, logs), self.layers)
+        row = tf.concat([tf.stack([_batch_rows(x)]),
+                         join([capture.scalars(values, y, sample_weight), stats, tf.stack(terms), var_rows])], axis=0)
+        return row, values, stats
+
+    def rerun(self, data, step=-1):
+        """The step again, compiled, on `data` from the variables as they are: its StepRecord (one device).
+
+        It runs the user's `train_step` with the same hooks and builds the same row, but writes
+        nothing: no buffer row, no snapshot, no feature moments. The variables it changes are
+        the caller's to put back.
+        """
+        if self._rerun is None:
+            self._rerun = tf.function(self._measured)
+        row = self._rerun(data).numpy()
+        return self.rows.record(step, np.concatenate([[float(step)], row]))
+
+    def _measured(self, data):
+        capture = StepCapture(self.model, [self.model.optimizer], self.trainable, outputs=len(self.output_names))
+        self.layer_probe.begin()
+        with self.layer_probe.attached(), capture.attached():
+            logs = self.original_step(data)
+        return self._row(capture, data, logs)[0]
 
     def _layer_nonfinite(self, stats):
         keep = [i for i in range(len(self.layers)) if i not in self.expected]

@@ -13,6 +13,7 @@ from pathlib import Path
 from nanscope.attribution import attribute_from_record
 from nanscope.engine.loss_scale import LossScaleWatch
 from nanscope.engine.records import expected_layer_indices
+from nanscope.guard.options import GuardOptions
 from nanscope.history import DEFAULT_KEEP, DEFAULT_SAMPLE, StepHistory
 from nanscope.keras.workers import WorkerRole
 from nanscope.report import TraceReport
@@ -34,6 +35,7 @@ class GuestOptions:
         keep_steps, sample_steps: int. Full rows the bounded history keeps (`nanscope.history`).
         trace_full: bool, default False. Write every step's full row to the trace.
         repro: Path, optional. Write the repro bundle of the first non-finite step to this folder (`fit` only).
+        guard: GuardOptions. What happens at a non-finite step or a spike (`stop_on_nonfinite` is its "stop").
     """
 
     report: Path | None = None
@@ -48,6 +50,7 @@ class GuestOptions:
     sample_steps: int = DEFAULT_SAMPLE
     trace_full: bool = False
     repro: Path | None = None
+    guard: GuardOptions = field(default_factory=GuardOptions)
 
 
 class StepRecorder:

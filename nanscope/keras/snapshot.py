@@ -23,11 +23,14 @@ class StepSnapshot:
     Args:
         variables: list of every variable a step changes (model, then optimizer).
         freezing: bool, default False. Stop copying after the first non-finite step (steps_per_execution > 1).
+        extra: list of variables, default (). Copied with the state but kept apart from it (the metrics' totals,
+            which the guard puts back with a skipped step; a repro bundle holds only `variables`).
     """
 
-    def __init__(self, variables, freezing=False):
+    def __init__(self, variables, freezing=False, extra=()):
         self.variables = list(variables)
         self.state = Snapshot(self.variables)
+        self.extra = Snapshot(list(extra)) if extra else None
         self.step = tf.Variable(tf.constant(-1, tf.int64), trainable=False, name="nanscope_snapshot_step")
         self.frozen = tf.Variable(False, trainable=False, name="nanscope_snapshot_frozen") if freezing else None
         self._batch, self._structure = None, None
@@ -45,6 +48,8 @@ class StepSnapshot:
 
     def _copy(self, data, step):
         self.state.take()
+        if self.extra is not None:
+            self.extra.take()
         flat = tf.nest.flatten(data)
         batch = self._batch_variables(flat)
         for variable, tensor in zip(batch, flat):

@@ -1,0 +1,107 @@
+"""The guard inside a guest run (`NanScope`, `instrument`): built from its probe, fed its records, never its crash.
+
+`GuestGuard` builds the `Guard` from what the guest run already keeps (the step
+snapshot, the compiled step for re-runs), hands it each execution's records with the
+run's first non-finite step, rewrites the logs of a step it skipped or rolled back (so
+the user's other callbacks and the epoch's averages see a consistent run) and puts the
+interventions and spikes into the report. A failure of its own code is one warning
+line and a note; the guard then stands down and the run goes on as it would without it.
+"""
+
+import logging
+
+from nanscope.errors import first_line
+from nanscope.guard.guard import Guard
+from nanscope.guard.state import GuestState
+
+log = logging.getLogger("nanscope")
+LOG_KEYS = {"skip": "nanscope_skipped", "rollback": "nanscope_rolled_back"}
+
+
+class GuestGuard:
+    """A Guard bound to one guest run.
+
+    Args:
+        guard: Guard.
+        recorder: StepRecorder. Whose first non-finite step the verdicts judge.
+        model: keras.Model, optional. Inside `fit`: whose metrics give the logs of an undone step.
+    """
+
+    def __init__(self, guard, recorder, model=None):
+        self.guard, self.recorder, self.model = guard, recorder, model
+        self.made = None  # the Intervention of the latest execution
+        self.failure = None
+        self._judged = False
+        self._notes = []
+
+    @classmethod
+    def for_fit(cls, options, model, probe, recorder):
+        """The guard of one `fit`, from its StepProbe."""
+        from nanscope.guard.rows import fit_row_losses
+
+        state = GuestState(probe.snapshot, [model.optimizer]) if probe.snapshot is not None else None
+        rerun = (lambda batch: attributed(probe.rerun(batch), recorder)) if state is not None else None
+        row_losses = fit_row_losses(model) if state is not None else None
+        made = cls(Guard(options, state, rerun, row_losses, probe.variable_names), recorder, model)
+        if state is None:
+            made.no_state(options, probe.forensics_off or "forensics=False")
+        return made
+
+    def no_state(self, options, why):
+        """Note what the guard cannot do without the step snapshot."""
+        if options.intervenes:
+            self._notes.append(f"guard: on_nonfinite={options.on_nonfinite!r}: no state is kept ({why}), so a step "
+                               "that needs it stops the run instead")
+        self._notes.append(f"verdicts: not checked: no state is kept ({why})")
+
+    def observe(self, records):
+        """Let the guard act on one execution's records; True when it did something."""
+        self.made = None
+        if self.failure is not None or not records:
+            return False
+        first = self.recorder.first_nonfinite
+        if first is not None and self._judged:
+            first = None
+        try:
+            self._judged = self._judged or first is not None
+            self.made = self.guard.observe(records, first)
+        except Exception as exc:
+            self.failure = exc
+            log.warning("nanscope: the guard stopped at step %d (%s: %s); training goes on without it",
+                        records[-1].step, type(exc).__name__, first_line(exc))
+            self._notes.append(f"guard: its own code failed at step {records[-1].step} ({type(exc).__name__}: "
+                               f"{first_line(exc)}); it stood down there and training went on without it")
+        return self.made is not None
+
+    @property
+    def stopped(self):
+        return self.guard.stop_reason is not None
+
+    def logs(self, logs):
+        """The logs of the latest execution; after a skip or a rollback, its metrics as put back, and a flag."""
+        made = self.made
+        if made is None or made.action not in LOG_KEYS or not isinstance(logs, dict):
+            return logs
+        logs = dict(logs)
+        if self.model is not None:
+            try:
+                results = self.model.get_metrics_result()
+            except Exception:  # a custom train_step's logs that are not metrics: keep them
+                results = {}
+            logs.update({key: value for key, value in results.items() if key in logs})
+        logs[LOG_KEYS[made.action]] = 1.0
+        return logs
+
+    def finish(self, report):
+        """Put the interventions and spikes into `report`."""
+        report.interventions = self.guard.interventions.to_json()
+        report.spikes = self.guard.spikes.to_json()
+
+    def notes(self):
+        return self._notes + self.guard.report_notes()
+
+
+def attributed(record, recorder):
+    """`record` read as the recorder reads its own: with the expected layers set, so `phase` is the same."""
+    record.expected_nonfinite = list(recorder.expected)
+    return record

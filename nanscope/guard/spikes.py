@@ -1,0 +1,60 @@
+"""Loss and gradient-norm spikes: a robust z-score over the last steps, as OLMo-core and Levanter skip them.
+
+The score is (value - median) / (1.4826 * MAD) over the last `window` healthy steps,
+upward only. The median and the median absolute deviation, unlike the mean and the
+standard deviation, are not dragged by the spikes themselves. Nothing fires until the
+window is full, spikes and non-finite steps are left out of it, and the spread has a
+floor of 1% of the median, so a flat loss does not turn rounding into a spike.
+"""
+
+import math
+
+import numpy as np
+
+METRICS = ("loss", "grad_global_norm")
+MAD_TO_SIGMA = 1.4826
+SPREAD_FLOOR = 0.01
+
+
+class SpikeDetector:
+    """Scores each healthy step's loss and global gradient norm against the last `window` steps.
+
+    Args:
+        sigma: float. The z-score a spike exceeds.
+        window: int. Steps kept (a ring: memory is flat at any run length).
+    """
+
+    def __init__(self, sigma=6.0, window=128):
+        self.sigma, self.window = float(sigma), int(window)
+        self._values = np.zeros((len(METRICS), self.window), np.float64)
+        self._counts = [0] * len(METRICS)
+
+    def score(self, record):
+        """(metric, value, median, z) of the highest-scoring metric past `sigma`, or None.
+
+        The step's values join the window only when it is no spike.
+        """
+        values = [_value(record, metric) for metric in METRICS]
+        found = None
+        for column, (metric, value) in enumerate(zip(METRICS, values)):
+            if value is None or self._counts[column] < self.window:
+                continue
+            history = self._values[column]
+            median = float(np.median(history))
+            spread = max(MAD_TO_SIGMA * float(np.median(np.abs(history - median))), SPREAD_FLOOR * abs(median))
+            z = (value - median) / spread if spread > 0 else 0.0
+            if z > self.sigma and (found is None or z > found[3]):
+                found = (metric, value, median, z)
+        if found is None:
+            for column, value in enumerate(values):
+                if value is not None:
+                    self._values[column, self._counts[column] % self.window] = value
+                    self._counts[column] += 1
+        return found
+
+
+def _value(record, metric):
+    value = getattr(record, metric)
+    if metric == "loss" and record.loss_missing:
+        return None
+    return float(value) if value is not None and math.isfinite(value) else None
