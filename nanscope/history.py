@@ -273,7 +273,7 @@ class StepHistory:
         healthy, step = record.phase is None, record.step
         for aggregate, stats in zip(self.layers, record.layers):
             aggregate.add(step, stats, healthy)
-        if healthy and self.layers:
+        if healthy and self.layers and record.layers:  # a sentinel step has no layer rows
             at = self._trend_count % TREND_WINDOW
             self._trend_steps[at] = step
             self._trend[at] = [s.max_abs if s.called else np.nan for s in record.layers[:len(self.layers)]]

@@ -161,10 +161,22 @@ class Guard:
             self._keep_ratios(record)
             return None
         metric, value, median, z = found
-        spike = Spike(record.step, metric, value, median, z, self.detector.window, layers=self._jumped(record))
+        full = self._full(record)
+        spike = Spike(record.step, metric, value, median, z, self.detector.window,
+                      layers=self._jumped(full) if full is not None else [])
         spike.rows = self._rows(record.step)
         self.spikes.add(spike)
         return spike
+
+    def _full(self, record):
+        """`record` when it has per-variable rows, else (sentinel mode) the step re-run in full from the state
+        before it, or None when that state is not held."""
+        if record.variables:
+            return record
+        if self.rerun is None or self.state is None or self.state.held_step() != record.step:
+            return None
+        with self.state.before_step():
+            return self.rerun(self.state.batch())
 
     def _keep_ratios(self, record):
         ratios = [v.update_ratio for v in record.variables]

@@ -27,8 +27,8 @@ class GuestGuard:
         model: keras.Model, optional. Inside `fit`: whose metrics give the logs of an undone step.
     """
 
-    def __init__(self, guard, recorder, model=None):
-        self.guard, self.recorder, self.model = guard, recorder, model
+    def __init__(self, guard, recorder, model=None, sentinel=None):
+        self.guard, self.recorder, self.model, self.sentinel = guard, recorder, model, sentinel
         self.made = None  # the Intervention of the latest execution
         self.failure = None
         self._judged = False
@@ -42,10 +42,45 @@ class GuestGuard:
         state = GuestState(probe.snapshot, [model.optimizer]) if probe.snapshot is not None else None
         rerun = (lambda batch: attributed(probe.rerun(batch), recorder)) if state is not None else None
         row_losses = fit_row_losses(model) if state is not None else None
-        made = cls(Guard(options, state, rerun, row_losses, probe.variable_names), recorder, model)
+        made = cls(Guard(options, state, rerun, row_losses, probe.variable_names), recorder, model, probe.sentinel)
         if state is None:
             made.no_state(options, probe.forensics_off or "forensics=False")
+        if options.mode == "sentinel":
+            made.sentinel_notes(options, probe)
         return made
+
+    def sentinel_notes(self, options, probe):
+        if probe.sentinel is None:
+            self._notes.append("mode=sentinel: not under tf.distribute; every step was recorded in full")
+            return
+        self._notes.append(f"mode=sentinel: full statistics on every {options.sample_every}th execution and the "
+                           "16 after an event; the other steps recorded the scalars only (layer and variable "
+                           "tables are over the full steps)")
+
+    def complete(self, records):
+        """Sentinel mode: the run's first non-finite step re-run in full from the state before it, so it is
+        attributed (layer, variable, phase) as in full mode; an event also runs the next executions in full."""
+        if self.sentinel is None or self.failure is not None:
+            return records
+        try:
+            return [self._completed(record) for record in records]
+        except Exception as exc:
+            self._stand_down(records[-1].step, exc)
+            return records
+
+    def _completed(self, record):
+        if record.layers or attributed(record, self.recorder).phase is None:
+            return record
+        self.sentinel.around_event()
+        state, guard = self.guard.state, self.guard
+        if self.recorder.first_nonfinite is not None or state is None or state.held_step() != record.step:
+            return record
+        with state.before_step():
+            full = guard.rerun(state.batch())
+        if full.phase is None:  # a transient fault: the sentinel's own record is all there is
+            return record
+        full.step = record.step
+        return full
 
     def no_state(self, options, why):
         """Note what the guard cannot do without the step snapshot."""
@@ -62,16 +97,22 @@ class GuestGuard:
         first = self.recorder.first_nonfinite
         if first is not None and self._judged:
             first = None
+        spikes = self.guard.spikes.total
         try:
             self._judged = self._judged or first is not None
             self.made = self.guard.observe(records, first)
         except Exception as exc:
-            self.failure = exc
-            log.warning("nanscope: the guard stopped at step %d (%s: %s); training goes on without it",
-                        records[-1].step, type(exc).__name__, first_line(exc))
-            self._notes.append(f"guard: its own code failed at step {records[-1].step} ({type(exc).__name__}: "
-                               f"{first_line(exc)}); it stood down there and training went on without it")
+            self._stand_down(records[-1].step, exc)
+        if self.sentinel is not None and (self.made is not None or self.guard.spikes.total > spikes):
+            self.sentinel.around_event()
         return self.made is not None
+
+    def _stand_down(self, step, exc):
+        self.failure = exc
+        log.warning("nanscope: the guard stopped at step %d (%s: %s); training goes on without it",
+                    step, type(exc).__name__, first_line(exc))
+        self._notes.append(f"guard: its own code failed at step {step} ({type(exc).__name__}: "
+                           f"{first_line(exc)}); it stood down there and training went on without it")
 
     @property
     def stopped(self):

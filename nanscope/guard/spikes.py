@@ -1,10 +1,16 @@
 """Loss and gradient-norm spikes: a robust z-score over the last steps, as OLMo-core and Levanter skip them.
 
-The score is (value - median) / (1.4826 * MAD) over the last `window` healthy steps,
-upward only. The median and the median absolute deviation, unlike the mean and the
-standard deviation, are not dragged by the spikes themselves. Nothing fires until the
-window is full, spikes and non-finite steps are left out of it, and the spread has a
-floor of 1% of the median, so a flat loss does not turn rounding into a spike.
+The score is (v - median) / (1.4826 * MAD) over the last `window` healthy steps,
+upward only, where v is the log of the value while the value and the window are
+positive (a loss, a norm), else the value itself. The median and the median absolute
+deviation, unlike the mean and the standard deviation, are not dragged by the spikes
+themselves. The log makes the score a ratio: a minibatch loss is skewed (a small
+batch's squared error is chi-square-like), and 6 robust sigmas of its raw values are
+crossed by healthy batches a few times in a thousand, while a large batch's loss, with a
+narrow spread, still flags a jump of a few percent. Nothing fires until the window is
+full, spikes and non-finite steps are left out of it, and the spread has a floor of
+0.01 (1% of the median on the log scale), so a flat loss does not turn rounding into a
+spike.
 """
 
 import math
@@ -40,17 +46,26 @@ class SpikeDetector:
             if value is None or self._counts[column] < self.window:
                 continue
             history = self._values[column]
-            median = float(np.median(history))
-            spread = max(MAD_TO_SIGMA * float(np.median(np.abs(history - median))), SPREAD_FLOOR * abs(median))
-            z = (value - median) / spread if spread > 0 else 0.0
+            z = robust_z(value, history)
             if z > self.sigma and (found is None or z > found[3]):
-                found = (metric, value, median, z)
+                found = (metric, value, float(np.median(history)), z)
         if found is None:
             for column, value in enumerate(values):
                 if value is not None:
                     self._values[column, self._counts[column] % self.window] = value
                     self._counts[column] += 1
         return found
+
+
+def robust_z(value, history):
+    """How many robust standard deviations `value` is above the median of `history` (log scale when positive)."""
+    if value > 0 and float(history.min()) > 0:
+        value, history, floor = math.log(value), np.log(history), SPREAD_FLOOR
+    else:
+        floor = SPREAD_FLOOR * abs(float(np.median(history)))
+    median = float(np.median(history))
+    spread = max(MAD_TO_SIGMA * float(np.median(np.abs(history - median))), floor)
+    return (value - median) / spread if spread > 0 else 0.0
 
 
 def _value(record, metric):

@@ -50,6 +50,10 @@ class NanScope(keras.callbacks.Callback):
             and the origin verdict (0: none kept).
         skip_spikes: bool, default False. Skip a step whose loss or gradient norm spikes (a robust z-score
             over 6 over the last 128 steps) too.
+        mode: str, default "full". "sentinel": per step only what detection needs (the loss, the global
+            gradient norm, the non-finite counts, the state before the step), the full statistics on every
+            100th execution and after an event; the first non-finite step is re-run in full and replayed
+            op by op as in full mode (docs/guard.md gives the cost).
         guard: GuardOptions, default None. The guard's other settings (`nanscope.guard.GuardOptions`);
             the arguments above override its fields.
         verbose: int, default 1. 0 prints nothing; 1 prints the Rich report when training ends.
@@ -86,10 +90,12 @@ class NanScope(keras.callbacks.Callback):
                  forensics: bool = True, keep_steps: int = DEFAULT_KEEP, sample_steps: int = DEFAULT_SAMPLE,
                  trace_full: bool = False, repro: str | os.PathLike | None = None, on_nonfinite: str | None = None,
                  max_skips: int | tuple | None = None, snapshot_every: int | None = None,
-                 skip_spikes: bool | None = None, guard: GuardOptions | None = None) -> None:
+                 skip_spikes: bool | None = None, mode: str | None = None,
+                 guard: GuardOptions | None = None) -> None:
         super().__init__()
         guard = guard_options(guard, on_nonfinite=resolve_on_nonfinite(on_nonfinite, stop_on_nonfinite),
-                              max_skips=max_skips, snapshot_every=snapshot_every, skip_spikes=skip_spikes)
+                              max_skips=max_skips, snapshot_every=snapshot_every, skip_spikes=skip_spikes,
+                              mode=mode)
         if isinstance(expect_nonfinite, str):
             raise ValueError("`expect_nonfinite` must be a list of layer-name patterns. "
                              f"Received: expect_nonfinite={expect_nonfinite!r}")

@@ -52,8 +52,9 @@ class FitRun:
     def _start(self):
         model, options = self.model, self.options
         expected = expected_layer_indices(options.expect_nonfinite, [layer.name for layer in probed_layers(model)])
+        sentinel = options.guard.sample_every if options.guard.mode == "sentinel" else None
         probe = self.probe = StepProbe(model, expected, forensics=options.forensics,
-                                       metrics=options.guard.intervenes)
+                                       metrics=options.guard.intervenes, sentinel=sentinel)
         names = StepNames(layers=[(layer.name, type(layer).__name__) for layer in probe.layers],
                           variables=probe.variable_names, outputs=probe.output_names)
         if probe.snapshot is not None:
@@ -133,7 +134,7 @@ class FitRun:
         """Take the rows of the steps just run; stop fit at the first non-finite one when asked to."""
         if not self.recording or self.probe is None:
             return
-        records = self.probe.read()
+        records = self.guard.complete(self.probe.read())
         self.steps_seen += len(records)
         self.recorder.collect(records)
         if self.probe.failure is not None:

@@ -47,9 +47,11 @@ class StepProbe:
             device (one copy of the weights and of the optimizer's slots), for the replay.
         metrics: bool, default False. Copy the metrics' totals with that state (the guard puts
             them back with a skipped step).
+        sentinel: int, default None. `mode="sentinel"`: every Nth execution runs the full step, the
+            others only what detection needs (`nanscope.guard.sentinel`). One device only.
     """
 
-    def __init__(self, model, expected=(), forensics=True, metrics=False):
+    def __init__(self, model, expected=(), forensics=True, metrics=False, sentinel=None):
         self.model = model
         optimizer = model.optimizer
         if optimizer is not None and not optimizer.built:
@@ -78,6 +80,12 @@ class StepProbe:
         self.original_step = model.train_step
         self.failure = None
         self.after_execution = None  # callable(logs) -> logs, run on the host after each execution (the guard)
+        self.sentinel = None
+        if sentinel and self.replicas == 1 and not self.xla_inside:  # under XLA: every step in full
+            from nanscope.guard.sentinel import SentinelRows
+
+            self.sentinel = SentinelRows(self.rows.counter, len(self.output_names), self.per_execution, sentinel)
+        self._last_full = True
         self._saved = None
         self._rerun = None
 
@@ -87,6 +95,8 @@ class StepProbe:
         self._saved = (override(model, "train_step", self._instrumented(self.original_step)), model.train_function)
         with xla_outside_off(model, self.xla_inside):
             model.make_train_function(force=True)
+        if self.sentinel is not None:
+            model.train_function = self._sampling(model.train_function)
         if self.replicas > 1:
             model.train_function = self._hooked_per_call(model.train_function)
         model.train_function = self._detaching_on_error(model.train_function)
@@ -103,6 +113,18 @@ class StepProbe:
     @property
     def attached(self):
         return self._saved is not None
+
+    def _sampling(self, full):
+        """Sentinel mode: the full train function on sampled executions and after events, else the light one."""
+        self.model.make_train_function(force=True)
+        light = self.model.train_function
+
+        @functools.wraps(full)
+        def train_function(iterator):
+            self._last_full = self.sentinel.full_now = self.sentinel.due_full()  # read again if a step is traced
+            return (full if self._last_full else light)(iterator)
+
+        return train_function
 
     def _hooked_per_call(self, function):
         """The train function with the layer and optimizer hooks attached for each call (under tf.distribute)."""
@@ -148,6 +170,11 @@ class StepProbe:
 
     def read(self):
         """StepRecords of the steps finished since the last read, in step order."""
+        if not self._last_full:
+            records = self.sentinel.read(self.rows.next_step)
+            if records:
+                self.rows.next_step = records[-1].step + 1
+            return records
         return [self.rows.record(step, row) for step, row in self.rows.read()]
 
     def _instrumented(self, original):
@@ -178,6 +205,8 @@ class StepProbe:
     def _instrumented_step(self, original, snapshot):
         @functools.wraps(original)
         def train_step(data):
+            if self.sentinel is not None and not self.sentinel.full_now:
+                return self._sentinel_step(original, data)
             hooks = contextlib.ExitStack()
             try:
                 capture = StepCapture(self.model, [self.model.optimizer], self.trainable,
@@ -237,6 +266,35 @@ class StepProbe:
         with self.layer_probe.attached(), capture.attached():
             logs = self.original_step(data)
         return self._row(capture, data, logs)[0]
+
+    def _sentinel_step(self, original, data):
+        """The light step: the snapshot, the optimizer and loss hooks, one short row (`SentinelRows`)."""
+        from nanscope.guard.sentinel import SentinelCapture
+
+        try:
+            capture = SentinelCapture(self.model, [self.model.optimizer], self.trainable,
+                                      outputs=len(self.output_names))
+            if self.snapshot is not None:
+                self.snapshot.remember_structure(data)
+                self.snapshot.take(data, self.rows.counter.read_value())
+            hooks = capture.attached()
+            hooks.__enter__()
+        except Exception as exc:  # nanscope's own failure: the user's step runs as it would without it
+            self.failure = self.failure or exc
+            return original(data)
+        try:
+            logs = original(data)
+        finally:
+            hooks.__exit__(None, None, None)
+        try:
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+            values, _, _ = capture.values(x, y, _logged_loss(capture, logs), self.layers)
+            self.sentinel.write(_batch_rows(x), capture.scalars(values, y, sample_weight))
+            if self.snapshot is not None:
+                self.snapshot.freeze(not_absorbed(values, tf.constant(0.0)))
+        except Exception as exc:
+            self.failure = self.failure or exc
+        return logs
 
     def _layer_nonfinite(self, stats):
         keep = [i for i in range(len(self.layers)) if i not in self.expected]

@@ -45,7 +45,7 @@ class RowBuffer:
                 self.buffer = tf.Variable(tf.fill([per_execution, self.replicas, self.width + 1], -1.0),
                                           name="nanscope_rows", **on_read)
                 self.counter = tf.Variable(tf.constant(0, tf.int64), name="nanscope_step", **on_read)
-        self._next_step = 0
+        self.next_step = 0  # the first step not read yet
 
     def write(self, stats):
         """In the graph: append one step's row (without its step number) and count the step."""
@@ -68,10 +68,10 @@ class RowBuffer:
         # `value()` is one read; `numpy()` on the variable adds an identity op, which costs as
         # much again on every step. Under tf.distribute, `numpy()` reads replica 0's copy.
         rows = self.buffer.value().numpy() if self.replicas == 1 else self.buffer.numpy()
-        fresh = sorted(((int(row.flat[0]), row) for row in rows if row.flat[0] >= self._next_step),
+        fresh = sorted(((int(row.flat[0]), row) for row in rows if row.flat[0] >= self.next_step),
                        key=lambda pair: pair[0])
         if fresh:
-            self._next_step = fresh[-1][0] + 1
+            self.next_step = fresh[-1][0] + 1
         return fresh
 
     def record(self, step, row):

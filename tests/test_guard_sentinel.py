@@ -1,0 +1,67 @@
+"""mode="sentinel": every step's scalars, the full rows sampled, the first NaN localized as in full mode."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np
+import pytest
+
+from nanscope.guard import GuardOptions
+from nanscope.keras import NanScope
+from nanscope.runtime import tensorflow
+
+tf, keras = tensorflow()
+ROWS, BATCH = 256, 8
+
+
+def data(negative_at=None):
+    rng = np.random.default_rng(0)
+    x = np.abs(rng.standard_normal((ROWS, 6))).astype(np.float32) + 0.1
+    y = (np.log(x) @ rng.standard_normal((6, 1))).astype(np.float32)
+    if negative_at is not None:
+        x[negative_at * BATCH + 1, 3] = -1.0  # log of it: NaN in the forward pass, in layer "log"
+    return x, y
+
+
+def model():
+    keras.utils.set_random_seed(0)
+    m = keras.Sequential([keras.Input((6,)), keras.layers.Lambda(tf.math.log, name="log"),
+                          keras.layers.Dense(8, activation="relu", name="hidden"), keras.layers.Dense(1, name="out")])
+    m.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    return m
+
+
+def fit(mode, x, y, **kwargs):
+    m, scope = model(), NanScope(verbose=0, mode=mode, **kwargs)
+    m.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[scope])
+    return m, scope.report
+
+
+def test_sentinel_records_every_step_and_trains_as_full_mode():
+    x, y = data()
+    full_model, full = fit("full", x, y)
+    model_s, sentinel = fit("sentinel", x, y, guard=GuardOptions(sample_every=10))
+    assert sentinel.steps_run == full.steps_run == ROWS // BATCH
+    np.testing.assert_allclose([r.loss for r in sentinel.records], [r.loss for r in full.records], rtol=1e-6)
+    # Layer rows only on the sampled executions (every 10th, the first included).
+    assert [r.step for r in sentinel.records if r.layers] == [0, 10, 20, 30]
+    for mine, theirs in zip(model_s.get_weights(), full_model.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-6, atol=1e-7)
+    assert any(note.startswith("mode=sentinel: full statistics on every 10th execution") for note in sentinel.notes)
+
+
+def test_sentinel_localizes_the_first_nan_as_full_mode_does():
+    x, y = data(negative_at=13)
+    _, full = fit("full", x, y)
+    _, sentinel = fit("sentinel", x, y, guard=GuardOptions(sample_every=10))
+    f, s = full.first_nonfinite, sentinel.first_nonfinite
+    assert (s.step, s.phase, s.layer, s.op) == (f.step, f.phase, f.layer, f.op) == (13, "forward", "log", "Log")
+    assert s.source == f.source and s.reproducible is True
+    assert sentinel.records[-1].step == 13 and sentinel.records[-1].layers  # the failing step's full row
+    assert sentinel.steps_run == 14
+
+
+def test_mode_is_validated():
+    with pytest.raises(ValueError, match=r"`mode` must be one of full, sentinel\. Received: mode='fast'"):
+        NanScope(mode="fast")
