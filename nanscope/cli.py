@@ -138,6 +138,13 @@ def trace_steps(
         Path | None, typer.Option("--trace", help="JSON-lines trace file (default: nanscope-runs/<spec>/trace.jsonl).")
     ] = None,
     keep_going: Annotated[bool, flag("--keep-going", "Continue past the first non-finite step.")] = False,
+    on_nonfinite: Annotated[
+        str | None, typer.Option("--on-nonfinite", help="stop (default) or continue (= --keep-going); skip and "
+                                                        "rollback are the NanScope callback's and instrument's.")
+    ] = None,
+    mode: Annotated[
+        str, typer.Option("--mode", help="full (default); sentinel is the NanScope callback's and instrument's.")
+    ] = "full",
     strict: StrictOpt = False,
     show_all: AllOpt = False,
     save_repro: Annotated[
@@ -177,7 +184,8 @@ def trace_steps(
     from nanscope.commands import trace_steps as command
 
     run_command(lambda: command.run(spec, steps=steps, lr=lr, batch_size=batch_size, seed=seed, json_out=json_out,
-                                    trace=trace, keep_going=keep_going, strict=strict, show_all=show_all,
+                                    trace=trace, keep_going=keep_going, on_nonfinite=on_nonfinite, mode=mode,
+                                    strict=strict, show_all=show_all,
                                     save_repro=save_repro, verify=verify, tensorboard=tensorboard, plot=plot,
                                     unsafe=unsafe, keep_steps=keep_steps, sample_steps=sample_steps,
                                     trace_full=trace_full))

@@ -197,3 +197,35 @@ def test_instrument_skips_a_poisoned_step_of_a_custom_loop():
     for mine, theirs in zip(model.get_weights(), clean.get_weights()):
         np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
     assert int(optimizer.iterations.numpy()) == int(clean_optimizer.iterations.numpy()) == 7
+
+
+def test_trace_steps_takes_on_nonfinite_and_refuses_what_it_cannot_do(tmp_path):
+    import subprocess
+    import sys
+
+    spec = "configs/exploding-regression.yaml"
+    run = [sys.executable, "-m", "nanscope", "trace-steps", spec, "--trace", str(tmp_path / "t.jsonl"),
+           "--json", str(tmp_path / "r.json")]
+    refused = subprocess.run([*run, "--on-nonfinite", "skip"], capture_output=True, text=True)
+    assert refused.returncode == 2
+    assert "--on-nonfinite skip: trace-steps does not skip or roll back steps yet" in refused.stderr
+    sentinel = subprocess.run([*run, "--mode", "sentinel"], capture_output=True, text=True)
+    assert sentinel.returncode == 2 and "--mode sentinel" in sentinel.stderr
+    kept = subprocess.run([*run, "--on-nonfinite", "continue", "--steps", "20"], capture_output=True, text=True)
+    assert kept.returncode == 1
+    import json
+
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["steps_run"] == 20 and report["first_nonfinite"]["step"] < 20
+
+
+def test_by_default_no_earlier_state_is_kept_and_origin_says_so():
+    x, y = regression()
+    x[6 * BATCH, 1] = np.nan
+    model, guard = mlp(), scope()
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[guard])
+    first = guard.report.first_nonfinite
+    assert (first.step, first.reproducible, first.origin) == (6, True, None)
+    assert "origin: not checked: no earlier state kept (snapshot_every=N keeps one every N steps)" in \
+        guard.report.notes
+    assert not any(note.startswith("guard: ") for note in guard.report.notes)

@@ -82,3 +82,13 @@ def test_a_spike_names_its_rows_and_the_variables_whose_updates_jumped_and_skip_
     assert report.interventions[0]["step"] == 40 and report.interventions[0]["action"] == "skip"
     assert report.interventions[0]["reason"].startswith(f"{spike['metric']} spike: z=")
     assert all(np.isfinite(w).all() for w in model.get_weights())
+
+
+def test_the_cached_limit_agrees_with_the_exact_score():
+    from nanscope.guard.spikes import limit
+
+    rng = np.random.default_rng(3)
+    for history in (np.exp(rng.standard_normal(64)), -np.exp(rng.standard_normal(64))):
+        edge = limit(6.0, history)
+        assert robust_z(edge * (1 + 1e-6) if edge > 0 else edge * (1 - 1e-6), history) > 6.0
+        assert robust_z(edge - abs(edge) * 1e-6, history) < 6.0

@@ -9,8 +9,9 @@ from nanscope.specpaths import check_spec_paths
 
 def run(spec, *, steps=None, lr=None, batch_size=None, seed=None, json_out=None, trace=None, keep_going=False,
         strict=False, show_all=False, save_repro=None, verify=False, tensorboard=None, plot=None, unsafe=False,
-        keep_steps=500, sample_steps=500, trace_full=False):
+        keep_steps=500, sample_steps=500, trace_full=False, on_nonfinite=None, mode="full"):
     """Run trace-steps on the spec file `spec` with the command's options; return the exit code."""
+    keep_going = guard_choices(on_nonfinite, mode, keep_going)
     from nanscope.render.trace_report import render_trace_report
     from nanscope.spec import apply_overrides, load_spec
     from nanscope.trace import TraceOptions, run_trace, stopped_before_training
@@ -51,6 +52,25 @@ def run(spec, *, steps=None, lr=None, batch_size=None, seed=None, json_out=None,
 
         publish_exit_code(code)
     return code
+
+
+def guard_choices(on_nonfinite, mode, keep_going):
+    """`--keep-going` as `--on-nonfinite` says; what trace-steps cannot do is bad input (exit 2), before training."""
+    from nanscope.errors import NanscopeError
+
+    if on_nonfinite not in (None, "stop", "continue", "skip", "rollback"):
+        raise NanscopeError(f"--on-nonfinite: must be stop, continue, skip or rollback, not {on_nonfinite!r}")
+    if on_nonfinite in ("skip", "rollback"):
+        raise NanscopeError(f"--on-nonfinite {on_nonfinite}: trace-steps does not skip or roll back steps yet",
+                            "use NanScope(on_nonfinite=...) in model.fit or nanscope.instrument (docs/guard.md)")
+    if mode not in ("full", "sentinel"):
+        raise NanscopeError(f"--mode: must be full or sentinel, not {mode!r}")
+    if mode == "sentinel":
+        raise NanscopeError("--mode sentinel: trace-steps records every step in full",
+                            "sentinel mode is NanScope(mode=\"sentinel\") in model.fit (docs/guard.md)")
+    if on_nonfinite == "stop" and keep_going:
+        raise NanscopeError("--on-nonfinite stop contradicts --keep-going: give one")
+    return keep_going or on_nonfinite == "continue"
 
 
 def _other_worker(run_spec):

@@ -40,8 +40,8 @@ class Guard:
     def __init__(self, options, state=None, rerun=None, row_losses=None, variable_names=()):
         self.options, self.state, self.rerun, self.row_losses = options, state, rerun, row_losses
         self.variable_names = list(variable_names)
-        self.ring = (SnapshotRing(options.snapshots, options.snapshot_every)
-                     if state is not None and options.snapshot_every else None)
+        self.ring = (SnapshotRing(options.snapshots, options.ring_every)
+                     if state is not None and options.ring_every else None)
         self.detector = SpikeDetector(options.spike_sigma, options.spike_window)
         self.interventions, self.spikes = BoundedLog(), BoundedLog()
         self.skips = self.consecutive = self.rollbacks = 0

@@ -82,6 +82,10 @@ class GuestGuard:
         full.step = record.step
         return full
 
+    def note(self, line):
+        """Add a line to the report's notes."""
+        self._notes.append(line)
+
     def no_state(self, options, why):
         """Note what the guard cannot do without the step snapshot."""
         if options.intervenes:

@@ -13,7 +13,9 @@ class GuardOptions:
     Args:
         on_nonfinite: str, default "stop". stop | continue | skip | rollback.
         max_skips: (int, int), default (10, 100). Consecutive and total skipped steps; past either the run stops.
-        snapshot_every: int, default 100. Steps between the earlier states the ring keeps (0: no ring).
+        snapshot_every: int, default None. Steps between the earlier states the ring keeps on the host
+            (0: none). None: 100 under "rollback", else none (each state is a host copy of the weights and
+            the optimizer's state; `origin` needs one).
         snapshots: int, default 2. Earlier states kept on the host (the ring's size).
         max_rollbacks: int, default 5. Rollbacks; one more non-finite step stops the run.
         lr_factor: float, default 0.1. A rollback multiplies the learning rate by this.
@@ -30,7 +32,7 @@ class GuardOptions:
 
     on_nonfinite: str = "stop"
     max_skips: tuple = (10, 100)
-    snapshot_every: int = 100
+    snapshot_every: int | None = None
     snapshots: int = 2
     max_rollbacks: int = 5
     lr_factor: float = 0.1
@@ -55,12 +57,21 @@ class GuardOptions:
         for name, low in (("snapshot_every", 0), ("snapshots", 1), ("max_rollbacks", 1), ("spike_window", 8),
                           ("sample_every", 1)):
             value = getattr(self, name)
+            if name == "snapshot_every" and value is None:
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"`{name}` must be an int >= {low}. Received: {name}={value!r}")
         if not 0.0 < float(self.lr_factor) < 1.0:
             raise ValueError(f"`lr_factor` must be > 0 and < 1. Received: lr_factor={self.lr_factor!r}")
         if not float(self.spike_sigma) > 0.0:
             raise ValueError(f"`spike_sigma` must be > 0. Received: spike_sigma={self.spike_sigma!r}")
+
+    @property
+    def ring_every(self):
+        """Steps between the ring's states: `snapshot_every`, or by default 100 under rollback and 0 (none) else."""
+        if self.snapshot_every is not None:
+            return self.snapshot_every
+        return 100 if self.on_nonfinite == "rollback" else 0
 
     @property
     def intervenes(self):

@@ -22,8 +22,15 @@ MAD_TO_SIGMA = 1.4826
 SPREAD_FLOOR = 0.01
 
 
+REFRESH = 16  # healthy steps between two computations of a window's median and spread
+
+
 class SpikeDetector:
     """Scores each healthy step's loss and global gradient norm against the last `window` steps.
+
+    The window's median and spread are recomputed every REFRESH steps that join it, not on
+    every step: a step then costs a comparison with the value each threshold stands for,
+    and a step past it is scored exactly against the window as it is.
 
     Args:
         sigma: float. The z-score a spike exceeds.
@@ -34,6 +41,7 @@ class SpikeDetector:
         self.sigma, self.window = float(sigma), int(window)
         self._values = np.zeros((len(METRICS), self.window), np.float64)
         self._counts = [0] * len(METRICS)
+        self._limits = [None] * len(METRICS)  # the value each metric's z-score reaches sigma at
 
     def score(self, record):
         """(metric, value, median, z) of the highest-scoring metric past `sigma`, or None.
@@ -45,6 +53,10 @@ class SpikeDetector:
         for column, (metric, value) in enumerate(zip(METRICS, values)):
             if value is None or self._counts[column] < self.window:
                 continue
+            if self._limits[column] is None or self._counts[column] % REFRESH == 0:
+                self._limits[column] = limit(self.sigma, self._values[column])
+            if value <= self._limits[column]:
+                continue
             history = self._values[column]
             z = robust_z(value, history)
             if z > self.sigma and (found is None or z > found[3]):
@@ -55,6 +67,22 @@ class SpikeDetector:
                     self._values[column, self._counts[column] % self.window] = value
                     self._counts[column] += 1
         return found
+
+
+def limit(sigma, history):
+    """The smallest value whose robust z-score against `history` is `sigma` (inf when none reaches it)."""
+    positive = float(history.min()) > 0
+    values = np.log(history) if positive else history
+    median = float(np.median(values))
+    floor = SPREAD_FLOOR if positive else SPREAD_FLOOR * abs(median)
+    spread = max(MAD_TO_SIGMA * float(np.median(np.abs(values - median))), floor)
+    if spread <= 0:
+        return math.inf
+    edge = median + sigma * spread
+    if positive and edge >= 700:  # exp would overflow: no float value reaches it
+        return math.inf
+    raw = math.exp(edge) if positive else edge
+    return raw - abs(raw) * 1e-9  # just under the edge: a value at it is scored exactly, never lost to rounding
 
 
 def robust_z(value, history):

@@ -40,14 +40,15 @@ def judge(first, state, rerun, ring):
     if not first.reproducible:
         lines.append("origin: not checked: the step did not reproduce")
     elif entry is None:
-        lines.append("origin: not checked: no earlier state kept yet (the ring takes one every "
-                     f"{ring.every if ring is not None else 0} steps)")
+        lines.append("origin: not checked: no earlier state kept" + (
+            f" yet (one is taken every {ring.every} steps)" if ring is not None else
+            " (snapshot_every=N keeps one every N steps)"))
     else:
         with state.before_step(entry.values):
             earlier = rerun(batch)
         first.origin = "batch" if earlier.phase is not None else "state"
         lines.append(_origin_line(first, entry.step, earlier))
-    lines[-1] += f" (re-runs: {time.perf_counter() - started:.3f} s)"
+    lines[0] += f" (re-runs: {time.perf_counter() - started:.3f} s)"
     return lines
 
 

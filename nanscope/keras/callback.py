@@ -46,8 +46,9 @@ class NanScope(keras.callbacks.Callback):
             rate lowered, and go on. Every intervention is in the report (`interventions`).
         stop_on_nonfinite: bool, default None. Alias of `on_nonfinite`: True "stop", False "continue".
         max_skips: int or (int, int), default (10, 100). Consecutive and total skips; one more stops the run.
-        snapshot_every: int, default 100. Steps between the earlier states kept on the host for `rollback`
-            and the origin verdict (0: none kept).
+        snapshot_every: int, default None. Steps between the earlier states kept on the host for `rollback`
+            and the `origin` verdict; None: 100 under "rollback", else none (each is a host copy of the
+            weights and the optimizer's state).
         skip_spikes: bool, default False. Skip a step whose loss or gradient norm spikes (a robust z-score
             over 6 over the last 128 steps) too.
         mode: str, default "full". "sentinel": per step only what detection needs (the loss, the global

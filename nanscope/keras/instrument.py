@@ -244,6 +244,8 @@ class GuestRun:
         self.compiled = tf.function(self._step, jit_compile=self.jit or None) if compiled else self._step
         self.guard = self._guard(variable_names)
         self._rerun = None
+        if options.guard.mode == "sentinel":
+            self.guard.note("mode=sentinel is NanScope's (fit); instrument recorded every step in full")
 
     def _guard(self, variable_names):
         from nanscope.guard.guard import Guard
