@@ -127,7 +127,7 @@ class NanScope(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         if self._run is not None and self._run.recording:
-            self._run.guarded("recording", self._run.collect)
+            self._run.batch_end()
 
     def on_epoch_begin(self, epoch, logs=None):
         if self._run is not None:

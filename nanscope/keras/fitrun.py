@@ -43,6 +43,7 @@ class FitRun:
         self.recording, self.notes, self.steps_seen = True, [], 0
         self.last_epoch_logs, self.epoch, self.repro_note, self.repro_written = {}, 0, None, False
         self.guard = None
+        self._collected = False  # the latest execution was collected by the train function's hook
         # A skip puts the metrics' totals back too: they must exist before the step is traced.
         if is_built(model) and (compile_metrics_built(model) or not options.guard.intervenes):
             self._start()
@@ -144,11 +145,19 @@ class FitRun:
         if self.recorder.first_nonfinite is not None and self.options.stop_on_nonfinite:
             self.model.stop_training = True
 
+    def batch_end(self):
+        """`on_train_batch_end`: collect what the train function's own hook did not (a step that ran without it)."""
+        if self._collected:
+            self._collected = False
+            return
+        self.guarded("recording", self.collect)
+
     def _after_execution(self, logs):
         """After each execution, before any callback sees its logs: record, let the guard act, say what it did."""
         if not self.recording:
             return logs
         self.guarded("recording", self.collect)
+        self._collected = True
         return self.guard.logs(logs) if self.recording else logs
 
     def disable(self, note):
