@@ -3,19 +3,20 @@
 For each recommendation nanscope can apply itself (a lower learning rate, gradient
 clipping at the computed threshold, relu -> relu6, a larger optimizer epsilon, loss
 scaling, standardised inputs or regression targets) it
-re-runs the same number of steps from the same initial weights and batch order
-with the fix applied, through `nanscope.experiment.run_experiment`, and compares
-with the unfixed run. A recommendation is `verified: true` when at least one of
-its fixes stays finite and ends below the unfixed run's final loss (or, when the
-unfixed run went non-finite, below the loss it started from), `false` when none does, and stays `null` when
+re-runs training from the same initial weights and batch order
+with the fix applied, through `nanscope.experiment.run_experiment`, and judges it
+against the unfixed run (`nanscope.fix_verdict`): it must stay finite to its horizon
+(at least 4x the unfixed run's failing step, k times for a rate lowered k times) and
+learn (end below the loss of a constant prediction). A recommendation is `verified: true`
+when at least one of its fixes trains, `false` when none does, and stays `null` when
 nanscope cannot apply it (a Log in the user's own loss: the evidence then names the line to change).
 """
 
-import math
 
 import numpy as np
 
 from nanscope.experiment import Change, run_experiment
+from nanscope.fix_verdict import baseline_of, horizon, judge, mark_best, score, slowdown
 from nanscope.rules.bounded_activation import relu6_model
 from nanscope.rules.learning_rate import LR_FACTORS
 from nanscope.rules.optimizer_epsilon import SAFE_EPSILON
@@ -29,27 +30,50 @@ __all__ = ["FIXES", "LR_FACTORS", "SAFE_EPSILON", "changes_for", "combined", "ra
 def verify_recommendations(session, report):
     """Run the fix experiments for `report.recommendations`, record the results on each, rank by them.
 
-    When every fix that was tried failed on its own, natural combinations of them are tried
-    (`COMBINATIONS`: standardised inputs and targets together, a data fix with a lower
-    learning rate, clipping with a lower learning rate). Afterwards verified fixes rank
-    first, untried ones keep their place below them, and fixes that were tried and failed
-    rank last; within each group the order of the diagnosis stays.
+    Each fix is judged by `fix_verdict`: it must stay finite to its horizon (extended past the
+    run's steps when the unfixed run failed early or the fix slows training), and learn (end
+    below the trivial baseline). When every fix that was tried failed on its own, natural
+    combinations of them are tried (`COMBINATIONS`: standardised inputs and targets together, a
+    data fix with a lower learning rate, clipping with a lower learning rate). Afterwards the
+    fixes that train rank first, by their loss relative to their baseline; untried ones keep their
+    place below them, and fixes that were tried and failed (or only delayed the failure, or did not
+    learn) rank last; within the last two groups the order of the diagnosis stays.
     """
-    baseline = _baseline(report)
+    judging = _Judging(session, report)
     tried = {}
     for rec in report.recommendations:
         changes = changes_for(rec, session, report)
         if not changes:
             continue
-        rec.verification = [_row(run_experiment(session, change, steps=session.spec.train.steps), baseline,
-                                 change.rescales_loss) for change in changes]
+        rec.verification = [judging.row(change) for change in changes]
         rec.verified = any(row["helped"] for row in rec.verification)
         tried[rec.id] = (rec, changes)
     if tried and not any(rec.verified for rec, _ in tried.values()):
-        _verify_combinations(session, tried, baseline)
+        _verify_combinations(tried, judging)
     session.reset_weights()
+    mark_best(report.recommendations)
     report.recommendations = ranked_by_verification(report.recommendations)
     return report
+
+
+class _Judging:
+    """Runs one fix to its horizon and judges it against the unfixed run (`fix_verdict.judge`)."""
+
+    def __init__(self, session, report):
+        self.session, self.run = session, report.run
+        self.unfixed = _baseline(report)
+        self.failing_step = report.first_nonfinite.step if report.first_nonfinite is not None else None
+        self.baseline = baseline_of(session)
+
+    def row(self, change):
+        steps = horizon(self.session.spec.train.steps, self.failing_step, slowdown(change, self.run))
+        result = run_experiment(self.session, change, steps=steps[0])
+        baseline = baseline_of(self.session, change) if change.rescales_loss else self.baseline
+        reference = result.first_loss if change.rescales_loss else (
+            self.unfixed["final_loss"] if self.unfixed["finite"] else self.unfixed["start_loss"])
+        row = _row(result, self.unfixed)
+        row.update(judge(result, baseline, steps, self.failing_step, reference))
+        return row
 
 
 # Fixes that address different causes and are applied together when each fails alone, as a
@@ -65,7 +89,7 @@ COMBINATIONS = (
 MAX_COMBINATIONS = 3
 
 
-def _verify_combinations(session, tried, baseline):
+def _verify_combinations(tried, judging):
     runs = 0
     for ids in COMBINATIONS:
         if runs == MAX_COMBINATIONS:
@@ -75,7 +99,7 @@ def _verify_combinations(session, tried, baseline):
         members = [tried[rule_id] for rule_id in ids]
         change = combined([changes[0] for _, changes in members])
         runs += 1
-        row = _row(run_experiment(session, change, steps=session.spec.train.steps), baseline, change.rescales_loss)
+        row = judging.row(change)
         for rec, _ in members:
             rec.verification.append({**row, "together_with": [other for other in ids if other != rec.id]})
             if row["helped"]:
@@ -109,9 +133,10 @@ def combined(changes):
 
 
 def ranked_by_verification(recommendations):
-    """Verified fixes first, then those not tried, then those tried that did not help; stable within each."""
+    """Fixes that train first, by their best fix's loss relative to its baseline (`fix_verdict.score`); then those
+    not tried; then those tried that did not train; stable within the last two."""
     rank = {True: 0, None: 1, False: 2}
-    return sorted(recommendations, key=lambda rec: rank[rec.verified])
+    return sorted(recommendations, key=lambda rec: (rank[rec.verified], score(rec) if rec.verified else 0.0))
 
 
 def changes_for(rec, session, report):
@@ -139,22 +164,14 @@ def _baseline(report):
     }
 
 
-def _row(result, baseline, rescaled=False):
-    # A fix helps when it ends below the unfixed run: below its final loss, or, when that
-    # was not finite, below the loss it started from (a fix that merely diverges slower does not help).
-    # A fix that changes the loss's units (standardised targets) must end below its own first loss.
-    reference = baseline["final_loss"] if baseline["finite"] else baseline["start_loss"]
-    if rescaled:
-        reference = result.first_loss
-    better = reference is None or not math.isfinite(reference) or (
-        result.final_loss is not None and math.isfinite(result.final_loss) and result.final_loss < reference)
+def _row(result, baseline):
+    """The measured part of a verification row: what the fixed run did, next to the unfixed run."""
     return {
         "fix": result.name, "params": result.params, "finite": result.finite,
         "first_nonfinite_step": result.first_nonfinite_step, "steps_run": result.steps_run,
         "final_loss": result.final_loss, "best_loss": result.best_loss, "val_loss": result.val_loss,
         "unfixed_finite": baseline["finite"], "unfixed_final_loss": baseline["final_loss"],
-        "unfixed_best_loss": baseline["best_loss"],
+        "unfixed_best_loss": baseline["best_loss"], "unfixed_steps_run": baseline["steps_run"],
         # A run that stayed finite only because loss scaling skipped its updates trained nothing: no help.
         "skipped_updates": result.skipped_updates, "stalled": result.stalled,
-        "helped": bool(result.finite and better and not result.stalled),
     }

@@ -39,7 +39,8 @@ class Baseline:
 
     def beaten_by(self, loss):
         """True when `loss` is below the baseline by the margin that shows learning."""
-        return loss is not None and np.isfinite(loss) and loss < BASELINE_MARGIN * self.value
+        # The margin is a fraction of the baseline's size: a loss that can be negative (Poisson) must end below it too.
+        return loss is not None and np.isfinite(loss) and loss < self.value - (1 - BASELINE_MARGIN) * abs(self.value)
 
     def to_json(self):
         return {"value": self.value, "rows": self.rows, "how": self.how, "margin": BASELINE_MARGIN}

@@ -38,7 +38,7 @@ def verify_saved_step(bundle, report, unfixed):
     step = int(bundle.document["step"])
     report.notes.append("--verify on a fit bundle tries each fix on the saved step only: it shows whether that one "
                         "step (its loss, gradients, update, and the loss after it) stays finite, not that training "
-                        "stays finite afterwards")
+                        "stays finite afterwards nor that it learns (trace-steps --verify trains whole runs for that)")
     if unfixed.finite:
         report.notes.append(f"--verify: step {step} stayed finite when replayed without a fix, so one step cannot "
                             "tell a fix apart; no fix was tried")
@@ -81,6 +81,10 @@ def _row(fix, outcome, unfixed, step):
         "final_loss": outcome.loss_after, "best_loss": None, "val_loss": None,
         "unfixed_finite": unfixed.finite, "unfixed_final_loss": unfixed.loss_after, "unfixed_best_loss": None,
         "helped": outcome.finite, "one_step": True, "loss": outcome.loss, "unfixed_loss": unfixed.loss,
+        # One step cannot show learning, nor a horizon: the row says so rather than calling a finite step fixed.
+        "horizon": 1, "learns": None, "baseline": None,
+        "verdict": ("the saved step stays finite; one step cannot show that it trains" if outcome.finite
+                    else "the saved step is still non-finite"),
         "nonfinite_phase": event.phase if event is not None else None,
         "nonfinite_op": event.op if event is not None else None,
     }

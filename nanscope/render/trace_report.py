@@ -282,21 +282,24 @@ def _verification(rec, console, width):
     def build(wrap):
         table = compact_table()
         table.add_column("fix", no_wrap=True)
-        table.add_column("finite", min_width=6)
-        for column in ("final loss", "best loss", "unfixed final", "unfixed best"):
+        table.add_column("result", min_width=6)
+        for column in ("steps", "final loss", "baseline"):
             table.add_column(header(column), justify="right", no_wrap=True)
         for row in rec.verification:
-            finite = "yes" if row["finite"] else f"no (step {row['first_nonfinite_step']})"
-            if row.get("stalled"):
-                finite += f", {row['skipped_updates']} update(s) skipped: it did not train"
+            result = row.get("verdict") or ("yes" if row["finite"] else f"no (step {row['first_nonfinite_step']})")
+            if row.get("stalled") and row["finite"]:
+                result = f"{row['skipped_updates']} update(s) skipped: it did not train"
             fix = row["fix"] + (" (together)" if row.get("together_with") else "")
-            table.add_row(wrap(fix), finite, fmt(row["final_loss"]), fmt(row["best_loss"]),
-                          fmt(row["unfixed_final_loss"]), fmt(row["unfixed_best_loss"]),
-                          style="green" if row["helped"] else "red")
+            steps = str(row.get("horizon", row["steps_run"])) + ("*" if row.get("horizon_capped") else "")
+            table.add_row(wrap(fix), result, steps, fmt(row.get("judged_loss", row["final_loss"])),
+                          fmt(row.get("baseline")), style="green" if row["helped"] else "red")
         return table
 
     names = [row["fix"] + (" (together)" if row.get("together_with") else "") for row in rec.verification]
-    return Padding(fitted(build, names, console, width - VERIFY_INDENT), (0, 0, 0, VERIFY_INDENT))
+    parts = [fitted(build, names, console, width - VERIFY_INDENT)]
+    parts.extend(Text(f"* {row['fix']}: capped at {row['horizon']} of the {row['horizon_wanted']} steps its horizon "
+                      "wants", style="dim") for row in rec.verification if row.get("horizon_capped"))
+    return Padding(Group(*parts), (0, 0, 0, VERIFY_INDENT))
 
 
 def _step_verification(rec, console, width):
@@ -323,12 +326,11 @@ def _recommendations(report, console):
         return Panel(Text("no findings", style="green"), title="recommendations", title_align="left")
     parts = []
     for number, rec in enumerate(report.recommendations, start=1):
-        verified = {True: "  [verified: the fix stays finite]", False: "  [verified: the fix did NOT help]"}.get(
-            rec.verified, "")
+        verified = {True: "  [verified: it trains]", False: "  [verified: no fix trains]"}.get(rec.verified, "")
         if rec.verified and any(row.get("one_step") for row in rec.verification):
-            verified = "  [verified on the saved step: it stays finite]"
+            verified = "  [the saved step stays finite; one step cannot show that it trains]"
         if rec.verified and rec.data.get("verified_with"):
-            verified = f"  [verified together with {', '.join(rec.data['verified_with'])}: the fixes stay finite]"
+            verified = f"  [verified together with {', '.join(rec.data['verified_with'])}: they train]"
         parts.append(hanging(f"{number}. ", Text.assemble((f"[{rec.severity}] ", SEVERITY_STYLE.get(rec.severity, "")),
                                                           (rec.title, "bold"), f"  ({rec.id})",
                                                           (verified, "green" if rec.verified else "red"))))

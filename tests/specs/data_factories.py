@@ -28,3 +28,10 @@ def late_spike(rows=96, features=4, block=16, spike_block=4, spike=20.0, target_
     y = (target_scale * (x[:, :1] * 2.0 + 1.0)).astype(np.float32)
     x[spike_block * block:(spike_block + 1) * block] *= spike
     return x, y
+
+
+def exp_counts(rows=256, features=4, level=11.5):
+    """Random rows and positive targets exp(level + x0 / 2): their log has mean `level` and std 0.5."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((rows, features)).astype(np.float32)
+    return x, np.exp(level + 0.5 * x[:, :1]).astype(np.float32)

@@ -67,3 +67,21 @@ def raw_input_mlp(features=4, width=32):
     return keras.Sequential([keras.Input((features,)), keras.layers.Dense(width, activation="relu", name="hidden"),
                              keras.layers.Dense(width, activation="relu", name="hidden2"),
                              keras.layers.Dense(1, name="out", dtype="float32")])
+
+
+class ExpRate(keras.layers.Layer):
+    """A rate head, exp(x @ w + b), computed in the layer's dtype: in float16 it overflows once x @ w + b passes
+    log(65504) ~ 11.09."""
+
+    def build(self, shape):
+        self.kernel = self.add_weight(shape=(shape[-1], 1), initializer="glorot_uniform", name="kernel")
+        self.bias = self.add_weight(shape=(1,), initializer="zeros", name="bias")
+
+    def call(self, x):
+        return ops.exp(ops.matmul(x, self.kernel) + self.bias)
+
+
+def exp_rate(features=4):
+    """A regression on counts near e^11.5 whose float16 output layer is exp: training pushes its input past 11.09."""
+    return keras.Sequential([keras.Input((features,)), keras.layers.Dense(16, activation="relu", name="hidden"),
+                             ExpRate(name="rate")])
