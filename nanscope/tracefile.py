@@ -17,6 +17,8 @@ import math
 import os
 from pathlib import Path
 
+import numpy as np
+
 from nanscope.errors import NanscopeError
 from nanscope.history import PHASES, scalar_row
 from nanscope.jsonio import dumps, encode_float, jsonable
@@ -67,7 +69,9 @@ class TraceWriter:
         if self.full:
             self._rows.append(_full_line(record))
             return
-        self._pending.append(f"[{record.step},{','.join(map(_number, scalar_row(record)))}]")
+        with np.errstate(over="ignore"):  # beyond float32's range is inf, as in the run's own columns
+            row = np.array(scalar_row(record), np.float32).tolist()
+        self._pending.append(f"[{record.step},{','.join(map(_number, row))}]")
         self._rows.extend(_full_line(row, self._history.why_kept(row.step)) for row in kept)
 
     def rows(self, records):
@@ -147,9 +151,16 @@ def _full_line(record, kept=None):
 
 
 def _number(value):
-    """A float32-exact JSON number, or "nan" / "inf" / "-inf" (jsonio's spelling)."""
+    """A float32 value as the JSON number that reads back as it, or "nan" / "inf" / "-inf" (jsonio's spelling).
+
+    Nine significant digits give back every float32 exactly; the value must be a float32 already
+    (`step` rounds the row once, as the run's columns do): nine digits of a float64 and a second
+    rounding to float32 can land one float32 away. -0.0 keeps its sign.
+    """
     if not math.isfinite(value):
         return f'"{encode_float(float(value))}"'
+    if value == 0 and math.copysign(1.0, value) < 0:
+        return "-0.0"  # "0" or "-0" would read back as the integer 0, which has no sign
     if value == int(value) and abs(value) < 2 ** 53:
         return str(int(value))
     return f"{value:.9g}"
