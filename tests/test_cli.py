@@ -32,7 +32,9 @@ def test_nonfinite_run_exits_1_and_writes_json(tmp_path):
     assert result.exit_code == 1
     start = result.stdout.index('{\n  "schema"')
     document = json.loads(result.stdout[start:])
-    assert document["status"] == "nonfinite" and document["first_nonfinite"]["step"] < 16
+    # README: the run goes non-finite at step 8 of the first epoch, in the loss phase.
+    first = document["first_nonfinite"]
+    assert document["status"] == "nonfinite" and (first["step"], first["phase"]) == (8, "loss")
 
 
 def test_healthy_run_exits_0_and_overrides_apply(tmp_path):

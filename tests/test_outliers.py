@@ -56,7 +56,9 @@ def test_a_heavy_tail_or_clean_data_holds_no_glitch_rows():
 def test_growth_is_not_claimed_from_step_0_for_a_flat_loss_that_spikes():
     flat = [1.0 + 0.01 * np.sin(i) for i in range(30)] + [1e12, 1e30]
     found = geometric_growth(range(32), flat, 1.2, 4, 100.0)
-    assert found is None or found[1] >= 28  # at most the spike itself, never the flat steps before it
+    # Never the flat steps before it: the only fit that passes is the shortest one (4 steps) that ends at the
+    # spike, from step 28 (1.0, 1.0, 1e12, 1e30); every earlier start fails the sustained-rise check.
+    assert found is not None and found[1] == 28
     noisy = [*np.random.default_rng(0).uniform(0.5, 1.5, size=40).tolist(), 1e9]
     assert geometric_growth(range(41), noisy, 1.2, 4, 100.0) is None
     # An accelerating divergence is still growth from its start.

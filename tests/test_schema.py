@@ -128,7 +128,8 @@ def reference(model, x, y):
     }
 
 
-def check(record, ref, model, halved, terms_after_update=False):
+def check(record, ref, model, halved, terms_after_update=False, step=0):
+    assert record.step == step  # the number of the step the producer ran, not one off
     assert record.loss == pytest.approx(ref["loss"], rel=1e-5)
     assert record.data_loss == pytest.approx(ref["data_loss"], rel=1e-2 if terms_after_update else 1e-5)
     assert record.layers[0].loss_term == pytest.approx(ref["penalty"], rel=0.1 if terms_after_update else 1e-5)
@@ -153,6 +154,17 @@ def test_the_single_step_and_the_chunked_loop_decode_to_the_reference(session):
     runner = session.chunk_runner(engine)
     (record,) = runner.run(0, [session.order.indices(0)], stop_on_nonfinite=True)
     check(record, ref, session.model.keras_model, halved=True)
+
+
+def test_the_chunked_loop_numbers_its_steps_from_the_first_it_was_given(session):
+    engine = session.instrumented_step()
+    session.reset_weights()
+    chunked = session.chunk_runner(engine).run(1, [session.order.indices(s) for s in (1, 2, 3)],
+                                               stop_on_nonfinite=True)
+    session.reset_weights()
+    single = [engine.run(s, *session.batch(s)) for s in (1, 2, 3)]
+    assert [r.step for r in chunked] == [r.step for r in single] == [1, 2, 3]
+    assert [r.loss for r in chunked] == pytest.approx([r.loss for r in single], rel=1e-6)
 
 
 def test_nonfinite_counts_land_in_their_own_columns(session):
