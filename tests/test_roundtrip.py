@@ -211,3 +211,28 @@ def test_the_aggregates_line_reads_back_exactly(tmp_path, values):
                          (written.history.outputs, redrawn.history.outputs)):
         for a, b in zip(mine, theirs, strict=True):
             same_fields(a, b)
+
+
+def test_minus_zero_and_a_float64_column_read_back_as_the_run_holds_them(tmp_path):
+    """The two cases the scalars lines got wrong, pinned: -0.0 read back as +0.0, and a float64 column
+    (the weight norm, sqrt(16777217^2 + 1) here) rounded twice, to 16777216, while the run holds 16777218."""
+    names = {"layers": [], "variables": ["a", "b"], "outputs": [], "spec": "s", "validation_loss": None}
+    row = StepRecord(step=2 ** 40, batch_rows=8, loss=-0.0, data_loss=-0.0, grad_global_norm=-0.0,
+                     applied_grad_global_norm=1e-45, x_nonfinite=0, y_nonfinite=0, output_nonfinite=0,
+                     loss_nonfinite=False, grad_nonfinite=0, weights_nonfinite=0,
+                     variables=[VariableStats(1.0, 0, 16777217.0, 0.0, 0), VariableStats(1.0, 0, 1.0, 0.0, 0)])
+    written = write_run(tmp_path / "t.jsonl", [row], names)
+    redrawn = load_trace(tmp_path / "t.jsonl").history
+    assert np.signbit(redrawn.column("loss")[0]) and redrawn.column("loss")[0] == 0.0
+    assert redrawn.column("weight_norm")[0] == written.history.column("weight_norm")[0] == 16777218.0
+    assert redrawn.column("applied_grad_global_norm")[0] == float(np.float32(1e-45))
+    assert redrawn.steps().tolist() == [2 ** 40]
+
+
+def test_arrays_paths_and_numpy_scalars_are_plain_json():
+    from pathlib import Path
+
+    assert jsonable(np.array([[1.5, np.nan], [-np.inf, -0.0]])) == [[1.5, "nan"], ["-inf", -0.0]]
+    assert jsonable({"p": Path("runs/a b.json"), "n": np.int64(2 ** 40), "b": np.bool_(True), "t": (1, None)}) == {
+        "p": "runs/a b.json", "n": 2 ** 40, "b": True, "t": [1, None]}
+    assert type(jsonable(np.int64(3))) is int and type(jsonable(np.bool_(False))) is bool
