@@ -126,17 +126,18 @@ def test_a_variable_without_a_layer_path_names_no_layer():
     assert (attribute_from_record(bad, names).variable, attribute_from_record(bad, names).layer) == ("b", None)
 
 
-def test_a_gradient_loss_scaling_absorbed_is_no_backward_phase_above_the_floor_only():
-    # The scale before the step: 2 is above the floor 1 (loss scaling absorbs it), 1 is the floor.
-    absorbed = record(bad_grads=("head/kernel",), update_skipped=True, loss_scale=1.0, loss_scale_before=2.0)
-    assert absorbed.phase is None
-    at_floor = record(bad_grads=("head/kernel",), update_skipped=True, loss_scale=0.5, loss_scale_before=1.0)
-    assert at_floor.phase == "backward"
-    first = attribute_from_record(at_floor, NAMES)
-    assert first.detail[-1].startswith("the LossScaleOptimizer skipped this update with its scale at 1: ")
-    # Without the scale before, twice the scale after stands for it: 2 x 0.5 = 1 is the floor, 2 x 1 = 2 above it.
-    assert record(bad_grads=("head/kernel",), update_skipped=True, loss_scale=0.5).phase == "backward"
-    assert record(bad_grads=("head/kernel",), update_skipped=True, loss_scale=1.0).phase is None
+@pytest.mark.parametrize("before", [2.0, 1.0, 0.125])
+def test_a_skipped_update_is_absorbed_at_any_scale_until_the_scale_collapsed(before):
+    # Keras 3's scale has no floor: a skip below 1 is still loss scaling at work (engine/loss_scale.py judges collapse).
+    skipped = record(bad_grads=("head/kernel",), update_skipped=True, loss_scale=before / 2, loss_scale_before=before)
+    assert skipped.phase is None
+    collapsed = record(bad_grads=("head/kernel",), update_skipped=True, loss_scale=before / 2,
+                       loss_scale_before=before, scale_collapsed=True)
+    assert collapsed.phase == "backward"
+    first = attribute_from_record(collapsed, NAMES)
+    assert first.detail[-1].startswith(f"the LossScaleOptimizer skipped this update with its scale at {before:g}, ")
+    # Not skipped, bad gradients are the backward phase whatever the scale.
+    assert record(bad_grads=("head/kernel",), loss_scale=before).phase == "backward"
 
 
 @pytest.mark.parametrize("phase, outputs, named", [

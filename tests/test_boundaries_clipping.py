@@ -74,7 +74,7 @@ def test_each_mode_caps_the_global_norm_at_the_same_bound(variables, clipnorm):
     # Norms 4 .. 40: the 10th percentile is 7.6, the bound G rounds it to 8 (no learning rate: no lower bound).
     found = derive_thresholds(strategies, unclipped_run([4.0 * n for n in range(1, 11)], variables), None, 10_000)
     assert found == {"global_norm_bound": 8.0, "how": "the 10th percentile of the healthy steps' gradient norms",
-                     "healthy_steps": 10}
+                     "healthy_steps": 10, "auto_from": "percentile", "auto_min_healthy_steps": 10}
     thresholds = {s.kind: s.threshold for s in strategies[:-1]}
     assert thresholds == {"none": None, "global_clipnorm": 8.0, "manual_clip_by_global_norm": 8.0,
                           # G / sqrt(variables): clipped each to it, the variables together have norm G.
@@ -94,6 +94,14 @@ def test_the_learning_rate_bound_uses_the_first_healthy_weight_norm():
     derive_thresholds(strategies := [Strategy("global_clipnorm")], unclipped_run([4.0] * 3), 1.0, 10,
                       weight_norm=1000.0)
     assert strategies[0].threshold == 4.0  # 1% x 1000 / 1 = 10 > the percentile 4
+
+
+@pytest.mark.parametrize("healthy, auto, source", [(9, 0.1, "global_norm_bound"), (10, 8.0, "percentile")])
+def test_auto_needs_10_healthy_steps_for_its_percentile_else_takes_the_bound(healthy, auto, source):
+    # 4 variables of norm 5: the weights' norm is 10; lr 1: G = 1% x 10 / 1 = 0.1, below the percentile.
+    strategies = [Strategy("auto")]
+    found = derive_thresholds(strategies, unclipped_run([4.0 * n for n in range(1, healthy + 1)]), 1.0, 10)
+    assert (strategies[0].threshold, found["auto_from"]) == (auto, source)
 
 
 def test_an_unclipped_run_without_a_healthy_step_falls_back_to_1():

@@ -276,7 +276,7 @@ def test_float16_underflow_threshold(fraction, fires):
 F, T = False, True
 # A collapsed loss scale (float32-layer with a LossScaleOptimizer in use): over the last 20 scaled steps after the
 # warm-up (at least 5 of them), at least 80% skipped. The warm-up is the run of skips the run starts with, unless
-# it lasts 10 steps or more.
+# it reached 30 steps (every scale from 2^15 to 2^-15 tried), ended or not.
 SKIPS = [
     pytest.param([F, T, T, T], None, id="4-steps-below-5"),
     pytest.param([F, T, T, T, T], (4, 5), id="5-steps-80-percent"),
@@ -285,10 +285,12 @@ SKIPS = [
     pytest.param([F, T, T, T, T, F], None, id="67-percent"),
     pytest.param([F, T, T, T, T, T], (5, 6), id="83-percent"),
     pytest.param([F, F, F, T, F, F, F, F] + [T] * 15, (16, 20), id="the-last-20-not-19-or-21"),
-    pytest.param([T] * 9, None, id="a-warm-up-of-9"),
-    pytest.param([T] * 10, (10, 10), id="a-warm-up-of-10-is-kept"),
-    pytest.param([T] * 9 + [F] + [T] * 3, None, id="after-a-warm-up-4-steps"),
-    pytest.param([T] * 9 + [F] + [T] * 4, (4, 5), id="after-a-warm-up-5-steps"),
+    pytest.param([T] * 29, None, id="a-warm-up-of-29"),
+    pytest.param([T] * 30, (20, 20), id="a-warm-up-of-30-is-kept"),
+    pytest.param([T] * 30 + [F], (19, 20), id="a-warm-up-of-30-that-ended-is-kept"),
+    pytest.param([T] * 29 + [F], None, id="a-warm-up-of-29-that-ended"),
+    pytest.param([T] * 29 + [F] + [T] * 3, None, id="after-a-warm-up-4-steps"),
+    pytest.param([T] * 29 + [F] + [T] * 4, (4, 5), id="after-a-warm-up-5-steps"),
 ]
 
 
