@@ -148,3 +148,10 @@ def test_a_skipped_update_is_absorbed_at_any_scale_until_the_scale_collapsed(bef
 ])
 def test_the_output_named_is_the_first_that_shows_the_phase(phase, outputs, named):
     assert attribute_from_record(record([phase], outputs=outputs), NAMES).output == named
+
+
+def test_the_replica_and_worker_named_are_the_first_that_saw_a_bad_value():
+    first = attribute_from_record(record(["loss"], replica_nonfinite=[0, 3, 1, 0], worker_nonfinite=[0, 4]), NAMES)
+    assert (first.replica, first.worker) == (1, 1)
+    alone = attribute_from_record(record(["loss"]), NAMES)
+    assert (alone.replica, alone.worker) == (None, None)  # one device: no replica to name

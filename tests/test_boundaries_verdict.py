@@ -81,3 +81,15 @@ def test_when_every_strategy_fails_the_diagnosis_says_whether_clipping_could_hav
     assert ("before any gradient exists" in report.diagnosis) == before_gradients
     if before_gradients:
         assert f"at step 1 in the {phase} phase" in report.diagnosis
+
+
+def test_verified_fixes_rank_first_then_untried_then_failed_each_in_diagnosis_order():
+    from nanscope.rules.catalogue import recommend
+    from nanscope.verify import ranked_by_verification
+
+    recs = [recommend(rule, "error", []) for rule in ("stable-log", "clip-gradients", "lower-learning-rate",
+                                                      "normalize-targets", "safe-division")]
+    for rec, verified in zip(recs, (False, None, True, False, None)):
+        rec.verified = verified
+    assert [r.id for r in ranked_by_verification(recs)] == [
+        "lower-learning-rate", "clip-gradients", "safe-division", "stable-log", "normalize-targets"]
