@@ -1,5 +1,6 @@
-"""drop-outlier-rows' thresholds: a robust z-score > 10, at most 1% of the rows, a loss spike > 100x the median
-of the 20 finite losses before it; and the severity that follows from the step the glitch hit.
+"""drop-outlier-rows' thresholds: a robust z-score > 10 and a gap of 10 from the rest, at most 1% of the rows,
+a loss spike > 100x the median of the 20 finite losses before it; and the severity that follows from
+the step the glitch hit.
 
 The column below has median 0 and MAD 1 whatever one or two glitch values do to it (30 values of -1,
 38 or 39 of 0, 30 of 1), so a value's robust z-score is |value| / 1.4826 exactly.
@@ -29,11 +30,16 @@ def glitch_rows_of(y):
     return {row for found in glitches_in(np.zeros((len(y), 1)), y).values() for row in found}
 
 
+# A far value must also stand apart: a gap of over 10 robust std from the bulk's edge (1 or -1 here), which a long
+# tail does not leave (rules.outliers.detached).
+APART = 1.0 + AT_Z10
 GLITCH_Z = [
     pytest.param(down(AT_Z10), False, id="z-below-10"),
     pytest.param(AT_Z10, False, id="z-at-10"),
-    pytest.param(up(AT_Z10), True, id="z-above-10"),
-    pytest.param(-up(AT_Z10), True, id="z-above-10-negative"),
+    pytest.param(up(AT_Z10), False, id="z-above-10-but-not-apart"),
+    pytest.param(APART - 1e-9, False, id="gap-just-below-10"),
+    pytest.param(APART + 1e-9, True, id="gap-just-above-10"),
+    pytest.param(-(APART + 1e-9), True, id="gap-just-above-10-negative"),
     pytest.param(9999.0, True, id="a-missing-value-code"),
 ]
 
