@@ -41,7 +41,8 @@ def test_stable_exp_fires_past_log_of_the_dtype_max(dtype, bound, where, fires):
 @pytest.mark.parametrize("phase", ["forward", "loss", "backward"])
 def test_the_producing_op_names_the_rule_in_every_phase_after_the_data(op, rule, phase):
     report = report_of([step(0, loss=math.inf, loss_nonfinite=True)], producer(op, "float32", 1.0, phase))
-    found = set(fired(report)) & {"stable-log", "avoid-poles", "safe-division", "safe-sqrt", "stable-exp", "optimizer-epsilon"}
+    found = set(fired(report)) & {"stable-log", "avoid-poles", "safe-division", "safe-sqrt", "stable-exp",
+                                  "optimizer-epsilon"}
     assert found == ({rule} if rule else set())
     data_phase = report_of([step(0, loss=math.inf, loss_nonfinite=True)], producer(op, "float32", 1.0, "data"))
     assert not set(fired(data_phase)) & {"stable-log", "safe-division", "safe-sqrt"}
