@@ -57,6 +57,9 @@ def test_a_zero_mask_batch_in_the_loss_is_named_with_its_line(tmp_path, monkeypa
     first = report.first_nonfinite
     assert (first.step, first.phase, first.op, first.layer) == (1, "loss", "RealDiv", None)
     assert first.source.endswith("jit_losses.py:7")
+    # Said once, in the words the replay uses (it was said twice, once as "part of the loss the loss")
+    assert [line for line in first.detail if "outside any layer" in line] == [
+        "RealDiv is part of the loss, outside any layer"]
     assert report.recommendations[0].id == "safe-division"
     assert report.run["jit_compile"] is True
     assert any(note.startswith("forensics: the weights and optimizer state") for note in report.notes)

@@ -122,7 +122,7 @@ def describe_event(first, event, record_phase=None, loss_name=None):
         return first
     if "loss" in (event.phase, event.forward_phase):
         first.layer, first.layer_class, first.loss = None, None, loss_name or "the loss"
-        named = f"the loss {loss_name}" if loss_name else "the loss"
+        named = f"the loss {loss_name}" if loss_name and loss_name != "the loss" else "the loss"
         first.detail.append(f"{event.forward_op or event.op} is part of {named}, outside any layer")
     elif event.layer is not None:
         first.layer, first.layer_class = event.layer, event.layer_class

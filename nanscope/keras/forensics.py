@@ -55,8 +55,9 @@ class GuestForensics:
                                 "whose non-finite outputs are expected: the op that spread them is not named")
             return
         describe_event(first, found.event, first.phase)
-        if first.phase == "loss" and first.layer is None and first.op is not None:
-            first.detail.append(f"{first.op} is part of the loss, outside any layer")
+        outside = f"{first.op} is part of the loss, outside any layer"
+        if first.phase == "loss" and first.layer is None and first.op is not None and outside not in first.detail:
+            first.detail.append(outside)  # unless the replay's own description already said so
         first.detail.append(f"forensic replay of step {record.step}: {found.seconds:.3f} s")
 
     def describe_batch(self, batch):
