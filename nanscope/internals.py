@@ -192,3 +192,24 @@ def inputs_struct(model):
 def inbound_tensors(layer):
     """The tensors fed to `layer` in the functional graph, over all its calls (`_inbound_nodes`)."""
     return [tensor for node in getattr(layer, "_inbound_nodes", []) for tensor in getattr(node, "input_tensors", [])]
+
+
+# --- Keras and TensorFlow: the global random state an unseeded random op draws from ------------------
+
+
+def keras_global_seed_generator():
+    """The SeedGenerator an unseeded `keras.random.*` call draws from (`global_seed_generator`), or None
+    before the first such call creates it."""
+    from keras.src.backend.common import global_state
+    from keras.src.random.seed_generator import GLOBAL_SEED_GENERATOR
+
+    return global_state.get_global_attribute(GLOBAL_SEED_GENERATOR)
+
+
+def set_keras_global_seed_generator(generator):
+    """Put back the global SeedGenerator as it was found (None: the next unseeded call creates one)."""
+    from keras.src.backend.common import global_state
+    from keras.src.random.seed_generator import GLOBAL_SEED_GENERATOR
+
+    global_state.set_global_attribute(GLOBAL_SEED_GENERATOR, generator)
+

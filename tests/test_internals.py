@@ -265,3 +265,22 @@ def test_canary_a_tf_functions_jit_compile():
         return None if seen == (True, None, None) else f"tf.function.{internals.JIT_COMPILE} read {seen}"
 
     canary(f"tf.function.{internals.JIT_COMPILE}", check)
+
+
+def test_canary_keras_global_seed_generator():
+    def check():
+        internals.set_keras_global_seed_generator(None)
+        keras.random.normal((1,))  # an unseeded call makes the global generator and advances it
+        generator = internals.keras_global_seed_generator()
+        if generator is None or not isinstance(generator, keras.random.SeedGenerator):
+            return f"no global SeedGenerator after an unseeded keras.random.normal: {generator!r}"
+        state = generator.state.numpy()
+        keras.random.normal((1,))
+        if np.array_equal(generator.state.numpy(), state):
+            return "an unseeded keras.random.normal no longer advances the global SeedGenerator's state"
+        internals.set_keras_global_seed_generator(None)
+        if internals.keras_global_seed_generator() is not None:
+            return "the global SeedGenerator could not be put back to None"
+        return None
+
+    canary("keras.src.random.seed_generator.global_seed_generator", check)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nanscope.engine.step import probed_layers
+from nanscope.forensics.random_state import random_state_kept
 from nanscope.forensics.watch import OpEvent, OpWatch
 from nanscope.runtime import tensorflow
 
@@ -101,7 +102,8 @@ def localize_step(engine, x, y):
     engine.restore_before_step()
     before = [v.numpy() for v in variables]
     try:
-        found = replay_step(engine.model, engine.loss, engine.optimizer, x, y, engine.grad_transform)
+        with random_state_kept():
+            found = replay_step(engine.model, engine.loss, engine.optimizer, x, y, engine.grad_transform)
         found.state_before = before
         return found
     finally:

@@ -15,6 +15,7 @@ from nanscope.data.inputs import id_inputs
 from nanscope.errors import first_line
 from nanscope.guard.host import GuestGuard
 from nanscope.internals import compile_metrics_built, flatten_layers, symbolic_build
+from nanscope.forensics.random_state import random_state_kept
 from nanscope.keras.forensics import GuestForensics, labelled_fit_batch
 from nanscope.keras.header import fit_header, fit_outputs, rows_seen
 from nanscope.report import run_header
@@ -116,7 +117,8 @@ class FitRun:
         self._unbuilt_function = original
 
     def _build_and_start(self, iterator):
-        symbolic_build(self.model, iterator.element_spec)
+        with random_state_kept():  # the build traces `call` once more than fit would
+            symbolic_build(self.model, iterator.element_spec)
         self._start()
 
     def guarded(self, what, action):

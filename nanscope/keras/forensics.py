@@ -11,6 +11,7 @@ import numpy as np
 
 from nanscope.attribution import bad_values_line
 from nanscope.forensics.guest import replay_call
+from nanscope.forensics.random_state import random_state_kept
 from nanscope.forensics.replay import describe_event
 from nanscope.runtime import tensorflow
 
@@ -71,7 +72,8 @@ class GuestForensics:
         self.snapshot.state.restore()
         self.state_before = [v.numpy() for v in self.snapshot.variables]
         try:
-            return replay_call(self.function, (batch,), self.layers, self.models, self.optimizers, self.trainable)
+            with random_state_kept():
+                return replay_call(self.function, (batch,), self.layers, self.models, self.optimizers, self.trainable)
         finally:
             for variable, value in zip(variables, after):
                 variable.assign(value)

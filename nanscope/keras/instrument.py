@@ -26,6 +26,7 @@ from nanscope.engine.schema import join
 from nanscope.engine.step import probed_layers, relative_variable_names
 from nanscope.errors import NonFiniteError, first_line
 from nanscope.guard.options import GuardOptions, guard_options, resolve_on_nonfinite
+from nanscope.forensics.random_state import random_state_kept
 from nanscope.keras.capture import StepCapture, not_absorbed
 from nanscope.keras.forensics import GuestForensics, labelled_arguments
 from nanscope.keras.header import UNKNOWN_TO_GUESTS, parameter_count, precision
@@ -216,7 +217,8 @@ class GuestRun:
         self.python_function, self.models, self.optimizers, self.options = python_function, models, optimizers, options
         self.jit = bool(jit)
         if not all(m.built for m in models) or not all(o.built for o in optimizers):
-            tf.function(python_function).get_concrete_function(*args, **kwargs)
+            with random_state_kept():  # a trace more than the user's: it must draw no seed
+                tf.function(python_function).get_concrete_function(*args, **kwargs)
         self.layers = [layer for model in models for layer in probed_layers(model)]
         self.trainable = _unique(v for model in models for v in model.trainable_variables)
         self.failure = None
