@@ -23,7 +23,7 @@ from nanscope.keras import NanScope
 from nanscope.runtime import tensorflow
 
 sys.path.insert(0, str(Path(__file__).parent / "specs"))
-import generative  # noqa: E402
+import generative
 
 tf, keras = tensorflow()
 
