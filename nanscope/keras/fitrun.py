@@ -19,12 +19,13 @@ from nanscope.forensics.random_state import random_state_kept
 from nanscope.keras.forensics import GuestForensics, labelled_fit_batch
 from nanscope.keras.header import fit_header, fit_outputs, rows_seen
 from nanscope.report import run_header
-from nanscope.keras.probe import StepProbe
+from nanscope.keras.probe import StepProbe, held_optimizers
 from nanscope.attribution import StepNames
 from nanscope.keras.recorder import StepRecorder
 from nanscope.learning_rate import LearningRateView
 from nanscope.keras.workers import worker_role
 from nanscope.rules.evidence import RunEvidence
+from nanscope.runtime import tensorflow
 
 log = logging.getLogger("nanscope")
 
@@ -61,10 +62,10 @@ class FitRun:
                           variables=probe.variable_names, outputs=probe.output_names)
         if probe.snapshot is not None:
             self.forensics = GuestForensics(probe.snapshot, probe.original_step, labelled_fit_batch, probe.layers,
-                                            [model], [model.optimizer], probe.trainable, model.metrics_variables,
+                                            [model], probe.optimizers, probe.trainable, model.metrics_variables,
                                             [probe.layers[i].name for i in expected])
         role = worker_role(model.distribute_strategy)
-        learning_rate = LearningRateView(model.optimizer)
+        learning_rate = LearningRateView(probe.optimizers[0] if probe.optimizers else None)
         self.recorder = StepRecorder(options, fit_header(model, self.params, probe, role, learning_rate), names,
                                      lambda: probe.call_order, self._locate if self.forensics else None, role,
                                      learning_rate)
@@ -117,8 +118,12 @@ class FitRun:
         self._unbuilt_function = original
 
     def _build_and_start(self, iterator):
-        with random_state_kept():  # the build traces `call` once more than fit would
-            symbolic_build(self.model, iterator.element_spec)
+        with random_state_kept():  # the build traces `call` (or the step) once more than fit would
+            if defines_call(self.model):
+                symbolic_build(self.model, iterator.element_spec)
+            else:  # nothing to build the model by: the step's trace builds the optimizers it uses
+                tf, _ = tensorflow()
+                tf.function(self.model.train_step).get_concrete_function(iterator.element_spec)
         self._start()
 
     def guarded(self, what, action):
@@ -224,5 +229,17 @@ class FitRun:
 
 
 def is_built(model):
-    """True when the model and every layer in it is built."""
-    return model.built and all(layer.built for layer in flatten_layers(model))
+    """True when every layer in the model and every optimizer it holds is built, and the model itself is
+    or has no `call` to be built by.
+
+    A model that overrides `train_step` and never defines `call` (keras-io's VAE and GAN) is
+    never built itself: its layers and variables are its built sub-models'.
+    """
+    return ((model.built or not defines_call(model)) and all(layer.built for layer in flatten_layers(model))
+            and all(optimizer.built for optimizer in held_optimizers(model)))
+
+
+def defines_call(model):
+    """True when the model's class (or a base below keras.Model) defines `call`."""
+    _, keras = tensorflow()
+    return type(model).call is not keras.Model.call

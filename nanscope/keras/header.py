@@ -16,7 +16,8 @@ def fit_header(model, params, probe, role=None, learning_rate=None):
     Call once the model is built, before its first step (`learning_rate`: the optimizer's LearningRateView,
     which adds the schedule under one).
     """
-    optimizer_name, optimizer_config = optimizer_settings(model.optimizer)
+    optimizers = probe.optimizers
+    optimizer_name, optimizer_config = optimizer_settings(optimizers[0] if optimizers else None)
     epochs, steps = params.get("epochs"), params.get("steps")
     distribute = ({"distribute": describe_strategy(probe.strategy, probe.replicas, role or WorkerRole())}
                   if probe.replicas > 1 else {})
@@ -34,7 +35,7 @@ def fit_header(model, params, probe, role=None, learning_rate=None):
         steps_requested=epochs * steps if epochs and steps else None,
         jit_compile=bool(model.jit_compile),
         steps_per_execution=probe.per_execution,
-        **precision(probe.layers, [model.optimizer]),
+        **precision(probe.layers, optimizers),
         **distribute,
     )
 

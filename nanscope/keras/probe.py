@@ -53,8 +53,9 @@ class StepProbe:
 
     def __init__(self, model, expected=(), forensics=True, metrics=False, sentinel=None):
         self.model = model
+        self.optimizers = training_optimizers(model)
         optimizer = model.optimizer
-        if optimizer is not None and not optimizer.built:
+        if optimizer in self.optimizers and not optimizer.built:
             optimizer.build(model.trainable_variables)  # what Keras does on the first step, done before it
         self.layers = probed_layers(model)
         self.trainable = list(model.trainable_variables)
@@ -70,7 +71,7 @@ class StepProbe:
         self.snapshot = None
         self.forensics_off = "tf.distribute" if self.replicas > 1 else None
         if forensics and self.forensics_off is None:
-            state = list(model.variables) + (list(optimizer.variables) if optimizer is not None else [])
+            state = list(model.variables) + [v for optimizer in self.optimizers for v in optimizer.variables]
             self.snapshot = StepSnapshot(state, freezing=self.per_execution > 1,
                                          extra=list(model.metrics_variables) if metrics else ())
         # XLA compiles fixed shapes and the batch copy is a variable of any shape: under jit_compile=True
@@ -128,7 +129,7 @@ class StepProbe:
 
     def _hooked_per_call(self, function):
         """The train function with the layer and optimizer hooks attached for each call (under tf.distribute)."""
-        self._hub = StepCapture(self.model, [self.model.optimizer], self.trainable)
+        self._hub = StepCapture(self.model, self.optimizers, self.trainable)
         self._hub._thread = threading.local()
 
         @functools.wraps(function)
@@ -209,7 +210,7 @@ class StepProbe:
                 return self._sentinel_step(original, data)
             hooks = contextlib.ExitStack()
             try:
-                capture = StepCapture(self.model, [self.model.optimizer], self.trainable,
+                capture = StepCapture(self.model, self.optimizers, self.trainable,
                                       outputs=len(self.output_names))
                 self.layer_probe.begin()
                 if snapshot:
@@ -261,7 +262,7 @@ class StepProbe:
         return self.rows.record(step, np.concatenate([[float(step)], row]))
 
     def _measured(self, data):
-        capture = StepCapture(self.model, [self.model.optimizer], self.trainable, outputs=len(self.output_names))
+        capture = StepCapture(self.model, self.optimizers, self.trainable, outputs=len(self.output_names))
         self.layer_probe.begin()
         with self.layer_probe.attached(), capture.attached():
             logs = self.original_step(data)
@@ -272,7 +273,7 @@ class StepProbe:
         from nanscope.guard.sentinel import SentinelCapture
 
         try:
-            capture = SentinelCapture(self.model, [self.model.optimizer], self.trainable,
+            capture = SentinelCapture(self.model, self.optimizers, self.trainable,
                                       outputs=len(self.output_names))
             if self.snapshot is not None:
                 self.snapshot.remember_structure(data)
@@ -310,7 +311,7 @@ class StepProbe:
         def train_step(data):
             context = tf.distribute.get_replica_context()
             self.layer_probe.begin_replica(int(tf.get_static_value(context.replica_id_in_sync_group)))
-            capture = StepCapture(self.model, [self.model.optimizer], self.trainable, replica_context=context,
+            capture = StepCapture(self.model, self.optimizers, self.trainable, replica_context=context,
                                   replicas=self.replicas, outputs=len(self.output_names))
             self._hub._thread.capture = capture
             logs = original(data)
@@ -341,6 +342,29 @@ def xla_outside_off(model, off):
         yield
     finally:
         model.jit_compile = True
+
+
+def held_optimizers(model):
+    """Optimizers held as the model's own attributes (a GAN's `d_optimizer` and `g_optimizer`), in order."""
+    held = []
+    for value in vars(model).values():
+        if isinstance(value, keras.optimizers.Optimizer) and all(value is not o for o in held):
+            held.append(value)
+    return held
+
+
+def training_optimizers(model):
+    """The optimizers the model's step trains with: `model.optimizer`, and those it holds as attributes.
+
+    A model that compiles with its own optimizers (keras-io's GAN: `super().compile()`, then
+    `d_optimizer` and `g_optimizer`) leaves `model.optimizer` as compile's default, which
+    its step never uses and Keras never builds: it is left out then.
+    """
+    held = [o for o in held_optimizers(model) if o is not model.optimizer]
+    own = model.optimizer
+    if own is None or (held and not own.built):
+        return held
+    return [own, *held]
 
 
 def _logged_loss(capture, logs):
