@@ -18,7 +18,7 @@ from rich.console import Console
 
 import nanscope
 from nanscope.forensics.random_state import random_state_kept
-from nanscope.internals import keras_global_seed_generator
+from nanscope.internals import keras_global_seed_generator, set_keras_global_seed_generator
 from nanscope.keras import NanScope
 from nanscope.runtime import tensorflow
 
@@ -28,8 +28,15 @@ import generative
 tf, keras = tensorflow()
 
 
+def fresh_vae(**kwargs):
+    """A seeded VAE whose run starts from no Keras global SeedGenerator (an earlier test's would carry on)."""
+    model = generative.vae(**kwargs)
+    set_keras_global_seed_generator(None)
+    return model
+
+
 def fit_history(draw, with_nanscope, tmp_path=None):
-    model = generative.vae(calling=True, draw=draw, learning_rate=1e-2)
+    model = fresh_vae(calling=True, draw=draw, learning_rate=1e-2)
     callbacks = [NanScope(report=tmp_path / "vae.json", console=Console(quiet=True))] if with_nanscope else []
     history = model.fit(generative.images(), epochs=2, batch_size=16, verbose=0, callbacks=callbacks)
     return history.history, int(np.random.randint(1 << 30)), random.random()
@@ -46,7 +53,7 @@ def test_fit_with_the_callback_trains_bit_for_bit_as_without(tmp_path, draw):
 
 
 def instrumented_losses(with_nanscope):
-    model = generative.vae(draw="legacy")
+    model = fresh_vae(draw="legacy")
     optimizer = keras.optimizers.Adam(1e-2)  # not built: instrument traces the step once to build it
 
     @tf.function
