@@ -17,6 +17,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
 import soak
 
+# Minutes on 2 cores (five groups of TensorFlow processes): kept out of the default run (`pytest -m soak` runs it).
+pytestmark = pytest.mark.soak
+
 STEPS = 1000
 REPLAYS = 40  # a replay (load the bundle, replay one step op by op) takes ~0.1-0.5 s
 GROUPS = ("trace,fit,fit-spe,instrument,compare-clipping,verify,replay", "trace-mirrored", "fit-mirrored",
