@@ -42,13 +42,26 @@ def fit_history(draw, with_nanscope, tmp_path=None):
     return history.history, int(np.random.randint(1 << 30)), random.random()
 
 
+def same_run(history_and_draws, reference):
+    """The same losses to float32 reduction-order noise, and the very same later global draws.
+
+    Eigen's multithreaded reductions can differ in the last bits between two identical runs on a
+    loaded machine (43.38656997680664 vs 43.386566162109375 was seen); the noise an extra seed draw
+    gives is 1.2% (kl_loss in epoch 0), five orders of magnitude above the tolerance.
+    """
+    (history, *draws), (expected, *expected_draws) = history_and_draws, reference
+    assert draws == expected_draws
+    assert history.keys() == expected.keys()
+    return all(history[key] == pytest.approx(expected[key], rel=1e-5) for key in expected)
+
+
 @pytest.mark.parametrize("draw", ["legacy", "keras"])
 def test_fit_with_the_callback_trains_bit_for_bit_as_without(tmp_path, draw):
     # The VAE with `call` is not built when fit starts: the callback builds it from the first batch, a trace
     # that drew one more numpy seed for the legacy sampler (kl_loss 1.2% off in epoch 0).
     without = fit_history(draw, False)
-    assert fit_history(draw, False) == without  # the reference itself is reproducible
-    assert fit_history(draw, True, tmp_path) == without
+    assert same_run(fit_history(draw, False), without)  # the reference itself is reproducible
+    assert same_run(fit_history(draw, True, tmp_path), without)
     assert (tmp_path / "vae.json").exists()
 
 
