@@ -136,7 +136,10 @@ def given_learning_rate(optimizer):
 
 def raw_iterations(optimizer):
     """The optimizer's step counter as a schedule reads it (every apply, gradient accumulation included)."""
-    return int(getattr(optimizer, RAW_ITERATIONS).numpy())
+    counter = getattr(optimizer, RAW_ITERATIONS, None)
+    if counter is None:  # Keras < 3.4 (3.3.3, the oldest supported): the public `iterations` is the raw counter
+        counter = optimizer.iterations
+    return int(counter.numpy())
 
 
 # A tf.function's `jit_compile` argument (tensorflow/python/eager/polymorphic_function): instrument
@@ -201,15 +204,20 @@ def keras_global_seed_generator():
     """The SeedGenerator an unseeded `keras.random.*` call draws from (`global_seed_generator`), or None
     before the first such call creates it."""
     from keras.src.backend.common import global_state
-    from keras.src.random.seed_generator import GLOBAL_SEED_GENERATOR
 
-    return global_state.get_global_attribute(GLOBAL_SEED_GENERATOR)
+    return global_state.get_global_attribute(_global_seed_generator_key())
 
 
 def set_keras_global_seed_generator(generator):
     """Put back the global SeedGenerator as it was found (None: the next unseeded call creates one)."""
     from keras.src.backend.common import global_state
-    from keras.src.random.seed_generator import GLOBAL_SEED_GENERATOR
 
-    global_state.set_global_attribute(GLOBAL_SEED_GENERATOR, generator)
+    global_state.set_global_attribute(_global_seed_generator_key(), generator)
+
+
+def _global_seed_generator_key():
+    """The global-state key of that SeedGenerator: a named constant since Keras 3.4, the literal before (3.3.3)."""
+    from keras.src.random import seed_generator
+
+    return getattr(seed_generator, "GLOBAL_SEED_GENERATOR", "global_seed_generator")
 
