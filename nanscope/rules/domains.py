@@ -71,6 +71,17 @@ def domain_of(op):
     return OP_DOMAINS.get(op, OVERFLOW)
 
 
+def domain_text(op, backward):
+    """The words of op's domain: its gradient's when `backward`, else its forward one."""
+    domain = domain_of(op)
+    return domain.gradient if backward else domain.forward
+
+
+def producer(first, op, backward):
+    """The producer as the evidence names it: `first.op`, and `(gradient of OP)` on the backward pass."""
+    return f"{first.op}{f' (gradient of {op})' if backward else ''}"
+
+
 def outside(op, inputs, backward):
     """How the measured operand `inputs` falls outside op's (gradient's) domain, in words; None if min and max
     do not show it (the operand then looks in range, and the result overflowed)."""
@@ -89,5 +100,4 @@ def outside(op, inputs, backward):
     canonical = {"Div": "RealDiv", "Xdivy": "RealDiv", "Inv": "Reciprocal"}.get(op, op)
     if not checks.get(canonical, False):
         return None
-    domain = domain_of(op)
-    return f"outside {'its gradient' if backward else op}'s domain {domain.gradient if backward else domain.forward}"
+    return f"outside {'its gradient' if backward else op}'s domain {domain_text(op, backward)}"

@@ -4,7 +4,7 @@ NaN is left without advice. A fallback (`registry.FALLBACKS`): it runs only when
 warning or error level, since guarding an op that overflows because training diverged (a MatMul under a too-large
 learning rate) would only hide the divergence that the other rules name."""
 
-from nanscope.rules.domains import domain_of, outside
+from nanscope.rules.domains import domain_of, domain_text, outside, producer
 from nanscope.rules.operand import finding_data, operand, source_fix, where
 from nanscope.rules.rule import Fixtures, Rule
 
@@ -38,8 +38,8 @@ def finding(facts, first, where, inputs):
     backward = first.phase == "backward"
     domain = domain_of(op)
     found = outside(op, inputs, backward)
-    against = found or (f"inside its domain as measured ({domain.gradient if backward else domain.forward}): "
+    against = found or (f"inside its domain as measured ({domain_text(op, backward)}): "
                         "the result overflowed")
-    evidence = [f"{where}: {first.op}{f' (gradient of {op})' if backward else ''} fed {operand(inputs)}; "
+    evidence = [f"{where}: {producer(first, op, backward)} fed {operand(inputs)}; "
                 f"{against}"]
     return GUARD_OP.recommend("warning", evidence, source_fix(first, domain.guarded), finding_data(first, inputs))

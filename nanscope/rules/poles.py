@@ -1,7 +1,7 @@
 """`avoid-poles`: lgamma, digamma, xlogy or log1p at a pole, as Poisson, negative-binomial, Beta and Dirichlet
 losses reach when a rate or a concentration comes straight from a relu (0), or log1p gets a prediction below -1."""
 
-from nanscope.rules.domains import domain_of, outside
+from nanscope.rules.domains import domain_text, outside, producer
 from nanscope.rules.operand import finding_data, operand, source_fix
 from nanscope.rules.rule import Fixtures, Rule
 
@@ -42,8 +42,7 @@ def finding(facts, first, where, inputs):
     """The Recommendation for an op at one of its poles."""
     op = inputs.get("op") or first.op
     backward = first.phase == "backward"
-    domain = outside(op, inputs, backward) or \
-        f"domain {domain_of(op).gradient if backward else domain_of(op).forward}"
-    evidence = [f"{where}: {first.op}{f' (gradient of {op})' if backward else ''} fed {operand(inputs)}; "
+    domain = outside(op, inputs, backward) or f"domain {domain_text(op, backward)}"
+    evidence = [f"{where}: {producer(first, op, backward)} fed {operand(inputs)}; "
                 f"{WHY[op]} ({domain})"]
     return AVOID_POLES.recommend("error", evidence, source_fix(first, SNIPPETS[op]), finding_data(first, inputs))
