@@ -65,3 +65,46 @@ def test_sentinel_localizes_the_first_nan_as_full_mode_does():
 def test_mode_is_validated():
     with pytest.raises(ValueError, match=r"`mode` must be one of full, sentinel\. Received: mode='fast'"):
         NanScope(mode="fast")
+
+
+def custom_loop(mode, x, y, **kwargs):
+    """A custom loop under `nanscope.instrument(mode=...)`: the model, its step (whose `.nanscope.report` is kept)."""
+    import nanscope
+
+    m = model()
+    optimizer, loss_fn = keras.optimizers.Adam(0.01), keras.losses.MeanSquaredError()
+
+    def train_step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, m(xb, training=True))
+        optimizer.apply_gradients(zip(tape.gradient(loss, m.trainable_variables), m.trainable_variables))
+        return loss
+
+    step = nanscope.instrument(m, optimizer, verbose=0, mode=mode, **kwargs)(tf.function(train_step))
+    try:
+        for start in range(0, ROWS, BATCH):
+            step(tf.constant(x[start:start + BATCH]), tf.constant(y[start:start + BATCH]))
+    except nanscope.NonFiniteError:
+        pass
+    return m, step.nanscope.finish()
+
+
+def test_instrument_sentinel_trains_as_full_mode_and_localizes_the_first_nan_as_it():
+    x, y = data()
+    full_model, full = custom_loop("full", x, y)
+    model_s, sentinel = custom_loop("sentinel", x, y, guard=GuardOptions(sample_every=10))
+    assert sentinel.steps_run == full.steps_run == ROWS // BATCH
+    np.testing.assert_allclose([r.loss for r in sentinel.records], [r.loss for r in full.records], rtol=1e-6)
+    np.testing.assert_allclose([r.grad_global_norm for r in sentinel.records],
+                               [r.grad_global_norm for r in full.records], rtol=1e-5)
+    assert [r.step for r in sentinel.records if r.layers] == [0, 10, 20, 30]
+    for mine, theirs in zip(model_s.get_weights(), full_model.get_weights()):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-6, atol=1e-7)
+    assert any(note.startswith("mode=sentinel: full statistics on every 10th call") for note in sentinel.notes)
+
+    # Step 13 is a light one: re-run in full and replayed, it is named as full mode names it in `fit` (above).
+    x, y = data(negative_at=13)
+    _, sentinel = custom_loop("sentinel", x, y, guard=GuardOptions(sample_every=10))
+    s = sentinel.first_nonfinite
+    assert (s.step, s.phase, s.layer, s.op, s.reproducible) == (13, "forward", "log", "Log", True)
+    assert sentinel.steps_run == 14 and sentinel.records[-1].layers

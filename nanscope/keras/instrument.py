@@ -54,7 +54,7 @@ def instrument(models: keras.Model | Sequence[keras.Model], optimizers: Any = ()
                console: Console | None = None, tensorboard: str | os.PathLike | None = None,
                trace: str | os.PathLike | None = None, expect_nonfinite: Sequence[str] = (),
                forensics: bool = True, on_nonfinite: str | None = None, max_skips: int | tuple | None = None,
-               snapshot_every: int | None = None, skip_spikes: bool | None = None,
+               snapshot_every: int | None = None, skip_spikes: bool | None = None, mode: str | None = None,
                guard: GuardOptions | None = None) -> Callable[[Callable[..., Any]], InstrumentedFunction]:
     """Record nanscope's per-step statistics around a custom training step; raise at the first NaN/Inf.
 
@@ -74,9 +74,12 @@ def instrument(models: keras.Model | Sequence[keras.Model], optimizers: Any = ()
             at the first non-finite step), False "continue" (record it and go on).
         verbose: int, default 1. 1 prints the report when it is written.
         console, tensorboard, trace, expect_nonfinite, forensics: as for `NanScope`.
-        on_nonfinite, max_skips, snapshot_every, skip_spikes, guard: as for `NanScope`. A skip puts the
+        on_nonfinite, max_skips, snapshot_every, skip_spikes, mode, guard: as for `NanScope`. A skip puts the
             models' and optimizers' variables back as they were before the step; the step's return value
-            is still what it returned. Past `max_skips` it raises `NonFiniteError`.
+            is still what it returned. Past `max_skips` it raises `NonFiniteError`. `mode="sentinel"` compiles
+            a light step next to the full one (the loss, the global gradient norm, the non-finite counts, the
+            state before the step) and runs the full one every `GuardOptions.sample_every`-th call and after
+            an event.
 
     Example:
         @nanscope.instrument(model, optimizer, report="nanscope.json")
@@ -94,7 +97,7 @@ def instrument(models: keras.Model | Sequence[keras.Model], optimizers: Any = ()
         raise ValueError("`expect_nonfinite` must be a list of layer-name patterns. "
                          f"Received: expect_nonfinite={expect_nonfinite!r}")
     guard = guard_options(guard, on_nonfinite=resolve_on_nonfinite(on_nonfinite, stop_on_nonfinite),
-                          max_skips=max_skips, snapshot_every=snapshot_every, skip_spikes=skip_spikes)
+                          max_skips=max_skips, snapshot_every=snapshot_every, skip_spikes=skip_spikes, mode=mode)
     options = GuestOptions(report=report, stop_on_nonfinite=guard.stops, verbose=verbose, console=console,
                            tensorboard=tensorboard, trace=trace, expect_nonfinite=list(expect_nonfinite),
                            forensics=forensics, guard=guard)
@@ -138,7 +141,7 @@ class InstrumentedFunction:
             return self.function(*args, **kwargs)
         if self._run is None and not self._guarded("setup", lambda: self._start(args, kwargs)):
             return self.function(*args, **kwargs)
-        result = self._run.compiled(*args, **kwargs)
+        result = self._run.call(*args, **kwargs)
         if self._guarded("recording", self._collect) and self._should_raise():
             self._raised = True
             report = self.finish()
@@ -152,7 +155,7 @@ class InstrumentedFunction:
         self.report = self._run.recorder.report
 
     def _collect(self):
-        records = self._run.read()
+        records = self._run.guard.complete(self._run.read())
         self.steps_seen += len(records)
         self._run.recorder.collect(records)
         if self._run.failure is not None:
@@ -244,10 +247,26 @@ class GuestRun:
                                      learning_rate=learning_rate)
         # The user's own jit_compile: a step recompiled without XLA would draw other random numbers (Dropout).
         self.compiled = tf.function(self._step, jit_compile=self.jit or None) if compiled else self._step
+        self.sentinel, self.light, self._last_full = None, None, True
+        if options.guard.mode == "sentinel":
+            from nanscope.guard.sentinel import SentinelRows
+
+            self.sentinel = SentinelRows(self.rows.counter, 0, 1, options.guard.sample_every)
+            self.light = (tf.function(self._sentinel_step, jit_compile=self.jit or None) if compiled
+                          else self._sentinel_step)
         self.guard = self._guard(variable_names)
         self._rerun = None
-        if options.guard.mode == "sentinel":
-            self.guard.note("mode=sentinel is NanScope's (fit); instrument recorded every step in full")
+        if self.sentinel is not None:
+            self.guard.note(f"mode=sentinel: full statistics on every {options.guard.sample_every}th call and the 16 "
+                            "after an event; the other steps recorded the scalars only (layer and variable tables "
+                            "are over the full steps)")
+
+    def call(self, *args, **kwargs):
+        """One call of the user's step: the full instrumented step, or in sentinel mode the light one when due."""
+        if self.sentinel is None:
+            return self.compiled(*args, **kwargs)
+        self._last_full = self.sentinel.due_full()
+        return (self.compiled if self._last_full else self.light)(*args, **kwargs)
 
     def _guard(self, variable_names):
         from nanscope.guard.guard import Guard
@@ -257,12 +276,12 @@ class GuestRun:
         options = self.options.guard
         if self.snapshot is None:
             made = GuestGuard(Guard(options), self.recorder)
-            made.no_state(options, "forensics=False")
+            made.no_state(options, "jit_compile=True" if self.jit and self.options.forensics else "forensics=False")
             return made
         state = GuestState(self.snapshot, self.optimizers)
         guard = Guard(options, state, lambda batch: attributed(self.rerun(batch), self.recorder),
                       variable_names=variable_names)
-        return GuestGuard(guard, self.recorder)
+        return GuestGuard(guard, self.recorder, sentinel=self.sentinel)
 
     def rerun(self, batch, step=-1):
         """The step again, compiled, on `batch` ((args, kwargs)) from the variables as they are: its StepRecord."""
@@ -336,12 +355,43 @@ class GuestRun:
         # A step that returns no loss records it as unknown (`loss_missing`), never as a value.
         values, var_rows, terms = capture.values([t for t in batch if t.dtype.is_floating], None,
                                                  returned_loss(result), self.layers)
-        rows = tf.cast(tf.shape(batch[0])[0], tf.float32) if batch and batch[0].shape.rank else tf.constant(0.0)
-        row = tf.concat([tf.stack([rows]), join([capture.scalars(values, None, None), stats, tf.stack(terms),
-                                                 var_rows])], axis=0)
+        scalars = capture.scalars(values, None, None)
+        row = tf.concat([tf.stack([_batch_rows(batch)]), join([scalars, stats, tf.stack(terms), var_rows])], axis=0)
         return row, values, stats
 
+    def _sentinel_step(self, *args, **kwargs):
+        """The light step: the snapshot, the optimizer hooks, one short row (`SentinelRows`)."""
+        from nanscope.guard.sentinel import SentinelCapture
+
+        hooks = contextlib.ExitStack()
+        try:
+            capture = SentinelCapture(None, self.optimizers, self.trainable, keras_models=self.models)
+            if self.snapshot is not None:
+                self.snapshot.remember_structure((args, kwargs))
+                self.snapshot.take((args, kwargs), self.rows.counter.read_value())
+            hooks.enter_context(capture.attached())
+        except Exception as exc:  # nanscope's own failure: the user's step runs as it would without it
+            hooks.close()
+            self.failure = self.failure or exc
+            return self.python_function(*args, **kwargs)
+        with hooks:
+            result = self.python_function(*args, **kwargs)
+        try:
+            batch = [t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t)]
+            values, _, _ = capture.values([t for t in batch if t.dtype.is_floating], None, returned_loss(result),
+                                          self.layers)
+            self.sentinel.write(_batch_rows(batch), capture.scalars(values, None, None))
+        except Exception as exc:
+            self.failure = self.failure or exc
+        return result
+
     def read(self):
+        """StepRecords of the steps run since the last read (the sentinel's short rows after a light call)."""
+        if not self._last_full:
+            records = self.sentinel.read(self.rows.next_step)
+            if records:
+                self.rows.next_step = records[-1].step + 1
+            return records
         return [self.rows.record(step, row) for step, row in self.rows.read()]
 
     def finish(self, notes):
@@ -363,6 +413,11 @@ def returned_loss(result):
     elif isinstance(result, (list, tuple)):
         result = result[0] if result else None
     return result if tf.is_tensor(result) else None
+
+
+def _batch_rows(batch):
+    """Rows of the step's first tensor argument (0 when it has no batch axis)."""
+    return tf.cast(tf.shape(batch[0])[0], tf.float32) if batch and batch[0].shape.rank else tf.constant(0.0)
 
 
 def _unique(variables):
