@@ -23,6 +23,7 @@ from nanscope.history import (
 from nanscope.jsonio import jsonable
 from nanscope.rules.catalogue import Recommendation
 from nanscope.series import TraceColumns
+from nanscope.tracefile import step_record, trace_lines
 
 SCHEMA = "nanscope.trace/1"
 STEP_FIELDS = (
@@ -319,8 +320,6 @@ def load_trace(path: str | os.PathLike) -> TraceReport:
     Raises:
         NanscopeError: the file is not a readable trace (see tracefile.trace_lines).
     """
-    from nanscope.tracefile import step_record, trace_lines
-
     lines = trace_lines(path)
     header = next(lines)[1]
     reader = _TraceReader(header, path)
@@ -404,7 +403,8 @@ class _TraceReader:
 
     def _history(self, outputs):
         return StepHistory(self.layers, self.variables, outputs, self.keep, self.sample,
-                           series=lambda columns: TraceColumns(self.path, columns, self.rows), layer_dtypes=self.dtypes)
+                           series=lambda columns: TraceColumns(self.path, columns, self.rows, trace_lines),
+                           layer_dtypes=self.dtypes)
 
     def step(self, record, why=None):
         if self.history is None:
@@ -423,8 +423,6 @@ class _TraceReader:
 
     def rows(self, path, number, line):
         """(steps, float32 values in the history's column order) of one line's scalar rows, or None."""
-        from nanscope.tracefile import step_record
-
         if self.full:
             if line.get("kind") != "step":
                 return None

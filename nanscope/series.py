@@ -101,11 +101,14 @@ class TraceColumns:
         rows: callable(path, number, line) -> (steps, float32 values) or None. Decodes one
             trace line into rows in `columns` order (None for a line without rows); the
             reader that streamed the file first gives the same decoder.
+        lines: callable(path) -> iterator of (line number, dict), header first. Streams the
+            file's lines again (the trace reader's `trace_lines`): the store's file format is
+            the trace file's, one layer up.
     """
 
-    def __init__(self, path, columns, rows):
+    def __init__(self, path, columns, rows, lines):
         self.columns, self.count = columns, 0
-        self._path, self._rows = path, rows
+        self._path, self._rows, self._lines = path, rows, lines
         self._fold, self._pending, self._held = OverviewFold(columns), [], 0
 
     def append(self, step, row):
@@ -134,9 +137,7 @@ class TraceColumns:
 
     def chunks(self):
         """(steps int64, values float32 [rows, columns]) of the first `count` rows of the file, in order."""
-        from nanscope.tracefile import trace_lines
-
-        lines = trace_lines(self._path)
+        lines = self._lines(self._path)
         next(lines)
         left, steps, values, held = self.count, [], [], 0
         for number, line in lines:
