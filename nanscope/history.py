@@ -11,7 +11,7 @@ step's full row (every layer and every variable). `StepHistory` keeps:
   fills) and of the `keep` steps before and after each event: the first non-finite
   step, the first skipped update, and the onsets of the two warnings that can start
   mid-run (the first loss spike, and the first layer output past its dtype's
-  activation bound, rules.limits: ~1.8e19 for float32, 655 for float16);
+  activation bound, engine.limits: ~1.8e19 for float32, 655 for float16);
 - per layer, variable and output, running aggregates (largest, smallest, last, number
   of non-finite steps, first and last non-finite step), exact over the whole run.
 
@@ -34,8 +34,7 @@ import numpy as np
 
 from nanscope.engine.records import LayerStats, OutputStats
 from nanscope.engine.schema import OUTPUT, PHASES, SCALARS, Columns
-from nanscope.rules.limits import activation_limit
-from nanscope.rules.outliers import SPIKE_FACTOR, SPIKE_WINDOW
+from nanscope.engine.limits import SPIKE_FACTOR, SPIKE_WINDOW, activation_limit
 from nanscope.series import OVERVIEW_WIDTH, ScalarColumns
 
 # Full rows kept at the start, at the end, and around each event; steps in the even sample.
@@ -50,10 +49,10 @@ MAX_EVENTS = 8
 # qualifies, and this window gives the fits over every step exactly.
 TREND_WINDOW = 1024
 FLOAT32_MAX = float(np.finfo(np.float32).max)
-# The warning onsets that are events. A loss spike is rules.outliers' (the loss SPIKE_FACTOR
+# The warning onsets that are events (engine.limits). A loss spike is rules.outliers' (the loss SPIKE_FACTOR
 # times the median of the SPIKE_WINDOW finite losses before it); a layer's activation bound is
-# rules.bounded_activation's for its dtype (rules.limits: an output whose square overflows float32, a
-# hundredth of float16's max).
+# rules.bounded_activation's for its dtype (an output whose square overflows float32, a hundredth of float16's
+# max).
 # The columns kept for every step, before SCALARS (and the per-output columns).
 HEAD = ("batch_rows", "phase", "weight_norm", "update_ratio")
 

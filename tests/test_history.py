@@ -71,7 +71,7 @@ def test_warning_onsets_keep_their_neighbours_rows():
 
 
 def test_a_float16_layer_past_its_own_activation_bound_is_an_event(tmp_path):
-    # The bounded-activation rule warns at a hundredth of 65504 for a float16 layer (rules.limits), so
+    # The bounded-activation rule warns at a hundredth of 65504 for a float16 layer (engine.limits), so
     # that layer's first step past it keeps its neighbours' rows; for a float32 layer 1000 is nothing.
     from nanscope.report import aggregates_json
     from nanscope.tracefile import TraceWriter

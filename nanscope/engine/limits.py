@@ -1,8 +1,9 @@
-"""How large a layer's output may grow, per dtype, before it is a warning sign.
+"""The warning signs in a step's values: how large a layer's output may grow per dtype, what a loss spike is.
 
-The `bounded-activation` rule (rules/bounded_activation.py) warns past these bounds, and the step
-history (nanscope/history.py) treats the first step past one as an event, so a long
-run keeps the full rows around that warning's onset.
+The rules warn past them (`bounded-activation`, `drop-outlier-rows`), and the step history
+(nanscope/history.py) treats the first step past one as an event, so a long run keeps the
+full rows around that warning's onset. They sit here, below both, so the history does not
+import the rules.
 """
 
 import math
@@ -18,6 +19,11 @@ ACTIVATION_LIMIT = {
     "float16": float(np.finfo(np.float16).max) / 100,
     "float64": math.sqrt(float(np.finfo(np.float64).max)),
 }
+
+
+# A step whose loss is this many times the median of the SPIKE_WINDOW finite losses before it spiked.
+SPIKE_FACTOR = 100.0
+SPIKE_WINDOW = 20
 
 
 def activation_limit(dtype):

@@ -2,7 +2,7 @@
 
 from nanscope.internals import flatten_layers
 from nanscope.rules.fixes import Change, StepFix
-from nanscope.rules.limits import activation_limit
+from nanscope.engine.limits import activation_limit
 from nanscope.rules.rule import Fixtures, Rule
 from nanscope.rules.trends import geometric_growth
 from nanscope.runtime import tensorflow

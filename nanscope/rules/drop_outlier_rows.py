@@ -5,8 +5,9 @@ import math
 
 import numpy as np
 
+from nanscope.engine.limits import SPIKE_FACTOR, SPIKE_WINDOW
 from nanscope.rules.fixes import Change
-from nanscope.rules.outliers import CODE_ROWS, EXTREME_Z, SHOWN_ROWS, SPIKE_FACTOR, SPIKE_WINDOW, repaired
+from nanscope.rules.outliers import CODE_ROWS, EXTREME_Z, SHOWN_ROWS, repaired
 from nanscope.rules.rule import Fixtures, Rule
 
 DROP_OUTLIER_ROWS = Rule(

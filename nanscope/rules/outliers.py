@@ -22,9 +22,6 @@ EXTREME_Z = 10.0
 # Glitches are rare. More values than this fraction that far out are a heavy tail (a log transform's
 # case), not a few bad rows.
 MAX_FRACTION = 0.01
-# A step whose loss is this many times the median of the steps before it spiked.
-SPIKE_FACTOR = 100.0
-SPIKE_WINDOW = 20
 # Rows named in the evidence.
 SHOWN_ROWS = 5
 # A value this many rows share exactly, far out and apart from the rest, is a missing-value code (9999, -999).
