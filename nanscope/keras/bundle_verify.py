@@ -2,7 +2,7 @@
 
 Every fix starts from the saved state before the step and runs the model's own
 `train_step` once on the saved batch (changed, for a data fix), under the op watch
-(`bundle_replay.run_saved_step`). A fix is `helped` when the step's loss, its gradients
+(`bundle_step.run_saved_step`). A fix is `helped` when the step's loss, its gradients
 and its update stay finite and the loss on the same batch after the update is finite
 too; a recommendation is `verified` when one of its fixes helped, `false` when none did.
 
@@ -16,7 +16,7 @@ the earlier steps made of them, without the fix: a fix of the data or the model 
 still fails on this step is undecided too (null), not "no".
 """
 
-from nanscope.keras.bundle_replay import run_saved_step
+from nanscope.keras.bundle_step import run_saved_step
 from nanscope.rules.fixes import StepFix
 from nanscope.rules.registry import bundle_fixers
 from nanscope.verify import ranked_by_verification
