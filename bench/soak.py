@@ -218,7 +218,7 @@ def verify_way(steps, meter, folder):
 
 
 def replay_way(steps, meter, folder):
-    from nanscope.forensics import replay_repro
+    from nanscope.replay import replay_repro
     from nanscope.trace import TraceOptions, run_trace
 
     bundle = folder / "repro"

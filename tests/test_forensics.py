@@ -13,8 +13,9 @@ import numpy as np
 from typer.testing import CliRunner
 
 from nanscope.cli import app
-from nanscope.forensics import localize_step, replay_repro
+from nanscope.forensics import localize_step
 from nanscope.forensics.replay import state_variables
+from nanscope.replay import replay_repro
 from nanscope.session import open_session
 from nanscope.spec import load_spec
 from nanscope.trace import TraceOptions, run_trace

@@ -7,7 +7,7 @@ from nanscope.outpaths import check_output_paths
 def run(directory, *, json_out=None, verify=False, unsafe=False):
     """Replay the repro folder `directory` (and try the fixes on it with `verify`; `unsafe`: load a model that needs
     Keras' unsafe deserialization); return the exit code."""
-    from nanscope.forensics import replay_document, replay_repro
+    from nanscope.replay import replay_document, replay_repro
     from nanscope.render.trace_report import render_replay
 
     check_output_paths(files=[("--json", json_out)])
