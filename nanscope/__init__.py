@@ -1,6 +1,7 @@
 """nanscope: find out why a TensorFlow/Keras training run produces NaN or Inf, and which fix makes it stop."""
 
-__version__ = "0.1.0"
+from nanscope.runtime import VERSION as __version__
+
 __all__ = ["NonFiniteError", "__version__", "instrument"]
 
 

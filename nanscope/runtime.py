@@ -18,6 +18,9 @@ import os
 import sys
 import warnings
 
+# nanscope's own version (pyproject's), here at the bottom of the package so a module that records it (a fit
+# bundle's `versions`) need not import the package root, which imports the Keras guest.
+VERSION = "0.1.0"
 _modules = None
 
 

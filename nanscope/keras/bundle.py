@@ -47,8 +47,7 @@ def save_fit_repro(directory, model, state_before, batch, step, epoch):
     Raises:
         BundleError: the model, its loss or its code cannot be saved and loaded back; nothing is left behind.
     """
-    from nanscope import __version__
-    from nanscope.runtime import tensorflow
+    from nanscope.runtime import VERSION, tensorflow
 
     tf, keras = tensorflow()
     directory = Path(directory)
@@ -74,7 +73,7 @@ def save_fit_repro(directory, model, state_before, batch, step, epoch):
             "dtype_policy": model.dtype_policy.name,
             "variables": [{"path": v.path, "shape": list(v.shape), "dtype": str(v.dtype)} for v in variables],
             "batch": nest_structure(batch), "user_code": code, "code_files": files,
-            "versions": {"nanscope": __version__, "tensorflow": tf.__version__, "keras": keras.__version__},
+            "versions": {"nanscope": VERSION, "tensorflow": tf.__version__, "keras": keras.__version__},
         }
         # A bundle that exists is one that loads: the model just saved from this process, so a Lambda layer's code
         # is the user's own (replay asks for --unsafe before it runs such code from a bundle).
