@@ -139,8 +139,9 @@ def trace_steps(
     ] = None,
     keep_going: Annotated[bool, flag("--keep-going", "Continue past the first non-finite step.")] = False,
     on_nonfinite: Annotated[
-        str | None, typer.Option("--on-nonfinite", help="stop (default) or continue (= --keep-going); skip and "
-                                                        "rollback are the NanScope callback's and instrument's.")
+        str | None, typer.Option("--on-nonfinite", help="stop (default), continue (= --keep-going), skip (undo the "
+                                                        "step, go on) or rollback (an earlier state, a lower "
+                                                        "learning rate); docs/guard.md.")
     ] = None,
     mode: Annotated[
         str, typer.Option("--mode", help="full (default); sentinel is the NanScope callback's and instrument's.")

@@ -25,6 +25,7 @@ from nanscope.engine.cluster import collective_failure_message, is_collective_fa
 from nanscope.engine.records import expected_layer_indices, first_nonfinite_worker
 from nanscope.errors import SpecError
 from nanscope.finishing import optional_part
+from nanscope.guard.trace_state import prepare_guard, trace_guard
 from nanscope.history import DEFAULT_KEEP, DEFAULT_SAMPLE, StepHistory
 from nanscope.learning_rate import LearningRateView, settle_learning_rate
 from nanscope.optimizers import optimizer_settings
@@ -65,6 +66,8 @@ class TraceOptions:
             of the last steps and of the steps around an event.
         sample_steps: int, default DEFAULT_SAMPLE. Full rows kept of an even sample of the steps in between.
         trace_full: bool, default False. Write every step's full row to the trace, not only the kept ones.
+        guard: GuardOptions, optional. What a non-finite step does beyond stop or continue (`skip`, `rollback`;
+            docs/guard.md); None: `keep_going` decides.
     """
 
     trace_path: Path | None = None
@@ -79,6 +82,7 @@ class TraceOptions:
     keep_steps: int = DEFAULT_KEEP
     sample_steps: int = DEFAULT_SAMPLE
     trace_full: bool = False
+    guard: object | None = None
 
 
 def run_trace(spec: RunSpec, options: TraceOptions | None = None) -> TraceReport:
@@ -95,6 +99,7 @@ def run_trace(spec: RunSpec, options: TraceOptions | None = None) -> TraceReport
     options = _for_this_worker(options, session.cluster)
     with start_up_failures(session.cluster):
         engine = session.instrumented_step()
+    prepare_guard(options.guard, engine)  # before the step is traced: it copies the optimizer's state too
     expected = expected_layer_indices(spec.train.expect_nonfinite, [info.name for info in engine.layer_info])
     # Either way the step is traced once: here in the chunk, or for the report's layer order.
     runner = session.chunk_runner(engine, expected) if spec.train.steps >= CHUNK_MIN_STEPS else None
@@ -111,14 +116,18 @@ def run_trace(spec: RunSpec, options: TraceOptions | None = None) -> TraceReport
         cluster=session.cluster,
     )
     report.notes.extend(session.model.notes + run_notes(spec))
+    guard = trace_guard(options.guard, engine, session, report, expected)
     writes = session.cluster is None or session.cluster.is_chief
     trace = (TraceWriter(report.trace_path, report.trace_header(), report.history, options.trace_full) if writes
              else _NoTrace())
     with trace as writer:
         try:
-            _run_steps(session, engine, runner, report, writer, options, expected)
+            _run_steps(session, engine, runner, report, writer, options, expected, guard)
         except KeyboardInterrupt:
             report.interrupted = True
+        if guard is not None:
+            guard.finish(report)
+            report.notes.extend(guard.notes())
         with interrupt.deferred():
             report.interrupted = report.interrupted or interrupt.requested()
             _finish(session, engine, report, options, learning_rate)
@@ -168,7 +177,7 @@ class _NoTrace:
         pass
 
 
-def _run_steps(session, engine, runner, report, writer, options, expected):
+def _run_steps(session, engine, runner, report, writer, options, expected, guard=None):
     report.notes.extend(_expected_notes(session.spec.train.expect_nonfinite, engine, expected))
     board = _open_board(options.tensorboard, report)
     # Every worker takes part in every step's collectives: a signal must not stop one worker
@@ -176,7 +185,7 @@ def _run_steps(session, engine, runner, report, writer, options, expected):
     together = session.cluster is not None
     try:
         with interrupt.deferred() if together else contextlib.nullcontext():
-            _run_step_loop(session, engine, runner, report, writer, options, expected, board)
+            _run_step_loop(session, engine, runner, report, writer, options, expected, board, guard)
     finally:
         if board is not None:
             board.close()
@@ -199,14 +208,17 @@ def _expected_notes(patterns, engine, expected):
     return [f"non-finite outputs of {', '.join(names)} are expected (train.expect_nonfinite) and not counted"]
 
 
-def _run_step_loop(session, engine, runner, report, writer, options, expected, board):
+def _run_step_loop(session, engine, runner, report, writer, options, expected, board, guard):
     step, total = 0, session.spec.train.steps
+    # A guard that skips or rolls back needs the chunk to end at every non-finite step: the snapshot holds it then.
+    every_bad_step = guard is not None and guard.guard.options.intervenes
     scale_watch = LossScaleWatch()
     cluster = session.cluster
     while step < total:
         if cluster is None:
             interrupt.check()
-        records, failure = session.next_records(engine, runner, step, total, report.first_nonfinite is None)
+        records, failure = session.next_records(engine, runner, step, total,
+                                                report.first_nonfinite is None or every_bad_step)
         if failure is not None and cluster is not None and is_collective_failure(failure):
             report.stopped = collective_failure_message(cluster, failure, step)
             writer.write({"kind": "error", "step": step, "message": report.stopped})
@@ -227,6 +239,8 @@ def _run_step_loop(session, engine, runner, report, writer, options, expected, b
                 report.first_nonfinite = locate_first_nonfinite(record, engine, session, x, y, options)
                 if not options.keep_going:
                     return
+        if guard is not None and guard.observe(records) and guard.stopped:
+            return
         if cluster is not None and engine.stop_requested_by:
             report.interrupted = True
             report.notes.append(f"stopped after step {step} by a signal to "

@@ -206,9 +206,9 @@ def test_trace_steps_takes_on_nonfinite_and_refuses_what_it_cannot_do(tmp_path):
     spec = "configs/exploding-regression.yaml"
     run = [sys.executable, "-m", "nanscope", "trace-steps", spec, "--trace", str(tmp_path / "t.jsonl"),
            "--json", str(tmp_path / "r.json")]
-    refused = subprocess.run([*run, "--on-nonfinite", "skip"], capture_output=True, text=True)
+    refused = subprocess.run([*run, "--on-nonfinite", "skip", "--keep-going"], capture_output=True, text=True)
     assert refused.returncode == 2
-    assert "--on-nonfinite skip: trace-steps does not skip or roll back steps yet" in refused.stderr
+    assert "--on-nonfinite skip contradicts --keep-going: give one" in refused.stderr
     sentinel = subprocess.run([*run, "--mode", "sentinel"], capture_output=True, text=True)
     assert sentinel.returncode == 2 and "--mode sentinel" in sentinel.stderr
     kept = subprocess.run([*run, "--on-nonfinite", "continue", "--steps", "20"], capture_output=True, text=True)

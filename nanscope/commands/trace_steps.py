@@ -11,7 +11,7 @@ def run(spec, *, steps=None, lr=None, batch_size=None, seed=None, json_out=None,
         strict=False, show_all=False, save_repro=None, verify=False, tensorboard=None, plot=None, unsafe=False,
         keep_steps=500, sample_steps=500, trace_full=False, on_nonfinite=None, mode="full"):
     """Run trace-steps on the spec file `spec` with the command's options; return the exit code."""
-    keep_going = guard_choices(on_nonfinite, mode, keep_going)
+    keep_going, guard = guard_choices(on_nonfinite, mode, keep_going)
     from nanscope.render.trace_report import render_trace_report
     from nanscope.spec import apply_overrides, load_spec
     from nanscope.trace import TraceOptions, run_trace, stopped_before_training
@@ -34,7 +34,7 @@ def run(spec, *, steps=None, lr=None, batch_size=None, seed=None, json_out=None,
         return run_trace(run_spec, TraceOptions(trace_path=trace, keep_going=keep_going, save_repro=save_repro,
                                                 verify=verify, tensorboard=tensorboard, plot=plot, unsafe=unsafe,
                                                 keep_steps=keep_steps, sample_steps=sample_steps,
-                                                trace_full=trace_full))
+                                                trace_full=trace_full, guard=guard))
 
     report = outcome(check, work, lambda: stopped_before_training(spec))
     if report.cluster is not None and not report.cluster.is_chief:
@@ -55,22 +55,24 @@ def run(spec, *, steps=None, lr=None, batch_size=None, seed=None, json_out=None,
 
 
 def guard_choices(on_nonfinite, mode, keep_going):
-    """`--keep-going` as `--on-nonfinite` says; what trace-steps cannot do is bad input (exit 2), before training."""
+    """(keep_going, GuardOptions or None) from `--keep-going`, `--on-nonfinite` and `--mode`; what trace-steps
+    cannot do is bad input (exit 2), before training. The choices are the library's (`nanscope.guard.options`)."""
     from nanscope.errors import NanscopeError
+    from nanscope.guard.options import MODES, ON_NONFINITE, GuardOptions
 
-    if on_nonfinite not in (None, "stop", "continue", "skip", "rollback"):
-        raise NanscopeError(f"--on-nonfinite: must be stop, continue, skip or rollback, not {on_nonfinite!r}")
-    if on_nonfinite in ("skip", "rollback"):
-        raise NanscopeError(f"--on-nonfinite {on_nonfinite}: trace-steps does not skip or roll back steps yet",
-                            "use NanScope(on_nonfinite=...) in model.fit or nanscope.instrument (docs/guard.md)")
-    if mode not in ("full", "sentinel"):
-        raise NanscopeError(f"--mode: must be full or sentinel, not {mode!r}")
+    if on_nonfinite not in (None, *ON_NONFINITE):
+        raise NanscopeError(f"--on-nonfinite: must be {', '.join(ON_NONFINITE)}, not {on_nonfinite!r}")
+    if mode not in MODES:
+        raise NanscopeError(f"--mode: must be {' or '.join(MODES)}, not {mode!r}")
     if mode == "sentinel":
         raise NanscopeError("--mode sentinel: trace-steps records every step in full",
-                            "sentinel mode is NanScope(mode=\"sentinel\") in model.fit (docs/guard.md)")
-    if on_nonfinite == "stop" and keep_going:
-        raise NanscopeError("--on-nonfinite stop contradicts --keep-going: give one")
-    return keep_going or on_nonfinite == "continue"
+                            "sentinel mode is NanScope(mode=\"sentinel\") in model.fit and "
+                            "nanscope.instrument(mode=\"sentinel\") (docs/guard.md)")
+    if on_nonfinite in ("stop", "skip", "rollback") and keep_going:
+        raise NanscopeError(f"--on-nonfinite {on_nonfinite} contradicts --keep-going: give one")
+    if on_nonfinite in ("skip", "rollback"):
+        return True, GuardOptions(on_nonfinite=on_nonfinite)
+    return keep_going or on_nonfinite == "continue", None
 
 
 def _other_worker(run_spec):

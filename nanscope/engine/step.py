@@ -100,6 +100,7 @@ class InstrumentedStep:
         self.variable_names = relative_variable_names(self.trainable, model.keras_model)
         self.optimizer.build(self.trainable)
         self._snapshot = Snapshot(self._model_state())
+        self._optimizer_snapshot = None  # the guard's: `keep_optimizer_state`
         self._recorder = LayerRecorder(self.layers)
         x_spec, y_spec = (tf.nest.map_structure(lambda a: tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype)), s)
                           for s in (sample_x, sample_y))
@@ -160,6 +161,8 @@ class InstrumentedStep:
         tf, _ = tensorflow()
         self._recorder.begin()
         self._snapshot.take()
+        if self._optimizer_snapshot is not None:
+            self._optimizer_snapshot.take()
         with tf.GradientTape() as tape:
             with self.raised_by("model"):
                 y_pred = self.predictions(self.model.call(x, training=True))
@@ -237,9 +240,29 @@ class InstrumentedStep:
         return StepRecord.from_arrays(step, inputs.rows(x), scalars.numpy(), layer_stats.numpy(), layer_terms.numpy(),
                                       var_stats.numpy())
 
-    def restore_before_step(self):
-        """Put the model and optimizer state back as it was before the last step."""
+    def restore_before_step(self, optimizer=False):
+        """Put the model's state back as it was before the last step; the optimizer's too with `optimizer=True`
+        (kept only after `keep_optimizer_state`)."""
         self._snapshot.restore()
+        if optimizer and self._optimizer_snapshot is not None:
+            self._optimizer_snapshot.restore()
+
+    def keep_optimizer_state(self):
+        """Copy the optimizer's variables (its counter, its slots) before each update too, so that
+        `restore_before_step(optimizer=True)` undoes a whole step (the guard's skip). Before the step is traced."""
+        if self._optimizer_snapshot is None:
+            kept = {id(v) for v in self._snapshot.variables}
+            self._optimizer_snapshot = Snapshot([v for v in self.optimizer.variables if id(v) not in kept])
+
+    def guarded_variables(self):
+        """Every variable the snapshots copy: the model's state, then the optimizer's (after `keep_optimizer_state`)."""
+        extra = self._optimizer_snapshot.variables if self._optimizer_snapshot is not None else []
+        return list(self._snapshot.variables) + list(extra)
+
+    def snapshot_copies(self):
+        """The snapshots' own copies (a re-run through the step overwrites them)."""
+        extra = self._optimizer_snapshot.copies if self._optimizer_snapshot is not None else []
+        return list(self._snapshot.copies) + list(extra)
 
 
 def _total(counts):

@@ -141,8 +141,7 @@ class Guard:
             details["note"] = "no earlier state kept yet: the state before this step was put back"
         else:
             return self._stop(record, f"{reason}; cannot roll back: no earlier state kept")
-        if self.state.snapshot.frozen is not None:
-            self.state.snapshot.frozen.assign(False)
+        self.state.thaw()
         lowered = [r * self.options.lr_factor if r is not None else None for r in rates]
         refused = self.state.set_learning_rates(lowered)
         details["learning_rate"] = [_rate_pair(before, after) for before, after in zip(rates, lowered)]

@@ -12,7 +12,34 @@ import contextlib
 import numpy as np
 
 
-class GuestState:
+class LearningRates:
+    """The learning rates a rollback lowers: each optimizer's, read and set as floats.
+
+    Args:
+        optimizers: list of keras.Optimizer.
+    """
+
+    def __init__(self, optimizers=()):
+        self.optimizers = [o for o in optimizers if o is not None]
+
+    def learning_rates(self):
+        """Each optimizer's learning rate now (float), None where it cannot be read."""
+        return [_read_rate(o) for o in self.optimizers]
+
+    def set_learning_rates(self, rates):
+        """Set each optimizer's learning rate; the ones that cannot be set (a schedule) are named in the result."""
+        refused = []
+        for optimizer, rate in zip(self.optimizers, rates):
+            if rate is None:
+                continue
+            try:
+                optimizer.learning_rate = rate
+            except (TypeError, AttributeError, ValueError) as exc:
+                refused.append(f"{optimizer.name}: {type(exc).__name__}")
+        return refused
+
+
+class GuestState(LearningRates):
     """What the guard can read and put back in a guest run.
 
     Args:
@@ -21,8 +48,8 @@ class GuestState:
     """
 
     def __init__(self, snapshot, optimizers=()):
+        super().__init__(optimizers)
         self.snapshot = snapshot
-        self.optimizers = [o for o in optimizers if o is not None]
 
     def held_step(self):
         return self.snapshot.held_step()
@@ -52,6 +79,10 @@ class GuestState:
         self.snapshot.state.restore()
         if self.snapshot.extra is not None:
             self.snapshot.extra.restore()
+        self.thaw()
+
+    def thaw(self):
+        """Let the snapshot copy again (it froze at the non-finite step of an execution)."""
         if self.snapshot.frozen is not None:
             self.snapshot.frozen.assign(False)
 
@@ -78,22 +109,6 @@ class GuestState:
 
     def _metrics(self):
         return list(self.snapshot.extra.variables) if self.snapshot.extra is not None else []
-
-    def learning_rates(self):
-        """Each optimizer's learning rate now (float), None where it cannot be read."""
-        return [_read_rate(o) for o in self.optimizers]
-
-    def set_learning_rates(self, rates):
-        """Set each optimizer's learning rate; the ones that cannot be set (a schedule) are named in the result."""
-        refused = []
-        for optimizer, rate in zip(self.optimizers, rates):
-            if rate is None:
-                continue
-            try:
-                optimizer.learning_rate = rate
-            except (TypeError, AttributeError, ValueError) as exc:
-                refused.append(f"{optimizer.name}: {type(exc).__name__}")
-        return refused
 
     def nbytes(self):
         return sum(int(v.shape.num_elements() or 0) * v.dtype.size for v in self.snapshot.variables)

@@ -1,0 +1,140 @@
+"""The guard inside `trace-steps`: the state it puts back is the instrumented step's own snapshot.
+
+trace-steps runs nanscope's own compiled step (`engine/step.py`), which copies the
+model's weights (and the loss scale) on the device before each update. Under the guard
+it copies the optimizer's variables too (`InstrumentedStep.keep_optimizer_state`), so a
+skip undoes the whole step. The batches are the session's, drawn by step on the host,
+so nothing of the batch is copied. A step's logs, metrics and callbacks do not exist
+here: a skipped step stays in the history, with its intervention.
+"""
+
+import contextlib
+
+import numpy as np
+
+from nanscope.guard.host import GuestGuard
+from nanscope.guard.state import LearningRates
+
+
+class TraceState(LearningRates):
+    """What the guard can read and put back in a trace-steps run.
+
+    Args:
+        engine: InstrumentedStep whose `keep_optimizer_state()` was called before it was traced.
+        batch_of: callable(step) -> (x, y). The batch the session draws at a step.
+    """
+
+    def __init__(self, engine, batch_of):
+        super().__init__([engine.optimizer])
+        self.engine, self.batch_of = engine, batch_of
+        self.variables = engine.guarded_variables()
+        self.held = -1
+
+    def ran(self, records):
+        """After an execution: the snapshot holds the state before its last step."""
+        if records:
+            self.held = records[-1].step
+
+    def held_step(self):
+        return self.held
+
+    def batch(self):
+        return self.batch_of(self.held)
+
+    def current(self):
+        """The guarded variables' values now, as numpy arrays (a ring entry)."""
+        return [np.array(v.numpy(), copy=True) for v in self.variables]
+
+    def put(self, values):
+        for variable, value in zip(self.variables, values):
+            variable.assign(value)
+
+    def restore_before_step(self):
+        """Put back the weights and the optimizer's variables as they were before the held step."""
+        self.engine.restore_before_step(optimizer=True)
+
+    def restore_metrics(self):
+        """trace-steps keeps no metrics."""
+
+    def thaw(self):
+        """trace-steps' snapshot never freezes (one step at a time, or a chunk that stops at the step)."""
+
+    @contextlib.contextmanager
+    def before_step(self, values=None):
+        """For the block: the state before the held step (or the ring entry `values`); afterwards every variable
+        and the snapshot's copies as they were (a re-run through the engine copies the state again)."""
+        kept = self.variables + self.engine.snapshot_copies()
+        live = [np.array(v.numpy(), copy=True) for v in kept]
+        try:
+            self.restore_before_step()
+            if values is not None:
+                self.put(values)
+            yield
+        finally:
+            for variable, value in zip(kept, live):
+                variable.assign(value)
+
+    def nbytes(self):
+        return sum(int(v.shape.num_elements() or 0) * v.dtype.size for v in self.variables)
+
+
+class TraceView:
+    """What `GuestGuard` reads of a run (its first non-finite step, its expected layers), for a trace-steps report.
+
+    Args:
+        report: TraceReport.
+        expected: list of int. Layers whose non-finite outputs are intended.
+    """
+
+    def __init__(self, report, expected):
+        self.report, self.expected = report, list(expected)
+
+    @property
+    def first_nonfinite(self):
+        return self.report.first_nonfinite
+
+
+def active(options):
+    """True when trace-steps needs a guard: it may skip or roll back, or it keeps a ring (`snapshot_every`)."""
+    return options is not None and (options.intervenes or bool(options.ring_every))
+
+
+def prepare_guard(options, engine):
+    """Before the step is traced: under a guard, the step copies the optimizer's variables too (one device)."""
+    if active(options) and hasattr(engine, "keep_optimizer_state"):
+        engine.keep_optimizer_state()
+
+
+def trace_guard(options, engine, session, report, expected):
+    """The TraceGuard of one trace-steps run, or None when the guard has nothing to do (stop or continue, no ring).
+
+    Under tf.distribute no state is kept: the guard then stops the run at a step that needs one, with a note.
+    """
+    from nanscope.guard.guard import Guard
+    from nanscope.guard.host import attributed
+
+    if not active(options):
+        return None
+    view = TraceView(report, expected)
+    if not hasattr(engine, "keep_optimizer_state"):
+        made = TraceGuard(Guard(options), view)
+        made.no_state(options, "tf.distribute")
+        return made
+    state = TraceState(engine, session.batch)
+
+    def rerun(batch):
+        return attributed(engine.run(-1, *batch), view)
+
+    guard = Guard(options, state, rerun, variable_names=engine.variable_names)
+    if guard.ring is not None:  # the state before step 0: a chunk of steps can fail before the ring's first turn
+        guard.ring.take(0, state.current())
+    return TraceGuard(guard, view)
+
+
+class TraceGuard(GuestGuard):
+    """A GuestGuard fed by the trace-steps loop: it learns which step the snapshot holds from the records."""
+
+    def observe(self, records):
+        if self.guard.state is not None:
+            self.guard.state.ran(records)
+        return super().observe(records)

@@ -1,0 +1,77 @@
+"""The guard in `trace-steps`: skip a poisoned batch exactly, roll back a diverging run, from the CLI too."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nanscope.guard import GuardOptions
+from nanscope.spec import parse_spec
+from nanscope.trace import TraceOptions, run_trace
+
+SPECS = Path(__file__).parent / "specs"
+sys.path.insert(0, str(SPECS))
+from data_factories import arrays  # noqa: E402
+
+BATCH = 16
+
+
+def trace(tmp_path, x, y, steps, **options):
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    document = {"model": {"factory": f"{SPECS / 'phase_models.py'}:dense"},
+                "data": {"path": "d.npz", "batch_size": BATCH, "shuffle": False},
+                "train": {"loss": "mse", "optimizer": {"name": "adam", "learning_rate": 0.01}, "steps": steps,
+                          "seed": 0}}
+    spec = parse_spec(document, source=str(tmp_path / "spec.yaml"))
+    return run_trace(spec, TraceOptions(trace_path=tmp_path / "trace.jsonl", **options))
+
+
+def test_skip_leaves_out_the_poisoned_batch_and_trains_as_the_run_without_it(tmp_path):
+    x, y = arrays(rows=64)
+    poisoned = x.copy()
+    poisoned[2 * BATCH + 5, 1] = np.nan  # batch 2 of each pass over the 4 batches: steps 2, 6, 10
+    kept = np.r_[0:2 * BATCH, 3 * BATCH:64]
+    (tmp_path / "clean").mkdir()
+    clean = trace(tmp_path / "clean", x[kept], y[kept], steps=9)
+    report = trace(tmp_path, poisoned, y, steps=12, keep_going=True, guard=GuardOptions(on_nonfinite="skip"))
+
+    assert [(i["step"], i["action"]) for i in report.interventions] == [(2, "skip"), (6, "skip"), (10, "skip")]
+    assert report.interventions[0] == {"step": 2, "action": "skip", "reason": "non-finite data pass", "skips": 1,
+                                       "consecutive": 1}
+    # Each loss is taken before the step's update: the same losses on the other steps mean the same weights and
+    # optimizer state (Adam's moments and counter) before each of them.
+    losses = [r.loss for r in report.records if r.step not in (2, 6, 10)]
+    np.testing.assert_allclose(losses, [r.loss for r in clean.records], rtol=1e-6)
+    assert report.first_nonfinite.step == 2 and report.steps_run == 12
+    assert "guard: skip at 3 step(s): 2, 6, 10 (`interventions` in the JSON)" in report.notes
+    assert report.to_json()["interventions"][2]["step"] == 10
+
+
+def test_skip_stops_the_run_past_max_skips(tmp_path):
+    x, y = arrays(rows=64)
+    x[BATCH:, 0] = np.nan  # every batch from batch 1 on
+    report = trace(tmp_path, x, y, steps=8, keep_going=True,
+                   guard=GuardOptions(on_nonfinite="skip", max_skips=(2, 10)))
+    assert [(i["step"], i["action"]) for i in report.interventions] == [(1, "skip"), (2, "skip"), (3, "stop")]
+    assert report.steps_run == 4
+    assert "guard: stopped the run: non-finite data pass; max_skips reached (2 consecutive)" in report.notes
+
+
+def test_trace_steps_rolls_back_a_diverging_run_from_the_cli(tmp_path):
+    spec = "configs/exploding-regression.yaml"
+    run = [sys.executable, "-m", "nanscope", "trace-steps", spec, "--trace", str(tmp_path / "t.jsonl"),
+           "--json", str(tmp_path / "r.json"), "--steps", "60"]
+    done = subprocess.run([*run, "--on-nonfinite", "rollback"], capture_output=True, text=True)
+    assert done.returncode == 1, done.stderr  # a run that found a NaN, kept alive
+    report = json.loads((tmp_path / "r.json").read_text())
+    rollbacks = [i for i in report["interventions"] if i["action"] == "rollback"]
+    assert [(i["step"], i["restored_step"]) for i in rollbacks] == [(8, 0)]
+    assert rollbacks[0]["learning_rate"] == [{"before": pytest.approx(0.01), "after": pytest.approx(0.001)}]
+    losses = [float(step["loss"]) for step in report["steps"]]
+    assert report["steps_run"] == len(losses) == 60 and all(math.isfinite(v) for v in losses[-40:])
+    assert np.mean(losses[-10:]) < 0.5 * losses[0]  # it goes on learning at the lower rate
+    assert report["first_nonfinite"]["reproducible"] is True
