@@ -66,16 +66,16 @@ def series_columns(outputs):
 
 def global_update_ratio(record):
     """|dw|/|w| over all trainable weights together (small bias vectors alone would dominate a per-variable max)."""
-    weights = math.sqrt(sum(v.weight_norm ** 2 for v in record.variables))
-    updates = math.sqrt(sum((v.update_ratio * v.weight_norm) ** 2 for v in record.variables
-                            if math.isfinite(v.update_ratio)))
+    # hypot, not sqrt(sum(x ** 2)): a float ** 2 past 1.3e154 raises OverflowError, hypot returns inf.
+    weights = math.hypot(*(v.weight_norm for v in record.variables))
+    updates = math.hypot(*(v.update_ratio * v.weight_norm for v in record.variables if math.isfinite(v.update_ratio)))
     return updates / weights if weights > 0 else 0.0
 
 
 def scalar_row(record):
     """The SERIES values of one record, in column order (without the step), each put by its column's name."""
     # The two norms taken here, in float64, are kept as float32 like the step's own values: capped at its max.
-    weight_norm = min(math.sqrt(sum(v.weight_norm ** 2 for v in record.variables)), FLOAT32_MAX)
+    weight_norm = min(math.hypot(*(v.weight_norm for v in record.variables)), FLOAT32_MAX)
     values = {
         "batch_rows": record.batch_rows, "phase": PHASES.index(record.phase), "weight_norm": weight_norm,
         "update_ratio": min(global_update_ratio(record), FLOAT32_MAX),

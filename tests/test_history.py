@@ -294,3 +294,20 @@ def test_the_callback_keeps_a_bounded_history(tmp_path):
     assert all(math.isfinite(v) for v in redrawn.history.column("loss"))
     with pytest.raises(ValueError, match="keep_steps"):
         NanScope(keep_steps=0)
+
+
+def test_norms_past_the_square_root_of_the_float64_max_are_capped_not_raised():
+    """Weight norms of 2e154 (a float64 model's, or a float32 norm times a huge update ratio): their squares
+    overflow a Python float, and `sqrt(sum(x ** 2))` raised OverflowError inside the user's training."""
+    from nanscope.engine.records import StepRecord, VariableStats
+    from nanscope.history import FLOAT32_MAX, global_update_ratio, scalar_row, series_columns
+
+    variables = [VariableStats(grad_norm=1.0, grad_nonfinite=0, weight_norm=2e154, update_ratio=0.5,
+                               weight_nonfinite=0) for _ in range(2)]
+    record = StepRecord(step=0, batch_rows=8, loss=1.0, data_loss=1.0, grad_global_norm=1.0,
+                        applied_grad_global_norm=1.0, x_nonfinite=0, y_nonfinite=0, output_nonfinite=0,
+                        loss_nonfinite=False, grad_nonfinite=0, weights_nonfinite=0, variables=variables)
+    assert global_update_ratio(record) == pytest.approx(0.5, rel=1e-12)
+    row = series_columns(0).named(scalar_row(record))
+    assert row["weight_norm"] == float(np.float32(FLOAT32_MAX))
+    assert row["update_ratio"] == 0.5

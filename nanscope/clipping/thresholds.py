@@ -46,7 +46,7 @@ def derive_thresholds(strategies, unclipped, learning_rate, parameter_count, wei
     healthy = unclipped.healthy_grad_norms()
     if len(healthy):
         if weight_norm is None:
-            weight_norm = math.sqrt(sum(v.weight_norm ** 2 for v in unclipped.first_healthy.variables))
+            weight_norm = math.hypot(*(v.weight_norm for v in unclipped.first_healthy.variables))
         bound, how = clip_threshold(healthy, learning_rate, weight_norm)
     else:
         bound = FALLBACK_THRESHOLD
