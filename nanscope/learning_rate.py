@@ -91,8 +91,29 @@ class LearningRateView:
     """
 
     def __init__(self, optimizer):
+        self.optimizer = inner_optimizer(optimizer)
         self.schedule = schedule_of(optimizer)
-        self.start = internals.raw_iterations(inner_optimizer(optimizer)) if self.schedule is not None else 0
+        self.start = internals.raw_iterations(self.optimizer) if self.schedule is not None else 0
+        # A constant rate that a callback (ReduceLROnPlateau, a user's own) may assign during the run: read
+        # where the run starts and where its first non-finite step is seen.
+        self.start_rate = self.current_rate()
+        self.marked_rate = None
+
+    def current_rate(self):
+        """The optimizer's constant learning rate now, as a float; None under a schedule or without one."""
+        if self.schedule is not None or self.optimizer is None:
+            return None
+        try:
+            _, keras = tensorflow()
+            return float(keras.ops.convert_to_numpy(self.optimizer.learning_rate))
+        except Exception:  # a callable rate, or none to read: the header's rate stands
+            log.debug("the learning rate could not be read", exc_info=True)
+            return None
+
+    def mark(self):
+        """Read the constant rate where the first non-finite step is seen (the report's step)."""
+        if self.marked_rate is None:
+            self.marked_rate = self.current_rate()
 
     def header_fields(self):
         """The run header's `learning_rate_schedule` (empty for a constant rate): the schedule at the first step."""
@@ -115,17 +136,29 @@ class LearningRateView:
             applied: int. Updates the optimizer applied since the run started, before `step` (a loss-scale
                 optimizer's skipped updates do not advance the schedule).
         """
-        if self.schedule is None or "learning_rate_schedule" not in run:
+        if self.schedule is None:
+            self._settle_constant(run, step)
+            return
+        if "learning_rate_schedule" not in run:
             return
         value = schedule_value(self.schedule, self.start + applied)
         run["learning_rate_schedule"]["step"] = int(step)
         run.setdefault("optimizer_config", {})["learning_rate"] = value
 
 
+    def _settle_constant(self, run, step):
+        """A constant rate changed during the run: the header's rate becomes the one at `step`, and says so."""
+        now = self.marked_rate if self.marked_rate is not None else self.current_rate()
+        if now is None or self.start_rate is None or now == self.start_rate:
+            return
+        run.setdefault("optimizer_config", {})["learning_rate"] = now
+        run["learning_rate_changed"] = {"start": self.start_rate, "at_step": now, "step": int(step)}
+
+
 def settle_learning_rate(report, view):
     """Settle `report.run`'s learning rate at the step the report is about: its first non-finite step, else the
     last step run. A failure leaves the rate of the first step and adds a note (the report still stands)."""
-    if view is None or view.schedule is None or report.history is None or not report.history.count:
+    if view is None or report.history is None or not report.history.count:
         return
     try:
         steps = report.history.steps()

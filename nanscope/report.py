@@ -37,10 +37,13 @@ STEP_FIELDS = (
 # in every header (None where a run cannot know them, e.g. the rows of data given to `fit`).
 # `compiled` is a custom loop's: whether the step `instrument` wraps is a tf.function.
 # `learning_rate_schedule` is there only under a LearningRateSchedule (nanscope/learning_rate.py):
-# `optimizer_config.learning_rate` is then the rate in effect at its `step`.
+# `optimizer_config.learning_rate` is then the rate in effect at its `step`. `learning_rate_changed` is there
+# only when a constant rate was assigned during a guest's run (ReduceLROnPlateau): the rate then is the one at
+# its `step`.
 RUN_FIELDS = (
     "spec", "model", "model_kind", "parameters", "data", "train_rows", "validation_rows", "input_shape",
     "batch_size", "shuffle", "loss", "outputs", "optimizer", "optimizer_config", "learning_rate_schedule",
+    "learning_rate_changed",
     "steps_requested", "seed", "jit_compile", "compiled", "steps_per_execution", "mixed_precision", "loss_scaling",
     "layer_dtypes", "distribute",
 )

@@ -187,3 +187,23 @@ def test_the_lowered_rate_scales_the_schedule_and_keeps_its_shape():
 class _Constant(keras.optimizers.schedules.LearningRateSchedule):
     def __call__(self, step):
         return keras.ops.convert_to_tensor(0.5)
+
+
+def test_a_rate_that_reduce_lr_on_plateau_lowered_is_reported_at_the_first_nonfinite_step(tmp_path):
+    """ReduceLROnPlateau halves a constant 0.01 after the second epoch of 2 steps (the first sets its best loss,
+    the second does not beat it by 10); the NaN batch is step 5, in the third: the rate in effect there is
+    0.005, and the report said 0.01 (the rate when `fit` started)."""
+    model = compiled_mlp(0.01)
+    x, y = poisoned_fit_data()
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+    shown = tmp_path / "shown.txt"
+    plateau = keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5, patience=0, min_delta=10.0)
+    with open(shown, "w") as console_file:
+        scope = NanScope(report=tmp_path / "r.json", console=Console(file=console_file, width=80))
+        model.fit(data, steps_per_epoch=2, epochs=3, callbacks=[plateau, scope], verbose=0)
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["first_nonfinite"]["step"] == NAN_STEP
+    assert doc["run"]["optimizer_config"]["learning_rate"] == pytest.approx(0.005, rel=1e-6)
+    assert doc["run"]["learning_rate_changed"] == {"start": pytest.approx(0.01, rel=1e-6),
+                                                   "at_step": pytest.approx(0.005, rel=1e-6), "step": NAN_STEP}
+    assert "lr changed  0.01 at step 0, 0.005 at step 5 (assigned during the run)" in shown.read_text()

@@ -107,6 +107,8 @@ class StepRecorder:
                 self.names.call_order = self.call_order()
                 self.first_nonfinite = attribute_from_record(record, self.names)
                 self.report.first_nonfinite = self.first_nonfinite  # the report so far says it at once
+                if self.learning_rate is not None:
+                    self.learning_rate.mark()  # a rate a callback lowered is the one in effect here
                 if self.locate is not None:
                     self.locate(record, self.first_nonfinite)
             self._keep(record)

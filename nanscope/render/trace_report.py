@@ -71,8 +71,13 @@ def _header(report):
 
 
 def _schedule_rows(run):
-    """The "lr schedule" row under a LearningRateSchedule: its class, its rate at the first and the reported step."""
+    """The "lr schedule" row under a LearningRateSchedule: its class, its rate at the first and the reported step;
+    the "lr changed" row for a constant rate a callback assigned."""
     schedule = run.get("learning_rate_schedule")
+    changed = run.get("learning_rate_changed")
+    if changed:
+        return [("lr changed", f"{fmt(changed.get('start'))} at step 0, {fmt(changed.get('at_step'))} "
+                               f"at step {changed.get('step')} (assigned during the run)")]
     if not schedule:
         return []
     at, rate = schedule.get("step"), (run.get("optimizer_config") or {}).get("learning_rate")
