@@ -47,6 +47,7 @@ SPECS = REPO / "tests" / "specs"
 TARGETS = {"threads": 5, "fds": 5, "rss_mb": 50, "rate_drop": 0.10}
 MULTI_WORKER = ("trace-multi-worker", "fit-multi-worker")
 MIRRORED = ("trace-mirrored", "fit-mirrored")
+PLAIN_WAYS = ("fit", "fit-spe", "fit-mirrored", "fit-multi-worker")
 WAYS = ("trace", "trace-mirrored", "trace-multi-worker", "fit", "fit-spe", "fit-mirrored", "fit-multi-worker",
         "instrument", "compare-clipping", "verify", "replay")
 
@@ -110,7 +111,7 @@ def trace_way(steps, meter, folder, **train):
     return report.steps_run
 
 
-def fit_way(steps, meter, folder, strategy=None, per_execution=1):
+def fit_way(steps, meter, folder, strategy=None, per_execution=1, plain=False):
     from nanscope.keras import NanScope
     from nanscope.runtime import tensorflow
     from rich.console import Console
@@ -135,6 +136,9 @@ def fit_way(steps, meter, folder, strategy=None, per_execution=1):
         def on_train_batch_end(self, batch, logs=None):
             meter.tick(batch + 1 - meter.steps)
 
+    if plain:  # the same fit without nanscope, to tell nanscope's growth from Keras' and TensorFlow's
+        model.fit(data, epochs=1, steps_per_epoch=steps, callbacks=[Ticks()], verbose=0)
+        return meter.steps
     scope = NanScope(report=folder / "fit.json", trace=folder / "fit.jsonl", console=Console(quiet=True))
     model.fit(data, epochs=1, steps_per_epoch=steps, callbacks=[Ticks(), scope], verbose=0)
     return scope.report.steps_run
@@ -237,8 +241,11 @@ class _nothing:
         return False
 
 
-def run_child(way, steps, folder):
-    """Run one way in this process; the Meter's summary (None on a non-chief worker)."""
+def run_child(way, steps, folder, plain=False):
+    """Run one way in this process (a fit way without nanscope when `plain`); the Meter's summary (None on a
+    non-chief worker)."""
+    if plain and way not in PLAIN_WAYS:
+        raise ValueError(f"only the fit ways run without nanscope. Received: {way}")
     meter = Meter(max(1, steps // 200))
     chief = True
     if way == "trace":
@@ -249,21 +256,21 @@ def run_child(way, steps, folder):
         chief = json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0
         trace_way(steps, meter, folder / f"w{int(not chief)}", distribute="multi_worker", distribute_timeout_s=120)
     elif way in ("fit", "fit-spe"):
-        fit_way(steps, meter, folder, per_execution=32 if way == "fit-spe" else 1)
+        fit_way(steps, meter, folder, per_execution=32 if way == "fit-spe" else 1, plain=plain)
     elif way == "fit-mirrored":
         from nanscope.engine.distributed import mirrored_strategy
 
-        fit_way(steps, meter, folder, strategy=mirrored_strategy())
+        fit_way(steps, meter, folder, strategy=mirrored_strategy(), plain=plain)
     elif way == "fit-multi-worker":
         import tensorflow as tf
 
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
         chief = strategy.cluster_resolver.task_id == 0
-        fit_way(steps, meter, folder / f"w{strategy.cluster_resolver.task_id}", strategy=strategy)
+        fit_way(steps, meter, folder / f"w{strategy.cluster_resolver.task_id}", strategy=strategy, plain=plain)
     else:
         {"instrument": instrument_way, "compare-clipping": compare_clipping_way, "verify": verify_way,
          "replay": replay_way}[way](steps, meter, folder)
-    return {"way": way, **meter.summary()} if chief else None
+    return {"way": way, "nanscope": not plain, **meter.summary()} if chief else None
 
 
 _HANDED_OUT = set()
@@ -283,13 +290,13 @@ def free_ports(count):
     return ports
 
 
-def start_way(ways, steps, folder, replays=None):
+def start_way(ways, steps, folder, replays=None, plain=False):
     """The processes of `ways` (comma-separated, run one after the other in one process; a multi-worker way
-    alone, in two processes, one per worker), each running `--child`."""
+    alone, in two processes, one per worker), each running `--child` (with `--plain`: without nanscope)."""
     base = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
             "TF_CPP_MIN_LOG_LEVEL": "3"}
     argv = [sys.executable, str(Path(__file__).resolve()), "--child", ways, "--steps", str(steps), "--folder",
-            str(folder)] + (["--replays", str(replays)] if replays else [])
+            str(folder)] + (["--replays", str(replays)] if replays else []) + (["--plain"] if plain else [])
     names = ways.split(",")
     if not set(names) & set(MULTI_WORKER):
         env = {**base, "NANSCOPE_CPU_REPLICAS": "2"} if set(names) & set(MIRRORED) else base
@@ -336,7 +343,8 @@ def table(rows):
         cpu_rates = " -> ".join(f"{r:.0f}" if r else "n/a" for r in row["steps_per_cpu_s"])
         ok = "all met" if all(c["ok"] for c in row["checks"].values()) else "missed: " + ", ".join(
             name for name, c in row["checks"].items() if not c["ok"])
-        lines.append(f"| {row['way']} | {row['steps']:,} | {row['threads'][0]} -> {row['threads'][1]} | "
+        name = row["way"] if row.get("nanscope", True) else f"{row['way']} without nanscope"
+        lines.append(f"| {name} | {row['steps']:,} | {row['threads'][0]} -> {row['threads'][1]} | "
                      f"{row['fds'][0]} -> {row['fds'][1]} | {row['rss_mb'][0]:.0f} -> {row['rss_mb'][1]:.0f} | "
                      f"{rates} | {cpu_rates} | {ok} |")
     return "\n".join(lines)
@@ -348,6 +356,7 @@ def main():
     parser.add_argument("--steps", type=int, default=100_000)
     parser.add_argument("--multi-worker-steps", type=int, default=50_000)
     parser.add_argument("--replays", type=int, default=None, help="replays for the replay way (default: --steps)")
+    parser.add_argument("--plain", action="store_true", help="run the fit ways without nanscope (a baseline)")
     parser.add_argument("--child", help="run these ways (comma-separated) in this process and print their JSON")
     parser.add_argument("--folder", type=Path)
     parser.add_argument("--out", type=Path, help="also write every way's figures to this JSON file")
@@ -356,7 +365,7 @@ def main():
         for way in args.child.split(","):
             steps = args.replays if way == "replay" and args.replays else args.steps
             (args.folder / way).mkdir(parents=True, exist_ok=True)
-            summary = run_child(way, steps, args.folder / way)
+            summary = run_child(way, steps, args.folder / way, plain=args.plain)
             if summary is not None:
                 print(json.dumps(summary), flush=True)
         return
@@ -364,7 +373,7 @@ def main():
     for way in args.ways.split(","):
         steps = args.multi_worker_steps if way in MULTI_WORKER else args.steps
         with tempfile.TemporaryDirectory() as tmp:
-            [summary] = collect(start_way(way, steps, Path(tmp), args.replays))
+            [summary] = collect(start_way(way, steps, Path(tmp), args.replays, plain=args.plain))
         summary["checks"] = checks(summary)
         rows.append(summary)
         print(json.dumps(summary), flush=True)
