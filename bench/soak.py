@@ -61,35 +61,51 @@ def resources():
 
 
 class Meter:
-    """Counts steps; every `every` steps keeps (wall s, steps, threads, fds, RSS MB, CPU s of the process)."""
+    """Counts steps; every `every` steps keeps (wall s, steps, threads, fds, RSS MB, CPU s of the process), and
+    appends each sample to `log` (a JSON-lines file) when given, so that a run stopped early can be summarised."""
 
-    def __init__(self, every):
+    def __init__(self, every, log=None):
         self.every, self.steps, self.samples, self._next = max(1, int(every)), 0, [], 0
+        self.log = open(log, "a", encoding="utf-8") if log else None  # noqa: SIM115 (open for the whole run)
 
     def tick(self, count=1):
         self.steps += count
         if self.steps >= self._next:
-            self.samples.append((time.perf_counter(), self.steps, *resources(), time.process_time()))
+            self._sample()
             self._next = self.steps + self.every
+
+    def _sample(self):
+        self.samples.append((time.perf_counter(), self.steps, *resources(), time.process_time()))
+        if self.log is not None:
+            self.log.write(json.dumps(self.samples[-1]) + "\n")
+            self.log.flush()
 
     def summary(self):
         """Threads, fds and RSS at 10% and 90% of the steps; steps/s over the first and the last 10%."""
-        self.samples.append((time.perf_counter(), self.steps, *resources(), time.process_time()))
-        total = self.steps
+        self._sample()
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+        return summarize(self.samples)
 
-        def at(fraction):
-            return min(self.samples, key=lambda s: abs(s[1] - fraction * total))
 
-        first, tenth, ninetieth, last = self.samples[0], at(0.1), at(0.9), self.samples[-1]
+def summarize(samples):
+    """A Meter's figures from its samples (the last one taken as the end of the run)."""
+    total = samples[-1][1]
 
-        def rate(a, b, clock=0):
-            return (b[1] - a[1]) / (b[clock] - a[clock]) if b[clock] > a[clock] and b[1] > a[1] else None
+    def at(fraction):
+        return min(samples, key=lambda s: abs(s[1] - fraction * total))
 
-        return {"steps": total, "steps_at": [tenth[1], ninetieth[1]],
-                "threads": [tenth[2], ninetieth[2]], "fds": [tenth[3], ninetieth[3]],
-                "rss_mb": [round(tenth[4], 1), round(ninetieth[4], 1)],
-                "steps_per_s": [rate(first, tenth), rate(ninetieth, last)],
-                "steps_per_cpu_s": [rate(first, tenth, 5), rate(ninetieth, last, 5)]}
+    first, tenth, ninetieth, last = samples[0], at(0.1), at(0.9), samples[-1]
+
+    def rate(a, b, clock=0):
+        return (b[1] - a[1]) / (b[clock] - a[clock]) if b[clock] > a[clock] and b[1] > a[1] else None
+
+    return {"steps": total, "steps_at": [tenth[1], ninetieth[1]],
+            "threads": [tenth[2], ninetieth[2]], "fds": [tenth[3], ninetieth[3]],
+            "rss_mb": [round(tenth[4], 1), round(ninetieth[4], 1)],
+            "steps_per_s": [rate(first, tenth), rate(ninetieth, last)],
+            "steps_per_cpu_s": [rate(first, tenth, 5), rate(ninetieth, last, 5)]}
 
 
 def spec(name="healthy.yaml", steps=1000, **train):
@@ -241,12 +257,12 @@ class _nothing:
         return False
 
 
-def run_child(way, steps, folder, plain=False):
+def run_child(way, steps, folder, plain=False, samples=None):
     """Run one way in this process (a fit way without nanscope when `plain`); the Meter's summary (None on a
     non-chief worker)."""
     if plain and way not in PLAIN_WAYS:
         raise ValueError(f"only the fit ways run without nanscope. Received: {way}")
-    meter = Meter(max(1, steps // 200))
+    meter = Meter(max(1, steps // 200), log=samples)
     chief = True
     if way == "trace":
         trace_way(steps, meter, folder)
@@ -290,13 +306,14 @@ def free_ports(count):
     return ports
 
 
-def start_way(ways, steps, folder, replays=None, plain=False):
+def start_way(ways, steps, folder, replays=None, plain=False, samples=None):
     """The processes of `ways` (comma-separated, run one after the other in one process; a multi-worker way
     alone, in two processes, one per worker), each running `--child` (with `--plain`: without nanscope)."""
     base = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
             "TF_CPP_MIN_LOG_LEVEL": "3"}
     argv = [sys.executable, str(Path(__file__).resolve()), "--child", ways, "--steps", str(steps), "--folder",
-            str(folder)] + (["--replays", str(replays)] if replays else []) + (["--plain"] if plain else [])
+            str(folder)] + (["--replays", str(replays)] if replays else []) + (["--plain"] if plain else []) + (
+        ["--samples", str(samples)] if samples else [])
     names = ways.split(",")
     if not set(names) & set(MULTI_WORKER):
         env = {**base, "NANSCOPE_CPU_REPLICAS": "2"} if set(names) & set(MIRRORED) else base
@@ -357,15 +374,33 @@ def main():
     parser.add_argument("--multi-worker-steps", type=int, default=50_000)
     parser.add_argument("--replays", type=int, default=None, help="replays for the replay way (default: --steps)")
     parser.add_argument("--plain", action="store_true", help="run the fit ways without nanscope (a baseline)")
+    parser.add_argument("--samples", type=Path, help="append each sample to FOLDER/WAY.jsonl as it is taken "
+                        "(WAY-plain.jsonl without nanscope; a multi-worker way: the chief's)")
+    parser.add_argument("--summarize", type=Path, nargs="+", metavar="JSONL",
+                        help="print the figures of these sample files (of runs stopped early, say) and exit")
     parser.add_argument("--child", help="run these ways (comma-separated) in this process and print their JSON")
     parser.add_argument("--folder", type=Path)
     parser.add_argument("--out", type=Path, help="also write every way's figures to this JSON file")
     args = parser.parse_args()
+    if args.summarize:
+        rows = []
+        for path in args.summarize:
+            samples = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            name = path.stem.removesuffix("-plain")
+            rows.append({"way": name, "nanscope": not path.stem.endswith("-plain"), **summarize(samples)})
+            rows[-1]["checks"] = checks(rows[-1])
+            print(json.dumps(rows[-1]), flush=True)
+        print(table(rows))
+        return
     if args.child:
         for way in args.child.split(","):
             steps = args.replays if way == "replay" and args.replays else args.steps
             (args.folder / way).mkdir(parents=True, exist_ok=True)
-            summary = run_child(way, steps, args.folder / way, plain=args.plain)
+            log = None
+            if args.samples and (way not in MULTI_WORKER or json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0):
+                args.samples.mkdir(parents=True, exist_ok=True)
+                log = args.samples / f"{way}{'-plain' if args.plain else ''}.jsonl"
+            summary = run_child(way, steps, args.folder / way, plain=args.plain, samples=log)
             if summary is not None:
                 print(json.dumps(summary), flush=True)
         return
@@ -373,7 +408,8 @@ def main():
     for way in args.ways.split(","):
         steps = args.multi_worker_steps if way in MULTI_WORKER else args.steps
         with tempfile.TemporaryDirectory() as tmp:
-            [summary] = collect(start_way(way, steps, Path(tmp), args.replays, plain=args.plain))
+            [summary] = collect(start_way(way, steps, Path(tmp), args.replays, plain=args.plain,
+                                          samples=args.samples))
         summary["checks"] = checks(summary)
         rows.append(summary)
         print(json.dumps(summary), flush=True)
