@@ -134,3 +134,19 @@ def test_chunked_and_single_step_runs_record_the_same(tmp_path, monkeypatch):
         assert [v.grad_norm for v in one.variables] == pytest.approx([v.grad_norm for v in other.variables], rel=1e-5)
         assert [layer.mean_abs for layer in one.layers] == pytest.approx([layer.mean_abs for layer in other.layers],
                                                                            rel=1e-6)
+
+
+def test_a_traced_graph_is_freed_with_its_function():
+    # The shared constants are cached per graph; a cache entry that held its tensors (and so its graph) kept
+    # every graph that used one alive for the life of the process (bench/README.md: the replay loop).
+    import gc
+    import weakref
+
+    from nanscope.engine.exact import constant
+
+    function = tf.function(lambda x: tf.reshape(x, constant((-1,), "int32")) * constant(2.0), autograph=False)
+    assert function(tf.ones([2, 2])).numpy().tolist() == [2.0] * 4
+    graph = weakref.ref(function.get_concrete_function(tf.TensorSpec([2, 2], tf.float32)).graph)
+    del function
+    gc.collect()
+    assert graph() is None

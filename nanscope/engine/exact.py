@@ -48,12 +48,17 @@ def _row_size(tensor):
 def constant(value, dtype="float32"):
     """A constant of the graph being built, made once per graph and then reused (a `tf.constant` is an op)."""
     tf, _ = tensorflow()
+    # The constants are held weakly (their graph's op holds them while the graph lives): a tensor holds its
+    # graph, so a strong one would keep every graph nanscope ever traced alive through `_CONSTANTS`.
     made = _CONSTANTS.setdefault(tf.compat.v1.get_default_graph(), {})
     key = (value, dtype)
-    if key not in made:
+    held = made.get(key)
+    tensor = held() if held is not None else None
+    if tensor is None:
         with tf.control_dependencies(None):  # a shared constant must not inherit where it was first used
-            made[key] = tf.constant(value, dtype)
-    return made[key]
+            tensor = tf.constant(value, dtype)
+        made[key] = weakref.ref(tensor)
+    return tensor
 
 
 def flat(tensor):
