@@ -142,11 +142,13 @@ class StepProbe:
     def _detaching_on_error(self, function):
         # Keras calls on_train_end only when fit returns: an error inside a step must
         # still leave the model as it was found. StopIteration ends every epoch.
-        calls = []
+        # A count, not a list of calls: the function runs once per execution for the whole fit.
+        calls = 0
 
         @functools.wraps(function)
         def train_function(iterator):
-            calls.append(None)
+            nonlocal calls
+            calls += 1
             try:
                 logs = function(iterator)
             except StopIteration:
@@ -154,7 +156,7 @@ class StepProbe:
             except Exception as exc:
                 original = self._saved[1] if self._saved is not None else None
                 self.detach()
-                if len(calls) > 1 or original is None:
+                if calls > 1 or original is None:
                     raise
                 # The first call compiles the step: when the instrumented step cannot run (a
                 # compiler that rejects nanscope's ops) but the user's own step can, the
