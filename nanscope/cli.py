@@ -180,7 +180,7 @@ def trace_steps(
         bool, flag("--trace-full", "Write every step's full row to the trace (by default: every step's scalars, "
                                    "full rows of the kept steps).")
     ] = False,
-):
+) -> None:
     """Run instrumented train steps and report where the first NaN/Inf appears and why."""
     from nanscope.commands import trace_steps as command
 
@@ -204,7 +204,7 @@ def replay(
         bool, flag("--unsafe", "Load a bundle's model without Keras safe mode (Lambda layers run stored Python "
                                "code): only for bundles you trust."),
     ] = False,
-):
+) -> None:
     """Re-run one saved step eagerly and show the op, layer and line that produced the first NaN/Inf."""
     from nanscope.commands import replay as command
 
@@ -230,7 +230,7 @@ def check_data(
         int | None, typer.Option("--sample", min=1, help="Scan a uniform sample of N rows instead of all.")
     ] = None,
     show_all: Annotated[bool, flag("--all", "Show every column (default: the flagged ones first, up to 40).")] = False,
-):
+) -> None:
     """Scan the training data for NaN/Inf, bad scales and labels that do not fit the loss."""
     from nanscope.commands import check_data as command
 
@@ -260,7 +260,7 @@ def compare_clipping(
         Path | None,
         typer.Option("--plot", help="Write the loss curves to FILE (.png, .svg or .pdf; needs nanscope\\[plot])."),
     ] = None,
-):
+) -> None:
     """Train the same model from the same weights under each clipping strategy and pick one."""
     from nanscope.commands import compare_clipping as command
 
@@ -274,7 +274,7 @@ def report(
     json_out: JsonOpt = None,
     strict: StrictOpt = False,
     show_all: AllOpt = False,
-):
+) -> None:
     """Redraw a trace-steps report from its trace file, without rerunning training."""
     from nanscope.commands import report as command
 

@@ -17,7 +17,7 @@ from nanscope.data import targets
 from nanscope.engine.loss_scale import LossScaleWatch
 from nanscope.history import StepHistory
 from nanscope.jsonio import jsonable
-from nanscope.rules.fixes import Change  # noqa: F401  (the Change an experiment runs; declared with the rules)
+from nanscope.rules.fixes import Change as Change  # re-exported: the Change an experiment runs, declared with the rules
 from nanscope.series import ScalarColumns
 
 # The scalar columns an experiment's result reads of every step (its verdict, its JSON, the report's overview).

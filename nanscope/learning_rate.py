@@ -217,7 +217,7 @@ def _number(value):
     return f"{value:g}"
 
 
-_SCALED = []
+_SCALED: list[type] = []
 
 
 def _scaled_class():

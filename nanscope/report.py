@@ -11,13 +11,15 @@ aggregates, which the tables below are made of.
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from nanscope.engine.records import LayerStats, OutputStats, VariableStats
+from nanscope.engine.schema import PHASES
 from nanscope.errors import EXIT_HEALTHY, EXIT_INTERRUPTED, EXIT_PROBLEM
 from nanscope.history import (
-    DEFAULT_KEEP, DEFAULT_SAMPLE, PHASES, LayerAggregate, OutputAggregate, StepHistory, VariableAggregate,
+    DEFAULT_KEEP, DEFAULT_SAMPLE, LayerAggregate, OutputAggregate, StepHistory, VariableAggregate,
     scalar_row,
 )
 from nanscope.jsonio import jsonable
@@ -52,7 +54,7 @@ REQUIRED_RUN_FIELDS = ("spec", "model", "model_kind", "parameters", "data", "tra
                        "jit_compile")
 
 
-def run_header(**fields) -> dict:
+def run_header(**fields: object) -> dict:
     """The run header of a report (trace-steps, the NanScope callback): what was run, in the one field order.
 
     Raises:
@@ -204,12 +206,13 @@ class TraceReport:
             return EXIT_PROBLEM
         return EXIT_HEALTHY
 
-    def named_in_findings(self) -> tuple[set, set]:
+    def named_in_findings(self) -> tuple[set[str], set[str]]:
         """(layer names, variable names) that the first non-finite value and the findings name.
 
         A report that shortens its tables keeps these rows whatever their rank.
         """
-        layers, variables = set(), set()
+        layers: set[str] = set()
+        variables: set[str] = set()
         first = self.first_nonfinite
         if first is not None:
             layers.update(name for name in (first.layer,) if name)
@@ -337,7 +340,7 @@ def load_trace(path: str | os.PathLike) -> TraceReport:
             reader.aggregates(line)
         else:
             others.append(line)
-    summary = next((line for line in reversed(others) if line.get("kind") == "summary"), {})
+    summary: dict[str, Any] = next((line for line in reversed(others) if line.get("kind") == "summary"), {})
     first = summary.get("first_nonfinite")
     history = reader.finished()
     report = TraceReport(

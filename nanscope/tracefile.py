@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from nanscope.errors import NanscopeError
-from nanscope.history import PHASES, scalar_row
+from nanscope.engine.schema import PHASES
+from nanscope.history import scalar_row
 from nanscope.jsonio import dumps, encode_float, jsonable
 
 TRACE_SCHEMA = "nanscope.trace-lines/1"

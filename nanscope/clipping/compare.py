@@ -117,7 +117,8 @@ def compare_clipping(spec: RunSpec, strategies: str | list[Strategy] | None = No
     ordered, notes = _unclipped_first(strategies)
     baseline = _baseline(session, notes)
     progress = _Progress(on_progress, steps * len(ordered))
-    runs, thresholds, interrupted = [], {}, False
+    runs: list[StrategyRun] = []
+    thresholds, interrupted = {}, False
     try:
         for strategy in ordered:
             if strategy.kind != "none" and strategy.threshold is None:

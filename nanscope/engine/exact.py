@@ -18,10 +18,12 @@ costs two branch graphs to trace (a few ms each) and a handful of nodes per step
 """
 
 import weakref
+from typing import Any
 
 from nanscope.runtime import tensorflow
 
-_CONSTANTS = weakref.WeakKeyDictionary()
+# Per graph: (value, dtype) -> the constant made in it.
+_CONSTANTS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, str], Any]] = weakref.WeakKeyDictionary()
 
 # Tensors of a known shape are small with at most this many entries; tensors whose first
 # axis is a batch of unknown size are small with at most SMALL_ROW_SIZE entries per row.

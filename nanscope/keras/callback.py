@@ -19,14 +19,18 @@ from nanscope.history import DEFAULT_KEEP, DEFAULT_SAMPLE
 from nanscope.keras.recorder import GuestOptions
 from nanscope.runtime import tensorflow
 
-if TYPE_CHECKING:
-    from rich.console import Console
-
 tf, keras = tensorflow()
+
+# mypy cannot take a base class from `tensorflow()`'s return value; it reads Keras' own name.
+if TYPE_CHECKING:
+    from keras.callbacks import Callback
+    from rich.console import Console
+else:
+    Callback = keras.callbacks.Callback
 log = logging.getLogger("nanscope")
 
 
-class NanScope(keras.callbacks.Callback):
+class NanScope(Callback):
     """Record nanscope's per-step statistics during `fit`, stop at the first NaN/Inf, report why.
 
     Per step it records what `nanscope trace-steps` records: loss, gradient norms per

@@ -43,13 +43,14 @@ from nanscope.rules.evidence import RunEvidence
 from nanscope.runtime import tensorflow
 
 if TYPE_CHECKING:
+    from keras import Model
     from rich.console import Console
 
 tf, keras = tensorflow()
 log = logging.getLogger("nanscope")
 
 
-def instrument(models: keras.Model | Sequence[keras.Model], optimizers: Any = (),
+def instrument(models: Model | Sequence[Model], optimizers: Any = (),
                report: str | os.PathLike | None = None, stop_on_nonfinite: bool | None = None, verbose: int = 1,
                console: Console | None = None, tensorboard: str | os.PathLike | None = None,
                trace: str | os.PathLike | None = None, expect_nonfinite: Sequence[str] = (),

@@ -7,6 +7,7 @@ forensic replay its owner supplies), and builds, prints and writes the report.
 """
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,12 +25,12 @@ class GuestOptions:
     """What a guest run records and where it reports (the options of `NanScope` and `instrument`).
 
     Args:
-        report: Path, optional. Write the `nanscope.trace/1` JSON here.
+        report: str or os.PathLike, optional. Write the `nanscope.trace/1` JSON here.
         stop_on_nonfinite: bool, default True.
         verbose: int, default 1. 0 prints nothing; 1 prints the report when the run ends.
         console: rich.console.Console, optional. Where to print (default: stderr).
-        tensorboard: Path, optional. Per-step scalars to this TensorBoard folder.
-        trace: Path, optional. Every step's record to this JSON-lines trace.
+        tensorboard: str or os.PathLike, optional. Per-step scalars to this TensorBoard folder.
+        trace: str or os.PathLike, optional. Every step's record to this JSON-lines trace.
         expect_nonfinite: list of str. Layer-name patterns whose non-finite outputs are intended.
         forensics: bool, default True. Keep what a replay needs on the device and replay the first non-finite step.
         keep_steps, sample_steps: int. Full rows the bounded history keeps (`nanscope.history`).
@@ -38,12 +39,12 @@ class GuestOptions:
         guard: GuardOptions. What happens at a non-finite step or a spike (`stop_on_nonfinite` is its "stop").
     """
 
-    report: Path | None = None
+    report: str | os.PathLike[str] | None = None
     stop_on_nonfinite: bool = True
     verbose: int = 1
     console: object = None
-    tensorboard: Path | None = None
-    trace: Path | None = None
+    tensorboard: str | os.PathLike[str] | None = None
+    trace: str | os.PathLike[str] | None = None
     expect_nonfinite: list = field(default_factory=list)
     forensics: bool = True
     keep_steps: int = DEFAULT_KEEP

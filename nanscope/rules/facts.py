@@ -80,7 +80,7 @@ class Facts:
 
     run: dict
     first: object = None
-    healthy: HealthySteps = None
+    healthy: HealthySteps = field(default_factory=lambda: _healthy(None))
     steps: dict | None = None
     kept: list = field(default_factory=list)
     layers: list = field(default_factory=list)
