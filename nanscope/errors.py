@@ -6,6 +6,8 @@ anything else is a bug and keeps its traceback.
 """
 
 import re
+from collections.abc import Iterable
+from typing import Any
 
 EXIT_HEALTHY = 0
 EXIT_PROBLEM = 1
@@ -23,12 +25,12 @@ class NanscopeError(Exception):
 
     exit_code = EXIT_BAD_INPUT
 
-    def __init__(self, message, hint=None):
+    def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.message if not self.hint else f"{self.message} ({self.hint})"
 
 
@@ -42,7 +44,7 @@ class NonFiniteError(FloatingPointError):
 
     exit_code = EXIT_PROBLEM
 
-    def __init__(self, message, report=None):
+    def __init__(self, message: str, report: Any = None) -> None:
         super().__init__(message)
         self.report = report
 
@@ -65,7 +67,7 @@ _NUMBER = r"-?(?:\d[\d.eE+\-]*|nan|inf)"
 _ARRAY_REPR = re.compile(rf"\s*(?:\[\[[\s\d.eE+\-\[\]naif]*\]\]|\[\s*{_NUMBER}(?:\s+{_NUMBER})+\s*\])\s*")
 
 
-def first_line(exc):
+def first_line(exc: BaseException) -> str:
     """The line of an exception's text that says what went wrong, for a one-line message.
 
     Keras wraps errors raised inside a layer in a call header and ANSI bold; both are dropped,
@@ -77,7 +79,7 @@ def first_line(exc):
     return re.sub(r" +", " ", lines[0])[:300] if lines else type(exc).__name__
 
 
-def did_you_mean(name, candidates, cutoff=0.6):
+def did_you_mean(name: str, candidates: Iterable[str], cutoff: float = 0.6) -> str:
     """"; did you mean `x`?" for the known name closest to `name`, or "" when none is close.
 
     Args:

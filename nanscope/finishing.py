@@ -11,13 +11,14 @@ Example:
 """
 
 import logging
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 log = logging.getLogger(__name__)
 
 
 @contextmanager
-def optional_part(notes, part):
+def optional_part(notes: list[str], part: str) -> Iterator[None]:
     """Run the body; if it raises, append a note naming `part` to `notes` and carry on.
 
     Ctrl-C (KeyboardInterrupt) and SystemExit still propagate: they are not failures.
@@ -34,7 +35,7 @@ def optional_part(notes, part):
         notes.append(failure_note(part, exc))
 
 
-def failure_note(part, exc):
+def failure_note(part: str, exc: BaseException) -> str:
     """"<part> failed while the report was finished (<Type>: <message>) and is left out"."""
     what = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
     bug = "" if isinstance(exc, OSError) else "; please report this as a nanscope bug"

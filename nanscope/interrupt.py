@@ -9,13 +9,16 @@ flag, and every training loop checks it between steps.
 import contextlib
 import signal
 import sys
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
 
 _requested = False
 _deferring = False
 _default_unraisable = sys.unraisablehook
 
 
-def install():
+def install() -> None:
     """Route SIGINT and SIGTERM to `request`, forgetting an earlier command's stop request (a notebook or a
     test process runs many commands: one Ctrl-C must not stop every later run at step 0); keep dropped
     interrupts out of the user's terminal."""
@@ -30,14 +33,14 @@ def install():
         sys.unraisablehook = _quiet_unraisable
 
 
-def _quiet_unraisable(info):
+def _quiet_unraisable(info: Any) -> None:
     # The stop request is already remembered: its lost KeyboardInterrupt is no news.
     if info.exc_type is KeyboardInterrupt and _requested:
         return
     _default_unraisable(info)
 
 
-def request(signum=None, frame=None):
+def request(signum: int | None = None, frame: FrameType | None = None) -> None:
     """Remember the stop request; raise KeyboardInterrupt unless one was raised already or raising is deferred."""
     global _requested
     first = not _requested
@@ -47,7 +50,7 @@ def request(signum=None, frame=None):
 
 
 @contextlib.contextmanager
-def deferred():
+def deferred() -> Iterator[None]:
     """Finish the block (writing the report) even if a signal arrives; the request is still remembered."""
     global _deferring
     previous, _deferring = _deferring, True
@@ -57,18 +60,18 @@ def deferred():
         _deferring = previous
 
 
-def defer_from_now():
+def defer_from_now() -> None:
     """Defer every later signal until the next `install()`: the command is writing what it found."""
     global _deferring
     _deferring = True
 
 
-def requested():
+def requested() -> bool:
     """True once SIGINT or SIGTERM has arrived."""
     return _requested
 
 
-def check():
+def check() -> None:
     """Raise KeyboardInterrupt if a stop was requested, even one whose exception got lost."""
     if _requested:
         raise KeyboardInterrupt

@@ -11,11 +11,12 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 
-def jsonable(value):
+def jsonable(value: Any) -> Any:
     """`value` as plain JSON types, with non-finite floats as strings.
 
     Runs once per trace line, so the common exact types are tested first.
@@ -46,7 +47,7 @@ def jsonable(value):
     return value
 
 
-def encode_float(value):
+def encode_float(value: float) -> float | str:
     """A float, or "nan" / "inf" / "-inf" for the non-finite ones."""
     if math.isnan(value):
         return "nan"
@@ -55,11 +56,11 @@ def encode_float(value):
     return value
 
 
-def dumps(value, indent=2):
+def dumps(value: Any, indent: int | None = 2) -> str:
     return json.dumps(jsonable(value), indent=indent, allow_nan=False)
 
 
-def write_json(target, value):
+def write_json(target: str | os.PathLike[str], value: Any) -> None:
     """Write `value` as JSON to a path (atomically) or to stdout when target is "-"."""
     text = dumps(value) + "\n"
     if str(target) == "-":
@@ -69,14 +70,14 @@ def write_json(target, value):
     write_text_atomic(target, text)
 
 
-def new_file_mode():
+def new_file_mode() -> int:
     """The mode `open(path, "w")` gives a new file: 0666 less the process umask."""
     umask = os.umask(0o022)  # reading the umask means setting it; put it straight back
     os.umask(umask)
     return 0o666 & ~umask
 
 
-def write_text_atomic(target, text):
+def write_text_atomic(target: str | os.PathLike[str], text: str) -> None:
     """Write text to `target` through a temporary file and a rename."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -6,16 +6,21 @@ after the work is done.
 """
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from nanscope.errors import NanscopeError
+
+# (option, path or None): the option's name as the user typed it, the path it was given.
+OptionPath = tuple[str, str | os.PathLike[str] | None]
 
 
 # The image formats a plot may be written as; matplotlib picks the format from the suffix.
 IMAGE_SUFFIXES = (".png", ".svg", ".pdf")
 
 
-def check_output_paths(files=(), folders=(), images=()):
+def check_output_paths(files: Iterable[OptionPath] = (), folders: Iterable[OptionPath] = (),
+                       images: Iterable[OptionPath] = ()) -> None:
     """Raise NanscopeError for the first path that cannot be written.
 
     Args:
@@ -36,7 +41,7 @@ def check_output_paths(files=(), folders=(), images=()):
             _writable(option, Path(path), folder=True)
 
 
-def _writable(option, path, folder):
+def _writable(option: str, path: Path, folder: bool) -> None:
     if path.exists() and path.is_dir() != folder:
         kind = "a directory; expected a file path" if not folder else "a file; expected a folder"
         raise NanscopeError(f"{option}: {path} is {kind}")

@@ -17,6 +17,8 @@ import logging
 import os
 import sys
 import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
 
 # nanscope's own version (pyproject's), here at the bottom of the package so a module that records it (a fit
 # bundle's `versions`) need not import the package root, which imports the Keras guest.
@@ -24,7 +26,7 @@ VERSION = "0.1.0"
 _modules = None
 
 
-def tensorflow(before_devices=None):
+def tensorflow(before_devices: Callable[[Any], object] | None = None) -> tuple[Any, Any]:
     """Return (tf, keras), importing them quietly on first use.
 
     Args:
@@ -55,7 +57,7 @@ def tensorflow(before_devices=None):
 
 
 @contextlib.contextmanager
-def quiet_user_imports():
+def quiet_user_imports() -> Iterator[None]:
     """Run a block that may import TensorFlow the user's way (a factory module's `import keras`) quietly.
 
     TensorFlow writes its start-up lines when it is first imported, whoever imports it;
@@ -75,7 +77,7 @@ def quiet_user_imports():
         tensorflow()
 
 
-def _split_cpu(tf, replicas):
+def _split_cpu(tf: Any, replicas: str | None) -> None:
     """Configure `replicas` logical CPU devices (a string from the environment; unset or "1": leave one)."""
     if not replicas:
         return
@@ -91,7 +93,7 @@ def _split_cpu(tf, replicas):
 
 
 @contextlib.contextmanager
-def _silenced_stderr_fd():
+def _silenced_stderr_fd() -> Iterator[None]:
     """Point file descriptor 2 at /dev/null for the block, restoring it afterwards."""
     try:
         sys.stderr.flush()

@@ -8,14 +8,22 @@ Example:
     check_spec_paths(load_spec("run.yaml"))
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
 from nanscope.data import targets
 from nanscope.errors import DataError, ModelError, SpecError
 from nanscope.factory import referenced_file
 
+if TYPE_CHECKING:
+    from nanscope.spec import LossSpec, RunSpec
+
 NPY_SUFFIX = ".npy"
 
 
-def check_spec_paths(spec, sections=("model", "data", "train")):
+def check_spec_paths(spec: RunSpec, sections: Iterable[str] = ("model", "data", "train")) -> None:
     """Raise the loader's error for the first file the spec names that does not exist.
 
     Args:
@@ -31,7 +39,7 @@ def check_spec_paths(spec, sections=("model", "data", "train")):
         checks[section](spec)
 
 
-def _model_paths(spec):
+def _model_paths(spec: RunSpec) -> None:
     model, where = spec.model, f"{spec.source}: model"
     if model.factory is not None:
         referenced_file(model.factory, spec.base_dir, f"{where}.factory", ModelError)
@@ -39,7 +47,7 @@ def _model_paths(spec):
         raise ModelError(f"{where}.path: file not found: {spec.resolve(model.path)}")
 
 
-def _data_paths(spec):
+def _data_paths(spec: RunSpec) -> None:
     data, where = spec.data, f"{spec.source}: data"
     if data.factory is not None:
         referenced_file(data.factory, spec.base_dir, f"{where}.factory", DataError)
@@ -54,11 +62,12 @@ def _data_paths(spec):
                 raise DataError(f"{where}.y: for an .npy input, `y` names the targets' .npy file; not found: {y_path}")
 
 
-def _loss_paths(spec):
+def _loss_paths(spec: RunSpec) -> None:
     loss, where = spec.train.loss, f"{spec.source}: train.loss"
-    named = [(where, loss)] if hasattr(loss, "name") else (
+    named: list[tuple[str, LossSpec]] = (
         [(f"{where}.{name}", one) for name, one in loss.items()] if isinstance(loss, dict) else
-        [(f"{where}[{i}]", one) for i, one in enumerate(loss or [])])
+        [(f"{where}[{i}]", one) for i, one in enumerate(loss)] if isinstance(loss, list) else
+        [(where, loss)] if loss is not None else [])
     for field, one in named:
         if ":" in one.name:
             referenced_file(one.name, spec.base_dir, field, SpecError)

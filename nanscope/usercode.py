@@ -15,7 +15,7 @@ _LIBRARIES = {Path(p).resolve() for key in ("stdlib", "platstdlib", "purelib", "
               if (p := sysconfig.get_paths().get(key))}
 
 
-def raised_at(exc):
+def raised_at(exc: BaseException | None) -> str | None:
     """"path/to/model.py:12" for the innermost frame of `exc` (or what it was raised from) in user code, or None."""
     seen = set()
     while exc is not None and id(exc) not in seen:
@@ -27,13 +27,13 @@ def raised_at(exc):
     return None
 
 
-def where_suffix(exc):
+def where_suffix(exc: BaseException) -> str:
     """" (at model.py:12)" for a message, or "" when no frame of user code is in the traceback."""
     line = raised_at(exc)
     return f" (at {line})" if line else ""
 
 
-def is_user_file(filename):
+def is_user_file(filename: str) -> bool:
     """True for a real file outside nanscope, the standard library and installed packages."""
     if not filename or filename.startswith("<"):
         return False
@@ -43,7 +43,7 @@ def is_user_file(filename):
     return not any(path.is_relative_to(root) for root in (_NANSCOPE, *_LIBRARIES))
 
 
-def _shown(filename):
+def _shown(filename: str) -> str:
     """The path relative to the current folder when it lies below it, else as it is."""
     path = Path(filename)
     try:

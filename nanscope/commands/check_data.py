@@ -1,10 +1,13 @@
 """`nanscope check-data`: scan training data for NaN/Inf, bad scales and labels that do not fit the loss."""
 
+import os
+
 from nanscope.commands.output import deliver
 from nanscope.outpaths import check_output_paths
 
 
-def run(source, *, json_out=None, target=None, loss=None, classes=None, sample=None, show_all=False):
+def run(source: str | os.PathLike[str], *, json_out: str | None = None, target: str | None = None,
+        loss: str | None = None, classes: int | None = None, sample: int | None = None, show_all: bool = False) -> int:
     """Scan `source` (a run spec or a data file); return the exit code."""
     from nanscope.checkdata import scan_data
     from nanscope.render.data_report import render_data_report, scan_progress

@@ -1,11 +1,21 @@
 """`nanscope compare-clipping`: train the same start under each clipping strategy and pick one."""
 
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
 from nanscope.commands.output import deliver, outcome
 from nanscope.outpaths import check_output_paths
 from nanscope.specpaths import check_spec_paths
 
+if TYPE_CHECKING:
+    from nanscope.clipping.compare import ClippingReport
 
-def run(spec, *, steps=None, strategies=None, lr=None, batch_size=None, seed=None, json_out=None, plot=None):
+
+def run(spec: str | os.PathLike[str], *, steps: int | None = None, strategies: str | None = None,
+        lr: float | None = None, batch_size: int | None = None, seed: int | None = None, json_out: str | None = None,
+        plot: str | os.PathLike[str] | None = None) -> int:
     """Compare the clipping strategies named in `strategies` on the spec file `spec`; return the exit code."""
     from nanscope.clipping import compare_clipping, parse_strategies
     from nanscope.clipping.compare import stopped_before_training
@@ -17,10 +27,10 @@ def run(spec, *, steps=None, strategies=None, lr=None, batch_size=None, seed=Non
     if plot is not None:
         require_matplotlib()
 
-    def check():
+    def check() -> None:
         check_output_paths(files=[("--json", json_out)], images=[("--plot", plot)])
 
-    def work():
+    def work() -> ClippingReport:
         run_spec = apply_overrides(load_spec(spec), steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed)
         check_spec_paths(run_spec)  # before TensorFlow loads: a missing file is reported at once
         with clipping_progress() as on_progress:
@@ -32,7 +42,7 @@ def run(spec, *, steps=None, strategies=None, lr=None, batch_size=None, seed=Non
                    report.exit_code(), writes=writes)
 
 
-def plot_strategies(report, path):
+def plot_strategies(report: ClippingReport, path: str | os.PathLike[str]) -> None:
     """Write every strategy's training loss curve to the image `path`, each first non-finite step dotted."""
     from nanscope.plotting import plot_loss_curves
 

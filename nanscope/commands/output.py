@@ -1,12 +1,21 @@
 """The tail every command ends with: render the report, write its JSON, return the exit code."""
 
+from __future__ import annotations
+
 import sys
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from nanscope import interrupt
 from nanscope.finishing import optional_part
 
+if TYPE_CHECKING:
+    from rich.console import Console
 
-def outcome(check, work, fallback):
+Report = TypeVar("Report")
+
+
+def outcome(check: Callable[[], object], work: Callable[[], Report], fallback: Callable[[], Report]) -> Report:
     """What `work()` returns, or `fallback()` when a signal stops it first; no later signal interrupts the command.
 
     The library turns a signal during training into a report of the steps done; a signal
@@ -38,14 +47,15 @@ def outcome(check, work, fallback):
     return result
 
 
-def console_for(json_out):
+def console_for(json_out: str | None) -> Console:
     """The console for the human report: stderr when the JSON goes to stdout."""
     from rich.console import Console
 
     return Console(stderr=json_out == "-", soft_wrap=False)
 
 
-def deliver(render, document, json_out, exit_code, writes=()):
+def deliver(render: Callable[[Console], object], document: Callable[[], Any], json_out: str | None, exit_code: int,
+            writes: Iterable[tuple[str, Callable[[], object]]] = ()) -> int:
     """Print the human report, write the other outputs and the JSON, and return the exit code.
 
     A signal that arrives meanwhile is remembered but does not cut the report short.
@@ -61,7 +71,7 @@ def deliver(render, document, json_out, exit_code, writes=()):
         writes: iterable of (str, callable()). Further outputs, each named ("the plot out.png"), written after
             the report.
     """
-    missing = []
+    missing: list[str] = []
     with interrupt.deferred():
         with optional_part(missing, "the printed report"):
             render(console_for(json_out))

@@ -1,10 +1,13 @@
 """`nanscope replay`: re-run one saved step eagerly and name the op, layer and line behind the first NaN/Inf."""
 
+import os
+
 from nanscope.commands.output import deliver
 from nanscope.outpaths import check_output_paths
 
 
-def run(directory, *, json_out=None, verify=False, unsafe=False):
+def run(directory: str | os.PathLike[str], *, json_out: str | None = None, verify: bool = False,
+        unsafe: bool = False) -> int:
     """Replay the repro folder `directory` (and try the fixes on it with `verify`; `unsafe`: load a model that needs
     Keras' unsafe deserialization); return the exit code."""
     from nanscope.replay import replay_document, replay_repro

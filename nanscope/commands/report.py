@@ -1,10 +1,13 @@
 """`nanscope report`: redraw a trace-steps report from its trace file, without rerunning training."""
 
+import os
+
 from nanscope.commands.output import deliver
 from nanscope.outpaths import check_output_paths
 
 
-def run(trace, *, json_out=None, strict=False, show_all=False):
+def run(trace: str | os.PathLike[str], *, json_out: str | None = None, strict: bool = False,
+        show_all: bool = False) -> int:
     """Rebuild the report of the trace file `trace`; return the exit code."""
     from nanscope.render.trace_report import render_trace_report
     from nanscope.report import load_trace

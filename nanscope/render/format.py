@@ -1,11 +1,30 @@
 """Small formatting pieces shared by the renderers: numbers, sparklines, step selection."""
 
+from __future__ import annotations
+
+import functools
 import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.style import Style
+    from rich.table import Table
+    from rich.text import Text
+
+
+
+class _Stepped(Protocol):
+    step: int
+
+
+Record = TypeVar("Record", bound=_Stepped)
 
 BARS = "▁▂▃▄▅▆▇█"
 
 
-def fmt(value):
+def fmt(value: float | str | None) -> str:
     """A number for a table cell: 4 significant digits, nan/inf spelled out, None as a dash."""
     if value is None:
         return "-"
@@ -22,7 +41,7 @@ def fmt(value):
     return f"{value:.4g}"
 
 
-def sparkline(values, width=60):
+def sparkline(values: Sequence[float | None], width: int = 60) -> str:
     """Unicode sparkline of |values| on a log scale, resampled to `width`; non-finite points drawn as x."""
     if not values:
         return ""
@@ -42,13 +61,15 @@ def sparkline(values, width=60):
     return "".join(chars)
 
 
-def _bucket_max(values):
-    if any(v is None or not math.isfinite(v) for v in values):
+def _bucket_max(values: Sequence[float | None]) -> float:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if len(finite) < len(values):
         return math.nan
-    return max(values, key=abs)
+    return max(finite, key=abs)
 
 
-def selected_steps(records, first_nonfinite_step, head=3, middle=6):
+def selected_steps(records: Sequence[Record], first_nonfinite_step: int | None, head: int = 3,
+                   middle: int = 6) -> list[Record]:
     """A few records to show as rows: the first steps, evenly spaced ones, the last healthy and the first non-finite."""
     if len(records) <= head + middle + 2:
         return list(records)
@@ -63,7 +84,7 @@ def selected_steps(records, first_nonfinite_step, head=3, middle=6):
     return [records[i] for i in sorted(picks)]
 
 
-def hanging(marker, text, style=None):
+def hanging(marker: str, text: str | Text, style: str | Style | None = None) -> Table:
     """`marker` then `text`, whose wrapped lines line up under its first word, not flush left.
 
     Example: hanging("   - ", "a long evidence line ...") prints
@@ -74,11 +95,10 @@ def hanging(marker, text, style=None):
     from rich.text import Text
 
     grid = Table.grid()
-    text = Text(text) if isinstance(text, str) else text  # evidence is plain text: "[x]" is not Rich markup
-    marker = Text(marker)
+    cell = Text(text) if isinstance(text, str) else text  # evidence is plain text: "[x]" is not Rich markup
     grid.add_column(no_wrap=True)
     grid.add_column(overflow="fold")
-    grid.add_row(marker, text, style=style)
+    grid.add_row(Text(marker), cell, style=style)
     return grid
 
 
@@ -88,7 +108,7 @@ NAME_BREAKS = "_./-=, "
 NAME_MIN_WIDTH = 8
 
 
-def name_lines(name, width):
+def name_lines(name: object, width: int) -> str:
     """`name` broken into lines of at most `width` characters, only after _ . / - = , or a space (or before a
     `[`), so that "tenure_months" becomes "tenure_" / "months", never "tenure_mont" / "hs". A part with no
     break in `width` characters is split at `width`, the one case a word is cut.
@@ -120,12 +140,12 @@ def name_lines(name, width):
     return "\n".join(line.rstrip() for line in lines if line.strip())
 
 
-def header(text):
+def header(text: str) -> str:
     """A column header with one word per line, for a column of numbers that never wraps (its header cannot)."""
     return "\n".join(text.split(" "))
 
 
-def compact_table(title=None):
+def compact_table(title: str | None = None) -> Table:
     """A table for 80 columns: a rule under the header, two spaces between columns, no outer edge."""
     from rich import box
     from rich.table import Table
@@ -133,7 +153,8 @@ def compact_table(title=None):
     return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
 
 
-def fitted(build, names, console, width=None):
+def fitted(build: Callable[[Callable[[Any], str]], Table], names: Iterable[object], console: Console,
+           width: int | None = None) -> Table:
     """The table `build(wrap)` makes, where `wrap(name)` breaks the name cells at the widest width at which the
     whole table fits `width` (default: the console's) without cutting a cell; at NAME_MIN_WIDTH if none does.
 
@@ -143,13 +164,13 @@ def fitted(build, names, console, width=None):
     width = width or console.width
     longest = max((len(str(n)) for n in names), default=NAME_MIN_WIDTH)
     for name_width in range(max(longest, NAME_MIN_WIDTH), NAME_MIN_WIDTH - 1, -1):
-        table = build(lambda name, w=name_width: name_lines(name, w))
+        table = build(functools.partial(name_lines, width=name_width))
         if _narrowest(table, console) <= width:
             return table
     return table
 
 
-def _narrowest(table, console):
+def _narrowest(table: Table, console: Console) -> int:
     """The fewest columns `table` can take without cutting a cell: a column that does not wrap needs its
     widest line, one that wraps its longest word. (Rich measures both by the longest word and, when the
     sum does not fit, cuts every column alike.)"""
