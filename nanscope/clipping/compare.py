@@ -21,7 +21,7 @@ from nanscope.clipping.thresholds import derive_thresholds
 from nanscope.clipping.transforms import ClipMonitor
 from nanscope import interrupt
 from nanscope.errors import EXIT_INTERRUPTED
-from nanscope.experiment import Change, run_experiment
+from nanscope.experiment import Change, ExperimentResult, run_experiment
 from nanscope.session import open_session
 
 if TYPE_CHECKING:
@@ -40,12 +40,12 @@ class StrategyRun:
     """
 
     strategy: Strategy
-    result: object
+    result: ExperimentResult
     effect: StepEffect
     optimizer_check: OptimizerCheck | None = None
 
     @property
-    def took_effect(self):
+    def took_effect(self) -> bool | None:
         """False when clipping demonstrably did not act; None when there was nothing to check."""
         if self.optimizer_check is not None and self.optimizer_check.verified is False:
             return False
@@ -68,12 +68,12 @@ class ClippingReport:
     """
 
     run: dict
-    runs: list
+    runs: list[StrategyRun]
     thresholds: dict
     recommended: str | None = None
-    recommendations: list = field(default_factory=list)
+    recommendations: list[dict] = field(default_factory=list)
     diagnosis: str | None = None
-    notes: list = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     interrupted: bool = False
     baseline: Baseline | None = None
     hides_problem: bool = False

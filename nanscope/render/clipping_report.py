@@ -5,10 +5,14 @@ Renderers format what the comparison measured; they never compute and never writ
 files (the `--plot` image is drawn by `nanscope.plotting`).
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.syntax import Syntax
@@ -17,10 +21,17 @@ from rich.text import Text
 
 from nanscope.render.format import fitted, fmt, hanging, sparkline
 
+if TYPE_CHECKING:
+    from nanscope.clipping.compare import ClippingReport, StrategyRun
+    from nanscope.experiment import ExperimentResult
+
+# A name cell's wrapping: `fitted` hands each table builder one.
+Wrap = Callable[[str], str]
+
 CURVE_WIDTH = 16
 
 
-def render_clipping_report(report, console):
+def render_clipping_report(report: ClippingReport, console: Console) -> None:
     """Print a ClippingReport: header, the strategy table, how thresholds were chosen, the verdict."""
     run = report.run
     console.print(Text.assemble(
@@ -48,25 +59,25 @@ def render_clipping_report(report, console):
         console.print(hanging("note: ", note, style="dim"))
 
 
-def _table(title):
+def _table(title: str) -> Table:
     """A table that fits 80 columns: thin gaps, headers on two lines, names that fold, numbers that never do."""
     return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
 
 
-def _name_cell(run, report, wrap):
+def _name_cell(run: StrategyRun, report: ClippingReport, wrap: Wrap) -> Text:
     recommended = run.strategy.name == report.recommended
-    return Text(wrap(run.strategy.name + (" *" if recommended else "")), style="bold green" if recommended else None)
+    return Text(wrap(run.strategy.name + (" *" if recommended else "")), style="bold green" if recommended else "")
 
 
-def _names(report):
+def _names(report: ClippingReport) -> list[str]:
     return [run.strategy.name + " *" for run in report.runs]
 
 
-def _outcome_table(report, console):
+def _outcome_table(report: ClippingReport, console: Console) -> Table:
     """Per strategy: where it went non-finite, its losses and its loss curve."""
     scaled = any(run.result.skipped_updates for run in report.runs)
 
-    def build(wrap):
+    def build(wrap: Wrap) -> Table:
         table = _table("strategies (* recommended; loss curve: log scale, x = non-finite)")
         table.add_column("strategy", no_wrap=True)
         for header in ("NaN\nat",) + (("skipped\nupdates",) if scaled else ()) + ("final\nloss", "best\nloss",
@@ -91,14 +102,14 @@ def _outcome_table(report, console):
     return fitted(build, _names(report), console)
 
 
-def _skipped_cell(result):
+def _skipped_cell(result: ExperimentResult) -> Text | str:
     text = str(result.skipped_updates)
     return Text(text + " stalled", style="red") if result.stalled else text
 
 
-def _clipping_table(report, console):
+def _clipping_table(report: ClippingReport, console: Console) -> Table:
     """Per strategy: its threshold, how often it clipped, how much it removed, and whether it took effect."""
-    def build(wrap):
+    def build(wrap: Wrap) -> Table:
         table = _table("clipping (clipped: share of steps; removed: share of the gradient norm)")
         table.add_column("strategy", no_wrap=True)
         for header in ("threshold", "clipped", "removed"):
@@ -116,17 +127,17 @@ def _clipping_table(report, console):
     return fitted(build, _names(report), console)
 
 
-def _auto_without_percentile(report):
+def _auto_without_percentile(report: ClippingReport) -> bool:
     """True when `auto` had too few healthy steps for its percentile and clips at G."""
     return report.thresholds.get("auto_from", "percentile") != "percentile" and any(
         run.strategy.kind == "auto" and run.strategy.threshold_source != "given" for run in report.runs)
 
 
-def _percent(value):
+def _percent(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
-def _took_effect(run):
+def _took_effect(run: StrategyRun) -> Text | str:
     if run.took_effect is None:
         return "-" if run.strategy.kind == "none" else "never bit"
     if run.took_effect is False:
@@ -134,7 +145,7 @@ def _took_effect(run):
     return Text("yes" + (", Δw" if run.optimizer_check is not None else ""), style="green")
 
 
-def _verdict(report):
+def _verdict(report: ClippingReport) -> Panel:
     if report.recommended is None and report.interrupted and not report.runs:
         return Panel(Text("interrupted before any strategy finished", style="red"),
                      title=Text("verdict: none", style="bold red"), title_align="left")
@@ -145,7 +156,7 @@ def _verdict(report):
         return Panel(Text(report.diagnosis or "no strategy stayed finite", style="red"),
                      title=Text(title, style="bold red"), title_align="left")
     best = report.recommendations[0]
-    parts = [Text.assemble(("use ", "bold"), (best["name"], "bold green"))]
+    parts: list[RenderableType] = [Text.assemble(("use ", "bold"), (best["name"], "bold green"))]
     parts.extend(hanging("  - ", line) for line in best["why"])
     parts.append(Text("run spec:", style="bold"))
     parts.append(Syntax(best["yaml"], "yaml", theme="ansi_dark", background_color="default", word_wrap=True))
@@ -159,7 +170,7 @@ def _verdict(report):
 
 
 @contextmanager
-def clipping_progress():
+def clipping_progress() -> Iterator[Callable[[str, int, int], None] | None]:
     """A progress callback for `compare_clipping`: a Rich bar on stderr, shown only on a terminal."""
     console = Console(stderr=True)
     if not console.is_terminal:
@@ -171,7 +182,7 @@ def clipping_progress():
     )
     task = progress.add_task("training", total=None)
 
-    def on_progress(name, done, total):
+    def on_progress(name: str, done: int, total: int) -> None:
         progress.update(task, completed=done, total=total, description=f"training {name}")
 
     with progress:
