@@ -5,15 +5,23 @@ Keras does not know are bad input, reported against the spec field. The loss is
 resolved in `nanscope.losses`.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from nanscope.errors import SpecError, did_you_mean, first_line
 from nanscope.factory import load_callable
 from nanscope.learning_rate import schedule_of
 from nanscope.runtime import tensorflow
 
+if TYPE_CHECKING:
+    from nanscope.models import LoadedModel
+    from nanscope.spec import RunSpec, ScheduleSpec
+
 __all__ = ["build_optimizer", "build_schedule", "optimizer_settings"]
 
 
-def build_optimizer(spec, loaded_model, overrides=None):
+def build_optimizer(spec: RunSpec, loaded_model: LoadedModel, overrides: dict[str, Any] | None = None) -> Any:
     """A fresh Keras optimizer from `train.optimizer` (or the compiled model's config), with `overrides` applied.
 
     A fresh instance each call, so several runs never share optimizer state.
@@ -51,7 +59,7 @@ def build_optimizer(spec, loaded_model, overrides=None):
         ) from exc
 
 
-def build_schedule(spec, schedule):
+def build_schedule(spec: RunSpec, schedule: ScheduleSpec) -> Any:
     """The LearningRateSchedule a ScheduleSpec names: a Keras schedule, or a user's class from `file.py:Class`."""
     _, keras = tensorflow()
     field = f"{spec.source}: train.optimizer.learning_rate"
@@ -82,7 +90,7 @@ SHOWN_OPTIMIZER_SETTINGS = ("learning_rate", "momentum", "beta_1", "beta_2", "ep
                             "clipvalue")
 
 
-def optimizer_settings(optimizer):
+def optimizer_settings(optimizer: Any) -> tuple[str | None, dict[str, Any]]:
     """(class name, the settings a report shows) of an optimizer, looking through a LossScaleOptimizer.
 
     `learning_rate` is always a number: under a LearningRateSchedule (or a callable) the rate at the optimizer's
@@ -98,7 +106,7 @@ def optimizer_settings(optimizer):
     return type(inner).__name__, {k: float(v) if isinstance(v, (int, float)) else v for k, v in shown.items()}
 
 
-def _current_learning_rate(optimizer):
+def _current_learning_rate(optimizer: Any) -> float | None:
     """The optimizer's learning rate now as a float; None when it cannot be evaluated eagerly."""
     try:
         return float(optimizer.learning_rate)
@@ -106,6 +114,6 @@ def _current_learning_rate(optimizer):
         return None
 
 
-def _optimizer_class(keras, name):
+def _optimizer_class(keras: Any, name: str) -> str:
     known = {cls.lower(): cls for cls in dir(keras.optimizers) if cls[:1].isupper()}
     return known.get(name.lower().replace("_", ""), name)
