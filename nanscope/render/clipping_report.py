@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import Any, TypeAlias
 
 from rich import box
 from rich.console import Console, Group, RenderableType
@@ -21,9 +21,11 @@ from rich.text import Text
 
 from nanscope.render.format import fitted, fmt, hanging, sparkline
 
-if TYPE_CHECKING:
-    from nanscope.clipping.compare import ClippingReport, StrategyRun
-    from nanscope.experiment import ExperimentResult
+# What the renderer draws is defined above it (clipping.compare, experiment), and the layers
+# contract keeps render from importing upwards, for type checking too: to mypy these are Any.
+ClippingReport: TypeAlias = Any
+StrategyRun: TypeAlias = Any
+ExperimentResult: TypeAlias = Any
 
 # A name cell's wrapping: `fitted` hands each table builder one.
 Wrap = Callable[[str], str]
