@@ -9,7 +9,9 @@ the Keras guest, which it calls.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +50,8 @@ def replay_repro(directory: str | os.PathLike, verify: bool = False, unsafe: boo
     return _replay_spec_bundle(directory, document, arrays, unsafe)
 
 
-def _replay_spec_bundle(directory, document, arrays, unsafe=False):
+def _replay_spec_bundle(directory: str | os.PathLike[str], document: dict[str, Any], arrays: Mapping[str, np.ndarray],
+                        unsafe: bool = False) -> TraceReport:
     """The saved step run again as trace-steps ran it: its compiled step from the saved state (under the spec's
     precision and loss scaling), attributed by the same code, then replayed op by op."""
     # A bundle's spec names its files relative to the bundle (an older one: relative to `spec_source`).
@@ -81,7 +84,7 @@ def _replay_spec_bundle(directory, document, arrays, unsafe=False):
     return report
 
 
-def _saved_inputs(document, arrays):
+def _saved_inputs(document: dict[str, Any], arrays: Mapping[str, np.ndarray]) -> Any:
     """The step's inputs as saved: one array, or a mapping (by input name) or a tuple, one array per input."""
     names = document.get("inputs")
     if names is None:
@@ -91,7 +94,7 @@ def _saved_inputs(document, arrays):
     return tuple(arrays[f"x_{i}"] for i in range(names))
 
 
-def _finite(array):
+def _finite(array: np.ndarray) -> bool:
     return not np.issubdtype(array.dtype, np.floating) or bool(np.isfinite(array).all())
 
 
