@@ -190,7 +190,8 @@ def test_input_scale_threshold(std, fires):
 
 
 # The severity of a scale rule: info in a finite run; warning in a failed one; error only past std 1000 in a run
-# that failed outside the data phase.
+# that failed outside the data phase (at step 5, past the first 5 steps where the scale is the root cause:
+# tests/test_rules_root_cause.py).
 SCALE_SEVERITY = [
     pytest.param(None, 2000.0, "info", id="finite-run"),
     pytest.param("forward", 1000.0, "warning", id="at-1000"),
@@ -202,8 +203,8 @@ SCALE_SEVERITY = [
 
 @pytest.mark.parametrize("phase, std, severity", SCALE_SEVERITY)
 def test_scale_severity(phase, std, severity):
-    first = first_at(1, phase) if phase else None
-    records = [step(0)] + ([step(1, loss=math.nan, loss_nonfinite=True)] if phase else [])
+    first = first_at(5, phase) if phase else None
+    records = [step(0)] + ([step(5, loss=math.nan, loss_nonfinite=True)] if phase else [])
     found = fired(report_of(records, first), scale_evidence(std, feature_std=std))
     assert (found["normalize-targets"].severity, found["normalize-inputs"].severity) == (severity, severity)
 
@@ -213,8 +214,8 @@ def test_scale_severity(phase, std, severity):
     (up(1000.0), ["normalize-targets", "lower-learning-rate"]),  # past 1000 (extreme) they score 0.8
 ])
 def test_an_extreme_target_scale_outranks_the_update_ratio(std, order):
-    records = [step(s, update_ratio=0.05) for s in range(3)] + [step(3, loss=math.nan, loss_nonfinite=True)]
-    assert ranked(report_of(records, first_at(3, "forward")), scale_evidence(std)) == order
+    records = [step(s, update_ratio=0.05) for s in range(5)] + [step(5, loss=math.nan, loss_nonfinite=True)]
+    assert ranked(report_of(records, first_at(5, "forward")), scale_evidence(std)) == order
 
 
 def test_findings_above_info_come_first_then_by_score():

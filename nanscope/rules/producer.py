@@ -23,22 +23,34 @@ RULE_IDS = ("masked-softmax", "double-where", "stable-log", "stable-exp", "safe-
 def detect(facts):
     """(score, Recommendation) pairs for the op that produced the first non-finite value."""
     first = facts.first
+    units = explaining(facts)
+    if not units:
+        return []
+    inputs, at = first.inputs or {}, where(first)
+    found = []
+    for unit in units:
+        if unit is precision:
+            found.append((0.95, precision.float16_finding(facts, first, at, inputs)))
+        elif unit is masked_softmax:
+            found.append((1.0, masked_softmax.finding(facts, first, at)))
+        else:
+            found.append((1.0, unit.finding(facts, first, at, inputs)))
+    return found
+
+
+def explaining(facts):
+    """The op rule modules that explain the producer of the first non-finite value, in finding order; empty when
+    the run stayed finite, failed in its data, or no op rule knows the producer (guard-op's case)."""
+    first = facts.first
     if first is None or first.phase == "data":
         return []
     inputs = first.inputs or {}
     op = inputs.get("op") or first.op
-    at = where(first)
     if masked_softmax.matches(first):
-        return [(1.0, masked_softmax.finding(facts, first, at))]
+        return [masked_softmax]
     if double_where.matches(first):
-        return [(1.0, double_where.finding(facts, first, at, inputs))]
-    found = []
-    if precision.matches_float16(first, inputs):
-        found.append((0.95, precision.float16_finding(facts, first, at, inputs)))
+        return [double_where]
+    found = [precision] if precision.matches_float16(first, inputs) else []
     if first.phase == "update" and optimizer_epsilon.matches(facts, first):
-        found.append((1.0, optimizer_epsilon.finding(facts, first, at, inputs)))
-        return found
-    rule = next((rule for rule in OP_RULES if rule.matches(first, inputs, op)), None)
-    if rule is not None:
-        found.append((1.0, rule.finding(facts, first, at, inputs)))
-    return found
+        return [*found, optimizer_epsilon]
+    return found + [rule for rule in OP_RULES if rule.matches(first, inputs, op)][:1]

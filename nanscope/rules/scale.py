@@ -6,6 +6,7 @@ from dataclasses import replace
 import numpy as np
 
 from nanscope.data import inputs
+from nanscope.rules import producer
 from nanscope.rules.fixes import Change, StepFix, moments
 from nanscope.rules.rule import Fixtures, Rule
 from nanscope.runtime import tensorflow
@@ -36,6 +37,15 @@ SCALE_LIMIT = 10.0
 # non-finite outside the data phase, makes a scale rule an error on its own evidence; an offset
 # (a large mean with a small std) is absorbed by a bias and is at most a warning.
 EXTREME_SCALE = 100 * SCALE_LIMIT
+# A run that goes non-finite within its first ROOT_CAUSE_STEPS steps does so near its initial weights (an
+# optimizer moves each by about its learning rate a step): a value that overflowed or underflowed then took its
+# magnitude from the data. Unscaled inputs or targets are the cause and the op's guard treats the symptom, so the
+# scale rule ranks first (ROOT_CAUSE_SCORE, above the op rules' 1.0) and is an error.
+ROOT_CAUSE_STEPS = 5
+ROOT_CAUSE_SCORE = 1.05
+# The op rules whose producer overflowed or underflowed (a magnitude the data sets); the others name a value at a
+# domain edge (an exact zero, a fully masked row, an inf fill) that no scaling moves.
+MAGNITUDE_RULES = {"stable-exp", "stable-log", "loss-scaling", "float32-layer"}
 MSE_LIKE_LOSSES = {"mean_squared_error", "mse", "mean_absolute_error", "mae", "huber", "huber_loss", "log_cosh"}
 
 
@@ -53,7 +63,7 @@ def detect_targets(facts):
                  f"(unit scale: ~1; limit {SCALE_LIMIT:g}); the loss and its gradients scale with y squared"]
         data = {"y_std": std, "y_mean_abs": mean, **({"output": name} if name else {})}
         score = 0.8 if max(std, mean) > EXTREME_SCALE else 0.7
-        found.append((score, NORMALIZE_TARGETS.recommend(scale_severity(facts, std), lines, data=data)))
+        found.append(_ranked(facts, NORMALIZE_TARGETS, score, std, lines, data))
     return found
 
 
@@ -69,8 +79,30 @@ def detect_inputs(facts):
     more = f", and {len(far) - 5} more" if len(far) > 5 else ""
     lines = [f"{len(far)} input feature(s) far from unit scale: {shown}{more}"]
     spread = max(f.std for f in far)
-    return [(0.6, NORMALIZE_INPUTS.recommend(scale_severity(facts, spread), lines,
-                                             data={"features": [f.key for f in far if f in largest[:20]]}))]
+    return [_ranked(facts, NORMALIZE_INPUTS, 0.6, spread, lines, {"features": [f.key for f in far
+                                                                             if f in largest[:20]]})]
+
+
+def _ranked(facts, rule, score, spread, lines, data):
+    """(score, Recommendation) of a scale rule: first, at error level, where the scale is the failure's root cause.
+    A spread (std) past SCALE_LIMIT is needed for that: an offset alone is absorbed by a bias."""
+    if not (spread > SCALE_LIMIT and root_cause(facts)):
+        return score, rule.recommend(scale_severity(facts, spread), lines, data=data)
+    first = facts.first
+    lines = [*lines, f"the run went non-finite at step {first.step}, before training moved the weights far from "
+                     f"their initial values: the {first.op or 'non-finite'} value took its magnitude from the data; "
+                     "scale the data before guarding the op"]
+    return ROOT_CAUSE_SCORE, rule.recommend("error", lines, data={**data, "root_cause": True})
+
+
+def root_cause(facts):
+    """True when data far from unit scale explains the run's failure: it went non-finite outside the data phase
+    within ROOT_CAUSE_STEPS steps, and its producer overflowed or underflowed (MAGNITUDE_RULES, or an op no rule
+    knows, such as a MatMul that overflowed) rather than hit a domain edge that scaling does not move."""
+    first = facts.first
+    if first is None or first.phase == "data" or first.step >= ROOT_CAUSE_STEPS:
+        return False
+    return all(rule.id in MAGNITUDE_RULES for unit in producer.explaining(facts) for rule in unit.RULES)
 
 
 def _far(std, mean_abs):

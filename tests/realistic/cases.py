@@ -90,3 +90,13 @@ BUGGY = {
     "mape-over-zero-counts": (spec("linear_head", "counts", f"{LOSSES}:mape"), "safe-division"),
     "compound-growth-product": (spec("compound_growth", "tabular"), "guard-op"),
 }
+
+# Models that override `train_step` (keras-io's VAE and GAN, `generative.py`), watched by the NanScope callback in
+# `model.fit`: case: (factory, the images' scale). The healthy ones are the buggy ones with their top fix applied
+# (the inputs brought to 0-1).
+GENERATIVE = HERE / "generative.py"
+FIT_HEALTHY = {"vae-0-1-images": ("vae", 1.0), "gan-0-1-images": ("gan", 1.0)}
+# case: ((factory, scale), the rule that must rank first), and the healthy case that is its top fix applied.
+FIT_BUGGY = {"vae-raw-inputs-near-1000": (("vae", 1000.0), "normalize-inputs"),
+             "gan-raw-pixels-handwritten-bce": (("gan", 255.0), "normalize-inputs")}
+FIT_FIXED = {"vae-raw-inputs-near-1000": "vae-0-1-images", "gan-raw-pixels-handwritten-bce": "gan-0-1-images"}

@@ -11,13 +11,17 @@ over the corpus (the README quotes them).
 
 import functools
 import importlib.util
+import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from rich.console import Console
+
 from nanscope.factory import load_callable
+from nanscope.keras import NanScope
 from nanscope.runtime import tensorflow
 from nanscope.session import dtype_policy
 from nanscope.spec import parse_spec
@@ -28,6 +32,9 @@ HERE = Path(__file__).parent
 _spec = importlib.util.spec_from_file_location("realistic_cases", HERE / "cases.py")
 cases = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(cases)
+_spec = importlib.util.spec_from_file_location("realistic_generative", cases.GENERATIVE)
+generative = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(generative)
 ALARMS = ("warning", "error")
 OPTIMIZERS = {"adam": keras.optimizers.Adam, "sgd": keras.optimizers.SGD, "rmsprop": keras.optimizers.RMSprop}
 
@@ -40,6 +47,27 @@ def reports(tmp_path_factory):
     return {name: run_trace(parse_spec(doc, source=str(folder / f"{name}.yaml")),
                             TraceOptions(trace_path=folder / f"{name}.jsonl"))
             for name, doc in docs.items()}
+
+
+FIT_EPOCHS, FIT_BATCH = 3, 16
+
+
+@pytest.fixture(scope="module")
+def fit_runs(tmp_path_factory):
+    """{case: (plain fit's history, the NanScope callback's report)} of every train_step case, each fit once."""
+    folder = tmp_path_factory.mktemp("fit-corpus")
+    found = {}
+    for name, (factory, scale) in {**cases.FIT_HEALTHY, **{n: c for n, (c, _) in cases.FIT_BUGGY.items()}}.items():
+        x = generative.images(scale=scale)
+        plain = getattr(generative, factory)().fit(x, epochs=FIT_EPOCHS, batch_size=FIT_BATCH, verbose=0).history
+        callback = NanScope(report=folder / f"{name}.json", console=Console(quiet=True))
+        getattr(generative, factory)().fit(x, epochs=FIT_EPOCHS, batch_size=FIT_BATCH, verbose=0, callbacks=[callback])
+        found[name] = plain, json.loads((folder / f"{name}.json").read_text())
+    return found
+
+
+def fit_alarms(report):
+    return [r["id"] for r in report["recommendations"] if r["severity"] in ALARMS]
 
 
 def plain_fit_losses(doc):
@@ -126,21 +154,48 @@ def test_a_buggy_case_ranks_its_rule_in_the_top_2(name, reports):
     assert expected in top, [(r.id, r.severity, r.evidence) for r in reports[name].recommendations]
 
 
+@pytest.mark.parametrize("name", sorted(cases.FIT_HEALTHY))
+def test_a_healthy_train_step_model_trains_and_gets_no_alarm(name, fit_runs):
+    plain, report = fit_runs[name]
+    losses = next(iter(plain.values()))  # the VAE's loss, the GAN's d_loss
+    assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0], plain
+    assert report["first_nonfinite"] is None and fit_alarms(report) == [], report["recommendations"]
+
+
+@pytest.mark.parametrize("name", sorted(cases.FIT_BUGGY))
+def test_unscaled_inputs_that_fail_at_once_rank_the_scale_above_the_ops_guard(name, fit_runs):
+    # Root cause before symptom: the Exp (VAE) or the Log (GAN) gets the non-finite value, the raw inputs made it.
+    plain, report = fit_runs[name]
+    assert not all(math.isfinite(v) for v in next(iter(plain.values()))), plain  # plain Keras goes non-finite
+    assert report["first_nonfinite"]["step"] == 0
+    expected = cases.FIT_BUGGY[name][1]
+    recs = [(r["id"], r["severity"]) for r in report["recommendations"]]
+    assert recs[0] == (expected, "error"), recs
+    assert recs[1] == ({"vae": "stable-exp", "gan": "stable-log"}[cases.FIT_BUGGY[name][0][0]], "error"), recs
+    assert report["recommendations"][0]["data"]["root_cause"] is True
+    # Its fix trains: the same model on the same images in 0-1 is the healthy case above, and it learns.
+    fixed, _ = fit_runs[cases.FIT_FIXED[name]]
+    assert next(iter(fixed.values()))[-1] < next(iter(fixed.values()))[0]
+
+
 def test_corpus_size_and_distinct_causes():
     assert len(cases.HEALTHY) >= 12 and len(cases.BUGGY) >= 12
     assert len({spec["model"]["factory"] + str(spec["data"]["args"]) + str(spec["train"]) for spec, _ in
                 cases.BUGGY.values()}) == len(cases.BUGGY)
 
 
-def test_precision_and_recall_over_the_corpus(reports, capsys):
+def test_precision_and_recall_over_the_corpus(reports, fit_runs, capsys):
     hits = sum(expected in [r.id for r in reports[name].recommendations if r.severity in ALARMS][:2]
                for name, (_, expected) in cases.BUGGY.items())
+    hits += sum(expected in fit_alarms(fit_runs[name][1])[:2] for name, (_, expected) in cases.FIT_BUGGY.items())
     false_alarms = sum(bool(alarms(reports[name])) for name in cases.HEALTHY)
+    false_alarms += sum(bool(fit_alarms(fit_runs[name][1])) for name in cases.FIT_HEALTHY)
+    healthy, buggy = len(cases.HEALTHY) + len(cases.FIT_HEALTHY), len(cases.BUGGY) + len(cases.FIT_BUGGY)
     precision = hits / (hits + false_alarms) if hits + false_alarms else 0.0
-    recall = hits / len(cases.BUGGY)
+    recall = hits / buggy
     with capsys.disabled():
-        print(f"\nrealistic corpus: {len(cases.HEALTHY)} healthy, {len(cases.BUGGY)} buggy; "
-              f"expected rule in the top 2: {hits}/{len(cases.BUGGY)}; healthy runs with an alarm: "
-              f"{false_alarms}/{len(cases.HEALTHY)}; precision {precision:.2f}, recall {recall:.2f}")
+        print(f"\nrealistic corpus: {healthy} healthy, {buggy} buggy; "
+              f"expected rule in the top 2: {hits}/{buggy}; healthy runs with an alarm: "
+              f"{false_alarms}/{healthy}; precision {precision:.2f}, recall {recall:.2f}")
     assert precision == 1.0 and recall == 1.0
     assert np.isfinite(precision)
