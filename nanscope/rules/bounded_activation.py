@@ -42,12 +42,24 @@ def detect(facts):
         if trend is not None:
             evidence.append(f"it grew {trend[0]:.3g}x per step from step {trend[1]}")
         data = {"layer": layer.name, "max_abs": peak, "limit": limit, "relu": layer.relu_like}
-        return [(0.65, BOUNDED_ACTIVATION.recommend(severity, evidence, data=data))]
+        return [(0.65, BOUNDED_ACTIVATION.recommend(severity, evidence, bound_for(layer), data))]
     return []
 
 
+def bound_for(layer):
+    """The fix for `layer`'s growing outputs: relu6 where its activation is relu-like; otherwise a float32 layer
+    (a float16 one) or a LayerNormalization after it, since relu6 cannot bound an exp or a linear output."""
+    if layer.relu_like:
+        return BOUNDED_ACTIVATION.fix
+    if layer.dtype in ("float16", "bfloat16"):
+        return f"keras.layers.{layer.cls}(..., dtype='float32')  # layer {layer.name}: compute it in float32"
+    return f"keras.layers.LayerNormalization()  # after layer {layer.name}: its outputs are not bounded"
+
+
 def verify_fixes(rec, session, run):
-    """The run again with every relu made relu6 (a model nanscope can clone)."""
+    """The run again with every relu made relu6 (a model nanscope can clone), where the growing layer is relu-like."""
+    if not rec.data.get("relu", True):
+        return []
     model = relu6_model(session.model)
     return [Change("relu->relu6", {"activation": "relu6"}, model=model)] if model is not None else []
 
@@ -87,7 +99,10 @@ def _has_relu(model):
 
 
 def bundle_fixes(rec, bundle, run):
-    """The saved step with every relu layer's activation made relu6 (put back after)."""
+    """The saved step with every relu layer's activation made relu6 (put back after), where the growing layer is
+    relu-like."""
+    if not rec.data.get("relu", True):
+        return []
     _, keras = tensorflow()
     relu = keras.activations.relu
     layers = [layer for layer in flatten_layers(bundle.model) if getattr(layer, "activation", None) is relu

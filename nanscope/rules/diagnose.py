@@ -51,6 +51,24 @@ def diagnose(report, evidence):
             continue
         by_id[rec.id] = rec
         ordered.append(rec)
+    return calibrated(ordered)
+
+
+def calibrated(ordered):
+    """`ordered` with every trajectory finding (`registry.TRAJECTORY_RULES`) at most a warning where another finding
+    at error level names the producer of the first non-finite value: an error is a finding that explains that value
+    and whose fix would stop its producer, and lowering the rate or bounding a norm does not stop an Exp overflow,
+    a NaN row or a float16 MatMul that overflows."""
+    cause = next((rec.id for rec in ordered if rec.severity == "error" and rec.id not in registry.TRAJECTORY_RULES),
+                 None)
+    if cause is None:
+        return ordered
+    for rec in ordered:
+        if rec.severity == "error" and rec.id in registry.TRAJECTORY_RULES:
+            rec.severity = "warning"
+            rec.evidence.append(f"secondary, so a warning: {cause} names what produced the first non-finite value; "
+                                "this fix acts on the run's trajectory, not on that producer")
+            rec.data["secondary_to"] = cause
     return ordered
 
 

@@ -10,7 +10,8 @@ from nanscope.rules.trends import geometric_growth
 LOWER_LEARNING_RATE = Rule(
     "lower-learning-rate",
     "Lower the learning rate",
-    "Update ratio |dw|/|w| far above ~1e-3, or loss and gradient norm growing geometrically from the start.",
+    "Update ratio |dw|/|w| far above what the optimizer normally makes, or loss and gradient norm growing "
+    "geometrically from the start.",
     "train:\n  optimizer: {learning_rate: 0.001}",
 )
 RULES = (LOWER_LEARNING_RATE,)
@@ -19,6 +20,13 @@ FIXTURES = Fixtures(fires=("learning-rate-too-high",), quiet=("tabular-regressio
 # |dw|/|w| around 1e-3 per step is the usual healthy range (Karpathy, "A Recipe for
 # Training Neural Networks"); ten times that, sustained, is far above normal.
 UPDATE_RATIO_LIMIT = 1e-2
+# Adaptive optimizers divide each gradient element by its running RMS, so every weight moves by about the
+# learning rate a step whatever its gradient: |dw|/|w| is then about lr / rms(w), and small models' weights
+# (rms 0.1-1) give 1e-3 to 1e-2 at Adam's default rate 1e-3 (the realistic corpus' healthy Adam runs at 3e-3 and
+# 1e-2 measure 0.012-0.028, their loss falling). Far above that normal band is twice its top.
+ADAPTIVE_UPDATE_RATIO_LIMIT = 2e-2
+# The optimizers (class names, as the run header gives them) whose step is normalised that way.
+ADAPTIVE_OPTIMIZERS = {"Adam", "AdamW", "Adamax", "Nadam", "RMSprop", "Adagrad", "Adafactor", "Lion", "Lamb"}
 # A run whose late loss is below this fraction of its early loss is making progress. A
 # classifier starting at chance (log 2 = 0.69) that reaches 0.62 within 40 steps is
 # learning, even if slowly: large Adam steps on a fresh Embedding are how it starts, so
@@ -42,15 +50,24 @@ def detect_update_ratio(facts):
     if len(ratios) < 2:
         return []
     median = float(np.median(ratios))
-    if median <= UPDATE_RATIO_LIMIT:
+    limit, normal = update_ratio_limit(facts.run)
+    if median <= limit:
         return []
     evidence = [f"median update ratio |dw|/|w| (all weights) over {len(ratios)} healthy steps: {median:.3g} "
-                f"(healthy runs: ~1e-3; limit {UPDATE_RATIO_LIMIT:g})"]
+                f"({normal}; limit {limit:g})"]
     # Large steps while the loss still falls are how small models start: only a finding
     # when the run also failed or stopped making progress.
     severity = "error" if facts.failed else "warning" if not loss_falling(healthy) else "info"
     fix = lowered_learning_rate_fix(facts.run) or RULE_FIX_LR
     return [(0.75, LOWER_LEARNING_RATE.recommend(severity, evidence, fix, {"median_update_ratio": median}))]
+
+
+def update_ratio_limit(run):
+    """(limit, what is normal, in words) of the median update ratio for the run's optimizer."""
+    name = run.get("optimizer")
+    if name in ADAPTIVE_OPTIMIZERS:
+        return ADAPTIVE_UPDATE_RATIO_LIMIT, f"normal for {name}: 1e-3 to 1e-2 at its default rate"
+    return UPDATE_RATIO_LIMIT, "healthy runs: ~1e-3"
 
 
 def loss_falling(healthy):

@@ -37,6 +37,11 @@ DETECTORS = (
 FALLBACKS = (
     (("guard-op",), guard_op, "detect"),
 )
+# Rules whose evidence is the run's trajectory (updates too large, a gradient, output or weight norm growing): their
+# fix slows or bounds training. When a rule that names what produced the first non-finite value (an op rule, a data
+# rule, a scale at the root of it) is an error, these are secondary: their fix would not have stopped that producer,
+# so they are at most warnings (`diagnose`).
+TRAJECTORY_RULES = ("lower-learning-rate", "clip-gradients", "bounded-activation", "weight-constraint")
 # Rules of a family whose applier does not apply to every member (it returns no fix for the others).
 _NO_VERIFY_FIX = {"float32-layer"}
 
