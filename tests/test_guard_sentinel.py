@@ -24,16 +24,16 @@ def data(negative_at=None):
     return x, y
 
 
-def model():
+def model(jit_compile=False):
     keras.utils.set_random_seed(0)
     m = keras.Sequential([keras.Input((6,)), keras.layers.Lambda(tf.math.log, name="log"),
                           keras.layers.Dense(8, activation="relu", name="hidden"), keras.layers.Dense(1, name="out")])
-    m.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    m.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", jit_compile=jit_compile)
     return m
 
 
-def fit(mode, x, y, **kwargs):
-    m, scope = model(), NanScope(verbose=0, mode=mode, **kwargs)
+def fit(mode, x, y, jit_compile=False, **kwargs):
+    m, scope = model(jit_compile), NanScope(verbose=0, mode=mode, **kwargs)
     m.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[scope])
     return m, scope.report
 
@@ -60,6 +60,15 @@ def test_sentinel_localizes_the_first_nan_as_full_mode_does():
     assert s.source == f.source and s.reproducible is True
     assert sentinel.records[-1].step == 13 and sentinel.records[-1].layers  # the failing step's full row
     assert sentinel.steps_run == 14
+
+
+def test_sentinel_under_jit_compile_samples_the_full_step_and_localizes_the_first_nan():
+    # XLA compiles the light step and the full step each on its own; the state copy is taken outside XLA.
+    x, y = data(negative_at=6)
+    _, sentinel = fit("sentinel", x, y, jit_compile=True, guard=GuardOptions(sample_every=4))
+    assert [r.step for r in sentinel.records if r.layers] == [0, 4, 6]
+    s = sentinel.first_nonfinite
+    assert (s.step, s.phase, s.layer, s.op, s.reproducible) == (6, "forward", "log", "Log", True)
 
 
 def test_mode_is_validated():

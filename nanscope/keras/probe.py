@@ -82,7 +82,7 @@ class StepProbe:
         self.failure = None
         self.after_execution = None  # callable(logs) -> logs, run on the host after each execution (the guard)
         self.sentinel = None
-        if sentinel and self.replicas == 1 and not self.xla_inside:  # under XLA: every step in full
+        if sentinel and self.replicas == 1:
             from nanscope.guard.sentinel import SentinelRows
 
             self.sentinel = SentinelRows(self.rows.counter, len(self.output_names), self.per_execution, sentinel)
@@ -117,7 +117,8 @@ class StepProbe:
 
     def _sampling(self, full):
         """Sentinel mode: the full train function on sampled executions and after events, else the light one."""
-        self.model.make_train_function(force=True)
+        with xla_outside_off(self.model, self.xla_inside):
+            self.model.make_train_function(force=True)
         light = self.model.train_function
 
         @functools.wraps(full)
@@ -185,18 +186,25 @@ class StepProbe:
             return self._instrumented_per_replica(original)
 
         if self.xla_inside:
-            return self._snapshot_around(tf.function(self._instrumented_step(original, snapshot=False),
-                                                     reduce_retracing=True, jit_compile=True), original)
+            full = tf.function(self._instrumented_step(original, snapshot=False), reduce_retracing=True,
+                               jit_compile=True)
+            # Sentinel mode: a second XLA function, or the light train function would reuse the full one's trace.
+            light = (tf.function(functools.partial(self._sentinel_step, original, snapshot=False),
+                                 reduce_retracing=True, jit_compile=True) if self.sentinel is not None else None)
+            return self._snapshot_around(full, original, light)
         return self._instrumented_step(original, snapshot=self.snapshot is not None)
 
-    def _snapshot_around(self, step, original):
-        """`step` (compiled by XLA), after the snapshot of its state and batch, taken outside XLA."""
+    def _snapshot_around(self, step, original, light=None):
+        """`step` (compiled by XLA), after the snapshot of its state and batch, taken outside XLA; in the
+        sentinel's light train function, `light` instead."""
         @functools.wraps(original)
         def train_step(data):
             try:
                 self._take(data)
             except Exception as exc:  # nanscope's own failure: the step runs, without a snapshot
                 self.failure = self.failure or exc
+            if light is not None and not self.sentinel.full_now:
+                return light(data)
             return step(data)
 
         return train_step
@@ -270,14 +278,15 @@ class StepProbe:
             logs = self.original_step(data)
         return self._row(capture, data, logs)[0]
 
-    def _sentinel_step(self, original, data):
-        """The light step: the snapshot, the optimizer and loss hooks, one short row (`SentinelRows`)."""
+    def _sentinel_step(self, original, data, snapshot=True):
+        """The light step: the snapshot (unless taken outside XLA), the optimizer and loss hooks, one short row
+        (`SentinelRows`)."""
         from nanscope.guard.sentinel import SentinelCapture
 
         try:
             capture = SentinelCapture(self.model, self.optimizers, self.trainable,
                                       outputs=len(self.output_names))
-            if self.snapshot is not None:
+            if self.snapshot is not None and snapshot:
                 self.snapshot.remember_structure(data)
                 self.snapshot.take(data, self.rows.counter.read_value())
             hooks = capture.attached()
