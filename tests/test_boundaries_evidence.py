@@ -25,8 +25,9 @@ GOLDEN = Path(__file__).parent / "golden" / "rule_evidence.json"
 CRASH = [step(0, loss=math.inf, loss_nonfinite=True)]
 
 
-def producer(op, dtype="float32", peak=100.0, phase="forward", context=None):
-    inputs = {"op": op, "dtype": dtype, "min": 0.0, "max": peak, "zero_fraction": 0.25, "negative_fraction": 0.5}
+def producer(op, dtype="float32", peak=100.0, phase="forward", context=None, **measured):
+    inputs = {"op": op, "dtype": dtype, "min": 0.0, "max": peak, "zero_fraction": 0.25, "negative_fraction": 0.5,
+              **measured}
     return first_at(0, phase, layer="hidden", layer_class="Dense", op=op, inputs=inputs, source="model.py:3",
                     context=context or {})
 
@@ -50,6 +51,36 @@ CASES = {
     "loss-scaling float16 op": (lambda: producer("MatMul", "float16", 1.0), {}),
     "float32-layer float16 op with loss scaling": (lambda: producer("MatMul", "float16", 1.0), {"loss_scaling": True}),
     "optimizer-epsilon": (lambda: producer("Sqrt", peak=1.0, phase="update"), {"update": True}),
+    # the double where: the forward op named by the replay, not the gradient op; no sources, no forward count known
+    "double-where Rsqrt unsourced": (lambda: first_at(0, "backward", layer="hidden", op="Mul", source=None,
+                                                      inputs={"op": "Rsqrt", "min": 0.0, "max": 4.0,
+                                                              "zero_fraction": 0.5, "negative_fraction": 0.0},
+                                                      context={"discarded_by": {"op": "Select"}}), {}),
+    "double-where Tan": (lambda: producer("Tan", phase="backward", context={"discarded_by": {"op": "SelectV2"}}), {}),
+    "double-where Log without the op measured": (lambda: first_at(0, "backward", layer="hidden", op="Log",
+                                                                  source="m.py:1", inputs={"min": 0.0},
+                                                                  context=WHERE), {}),
+    # the unsafe-op rules: each branch of what they say about the operand the replay measured
+    "safe-pow negative base": (lambda: producer("Pow", exponent_min=1 / 3, exponent_max=1 / 3), {}),
+    "safe-pow zero base": (lambda: producer("Pow", negative_fraction=0.0, exponent_min=-1.0, exponent_max=-1.0), {}),
+    "safe-pow overflow": (lambda: producer("Pow", min=2.0, zero_fraction=0.0, negative_fraction=0.0,
+                                           exponent_min=2.5, exponent_max=3.0), {}),
+    "safe-pow backward zero base": (lambda: producer("Pow", phase="backward", negative_fraction=0.0,
+                                                     exponent_min=0.5, exponent_max=0.5), {}),
+    "safe-pow backward": (lambda: producer("Pow", phase="backward", min=1.0, zero_fraction=0.0,
+                                           negative_fraction=0.0, exponent_min=math.inf, exponent_max=2.0), {}),
+    "clamp-inverse-trig Acos": (lambda: producer("Acos", min=-0.5, max=1.0000001, zero_fraction=0.0,
+                                                 negative_fraction=0.25), {}),
+    "clamp-inverse-trig Asin backward float16": (lambda: producer("Asin", "float16", phase="backward", min=-1.0,
+                                                                  max=0.5, zero_fraction=0.0), {}),
+    "clamp-inverse-trig Atanh in range": (lambda: producer("Atanh", min=-0.5, max=0.5, zero_fraction=0.0), {}),
+    "finite-logits": (lambda: producer("Softmax", nonfinite=3, min=-2.0, max=5.0, zero_fraction=0.0), {}),
+    "avoid-poles Lgamma": (lambda: producer("Lgamma", peak=3.0), {}),
+    "avoid-poles Digamma backward": (lambda: producer("Digamma", phase="backward", peak=3.0), {}),
+    "avoid-poles Xlogy": (lambda: producer("Xlogy", operand="y", negative_fraction=0.0), {}),
+    "avoid-poles Xlog1py": (lambda: producer("Xlog1py", min=-1.0, zero_fraction=0.0), {}),
+    "avoid-poles Log1p": (lambda: producer("Log1p", min=-1.5, zero_fraction=0.0), {}),
+    "guard-op Prod": (lambda: producer("Prod", min=2.0, max=1e30, zero_fraction=0.0, negative_fraction=0.0), {}),
 }
 
 

@@ -1,0 +1,149 @@
+"""Decisions the boundary tables left open, each pinned by an exact value: the optimizer-epsilon rule's words and
+its float16 bound, exp's far-past bound, the falling-loss test of lower-learning-rate, which rules `--verify` can
+apply, the ranking of verified fixes, and the attribution of a bad step to an output, a layer and a loss scale.
+
+Minimal histories and records, no training (docs/mutation.md lists what each test here was written to catch)."""
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from boundary_runs import LAYERS, fired, first_at, report_of, step
+from nanscope.attribution import StepNames, attribute_from_record
+from nanscope.engine.records import LayerStats, OutputStats, StepRecord, VariableStats
+from nanscope.rules.catalogue import recommend
+from nanscope.rules.evidence import RunEvidence
+from nanscope.rules.learning_rate import loss_falling
+from nanscope.rules.registry import verify_fixers
+from nanscope.verify import ranked_by_verification
+
+UPDATE_BAD = [step(0, weights_nonfinite=1)]
+
+
+def epsilon_rule(epsilon=1e-7, first=None, records=UPDATE_BAD, config=True):
+    report = report_of(records, first or first_at(0, "update", op="Sqrt", source=None,
+                                                   inputs={"min": 0.0, "max": 1.0}))
+    if config:
+        report.run["optimizer_config"]["epsilon"] = epsilon
+    else:
+        del report.run["optimizer_config"]
+    return fired(report, RunEvidence()).get("optimizer-epsilon")
+
+
+@pytest.mark.parametrize("epsilon, line", [
+    (6e-8, "optimizer epsilon 6e-08"),  # float16's smallest subnormal is 6e-8: at it, epsilon survives the cast
+    (math.nextafter(6e-8, 0), "optimizer epsilon 6e-08 underflows to 0 in float16"),
+    (1e-7, "optimizer epsilon 1e-07"),
+])
+def test_optimizer_epsilon_says_an_epsilon_below_6e_8_underflows_in_float16(epsilon, line):
+    rec = epsilon_rule(epsilon)
+    assert rec.evidence == ["step 0, update pass: the gradients were finite but the update was not (Sqrt fed input "
+                            "min 0, max 1, 0.0% zeros, 0.0% negative)", line]
+    assert rec.data == {"step": 0, "op": "Sqrt", "epsilon": epsilon}
+
+
+def test_optimizer_epsilon_without_an_op_or_an_optimizer_config_says_only_what_it_knows():
+    assert epsilon_rule(first=first_at(0, "update")).evidence == [
+        "step 0, update pass: the gradients were finite but the update was not", "optimizer epsilon 1e-07"]
+    bare = epsilon_rule(first=first_at(0, "update", op="Sqrt", inputs={}), config=False)
+    assert bare.evidence == ["step 0, update pass: the gradients were finite but the update was not"]
+    assert bare.data["epsilon"] is None
+
+
+def test_optimizer_epsilon_looks_for_bad_gradients_at_the_failing_step_only():
+    earlier_bad_grad = [step(0, grad_nonfinite=1), step(1, weights_nonfinite=1)]
+    assert epsilon_rule(records=earlier_bad_grad, first=first_at(1, "update")) is not None
+    bad_grad_there = [step(0), step(1, grad_nonfinite=1, weights_nonfinite=1)]
+    assert epsilon_rule(records=bad_grad_there, first=first_at(1, "update")) is None
+
+
+def exp_rule(**inputs):
+    first = first_at(0, "forward", layer="hidden", op="Exp", source=None, inputs=inputs)
+    return fired(report_of([step(0, loss=math.inf, loss_nonfinite=True)], first), RunEvidence())["stable-exp"]
+
+
+def test_stable_exp_sends_an_operand_past_twice_the_bound_to_normalize_inputs():
+    bound = math.log(float(np.finfo("float32").max))  # 88.72
+    assert len(exp_rule(dtype="float32", max=2 * bound).evidence) == 1
+    far = exp_rule(dtype="float32", max=math.nextafter(2 * bound, math.inf)).evidence
+    assert far[1] == ("its operand reaches 177.4, 2x the bound: a clamp there saturates every value; bring the "
+                      "inputs to unit scale first (normalize-inputs)")
+
+
+def test_stable_exp_without_a_measured_dtype_speaks_of_float32():
+    rec = exp_rule(max=100.0)
+    assert rec.evidence == ["step 0, forward pass, layer hidden: Exp fed input min nan, max 100, 0.0% zeros, "
+                            "0.0% negative; exp overflows float32 past 88.72 (log of the dtype's max)"]
+    assert rec.fix.endswith("# a clamp last: tf.exp(tf.minimum(x, 80.0))  # float32: log(max) = 88.72; less log(n) "
+                            "for a sum of n exps")
+
+
+@pytest.mark.parametrize("losses, falling", [
+    pytest.param([1.0, 1.0, 1.0, 1.0, 0.98, 0.98], False, id="last-third-at-0.98-of-the-first"),
+    pytest.param([1.0, 1.0, 1.0, 1.0, math.nextafter(0.98, 0), math.nextafter(0.98, 0)], True,
+                 id="just-below-0.98"),
+    pytest.param([1.0, 2.0, 1.0, 1.0, 0.5, 1.6], True, id="thirds-of-two-steps-not-one"),
+    pytest.param([4.0, 3.0, 2.0, 1.0, 0.5], False, id="five-steps-are-too-few"),
+    pytest.param([4.0, 3.0, math.nan, 2.0, 1.0, 0.5], False, id="a-nan-step-does-not-count"),
+    pytest.param([4.0, 3.0, 2.5, 2.0, 1.0, 0.5], True, id="six-finite-steps"),
+])
+def test_the_loss_is_falling_when_its_last_third_averages_below_0_98_of_its_first(losses, falling):
+    assert loss_falling(SimpleNamespace(loss=np.array(losses))) is falling
+
+
+def test_verify_can_apply_the_fix_of_every_rule_with_a_verify_fixes_except_float32_layer():
+    # float32-layer shares rules/precision.py's verify_fixes with loss-scaling, which is the one --verify tries.
+    fixers = verify_fixers()
+    assert sorted(fixers) == ["bounded-activation", "clip-gradients", "drop-outlier-rows", "loss-scaling",
+                              "lower-learning-rate", "normalize-inputs", "normalize-targets", "optimizer-epsilon"]
+    assert all(callable(fix) for fix in fixers.values())
+
+
+def test_verified_fixes_rank_by_their_best_loss_relative_to_the_baseline_lowest_first():
+    recs = [recommend(rule, "error", []) for rule in ("stable-log", "clip-gradients", "lower-learning-rate")]
+    for rec, relative in zip(recs, (0.5, 0.2, 0.9)):
+        rec.verified = True
+        rec.verification = [{"helped": True, "relative_loss": relative}, {"helped": False, "relative_loss": 0.01}]
+    assert [r.id for r in ranked_by_verification(recs)] == ["clip-gradients", "stable-log", "lower-learning-rate"]
+
+
+def bad_record(**fields):
+    values = {"step": 3, "batch_rows": 8, "loss": 1.0, "data_loss": 1.0, "grad_global_norm": 1.0,
+              "applied_grad_global_norm": 1.0, "x_nonfinite": 0, "y_nonfinite": 0, "output_nonfinite": 0,
+              "loss_nonfinite": False, "grad_nonfinite": 0, "weights_nonfinite": 0, **fields}
+    return StepRecord(**values)
+
+
+def test_an_output_past_the_named_ones_is_not_named():
+    record = bad_record(outputs=[OutputStats(1.0, 0, 0), OutputStats(math.inf, 0, 0)], loss=math.inf,
+                        loss_nonfinite=True)
+    assert attribute_from_record(record, StepNames(outputs=["price", "kind"])).output == "kind"
+    assert attribute_from_record(record, StepNames(outputs=["price"])).output is None
+
+
+def test_a_nested_variable_names_its_whole_layer_path():
+    variables = [VariableStats(math.nan, 1, 1.0, 1e-3, 0)]
+    record = bad_record(grad_global_norm=math.nan, grad_nonfinite=1, variables=variables)
+    first = attribute_from_record(record, StepNames(variables=["encoder/block_1/dense/kernel"]))
+    assert (first.variable, first.layer) == ("encoder/block_1/dense/kernel", "encoder/block_1/dense")
+
+
+@pytest.mark.parametrize("before, said", [(1024.0, "1024"), (None, "0")])
+def test_a_skipped_backward_step_names_the_scale_it_was_skipped_at(before, said):
+    variables = [VariableStats(math.nan, 1, 1.0, 1e-3, 0)]
+    record = bad_record(grad_global_norm=math.nan, grad_nonfinite=1, variables=variables, update_skipped=True,
+                        loss_scale=512.0, loss_scale_before=before, scale_collapsed=True)
+    first = attribute_from_record(record, StepNames(variables=["dense/kernel"]))
+    assert first.phase == "backward"
+    assert first.detail == [
+        "1 of 1 variables affected",
+        f"the LossScaleOptimizer skipped this update with its scale at {said}, as it skipped most of the updates "
+        "before it: the gradients are not finite at any scale it tried, and no weight is changing"]
+
+
+def test_an_expected_layer_index_past_the_probed_layers_does_not_excuse_a_bad_output():
+    layers = [LayerStats(1.0, 0.5, 0, 0.0, 0.0) for _ in LAYERS]
+    record = bad_record(output_nonfinite=1, layers=layers, expected_nonfinite=[len(layers)])
+    assert record.phase == "forward"
