@@ -147,3 +147,57 @@ def test_an_expected_layer_index_past_the_probed_layers_does_not_excuse_a_bad_ou
     layers = [LayerStats(1.0, 0.5, 0, 0.0, 0.0) for _ in LAYERS]
     record = bad_record(output_nonfinite=1, layers=layers, expected_nonfinite=[len(layers)])
     assert record.phase == "forward"
+
+
+def test_where_names_the_step_phase_layer_loss_output_function_node_and_source():
+    from nanscope.rules.operand import where
+
+    first = first_at(4, "backward", layer="head", layer_class="Dense", loss="the loss", output="price",
+                     source="model.py:7", context={"function": {"node": "mul_2", "call": "focal"}})
+    assert where(first) == ("step 4, backward pass, layer head (Dense), the loss, output 'price', node mul_2 inside "
+                            "the function call focal, model.py:7")
+    assert where(first_at(4, "loss", loss="kind_loss")) == "step 4, loss pass, loss kind_loss"
+    assert where(first_at(0, "forward", context={"masked_rows": 1})) == "step 0, forward pass"
+
+
+def test_operand_cites_the_named_operand_or_input_and_nan_where_nothing_was_measured():
+    from nanscope.rules.operand import listed, operand, source_fix
+
+    assert operand({}) == "input min nan, max nan, 0.0% zeros, 0.0% negative"
+    assert operand({"operand": "y", "min": -2.0, "max": 3.5, "zero_fraction": 0.125, "negative_fraction": 0.5}) == \
+        "y min -2, max 3.5, 12.5% zeros, 50.0% negative"
+    assert listed(list(range(8))) == "0, 1, 2, 3, 4, 5, 6, 7"
+    assert listed(list(range(9))) == "0, 1, 2, 3, 4, 5, 6, 7 ..."
+    assert source_fix(first_at(0, "forward"), "y = f(x)") == "y = f(x)"
+
+
+@pytest.mark.parametrize("op, nonfinite, fires", [("Softmax", 1, True), ("LogSoftmax", 2, True),
+                                                   ("Softmax", 0, False), ("Exp", 3, False)])
+def test_finite_logits_needs_a_softmax_fed_at_least_one_non_finite_logit(op, nonfinite, fires):
+    from nanscope.rules.finite_logits import matches
+
+    inputs = {"op": op, "nonfinite": nonfinite} if nonfinite else {"op": op}
+    assert matches(first_at(0, "forward", op=op), inputs, op) is fires
+
+
+def guard(phase, op="Prod", **inputs):
+    first = first_at(0, phase, layer="hidden", op=op, source=None,
+                     inputs={"op": op, "min": 2.0, "max": 1e30, **inputs} if op else {})
+    records = [step(0, weights_nonfinite=1)] if phase == "update" else [step(0, loss=math.inf, loss_nonfinite=True)]
+    return fired(report_of(records, first), RunEvidence()).get("guard-op")
+
+
+def test_guard_op_speaks_for_a_forward_or_backward_producer_only():
+    assert guard("forward") is not None and guard("loss") is not None
+    assert guard("data") is None and guard("update") is None and guard("forward", op=None) is None
+
+
+def test_guard_op_cites_the_gradient_and_its_domain_in_the_backward_pass():
+    rec = guard("backward", op="Tan")
+    assert rec.evidence == ["step 0, backward pass, layer hidden: Tan (gradient of Tan) fed input min 2, max 1e+30, "
+                            "0.0% zeros, 0.0% negative; inside its domain as measured (the same): the result "
+                            "overflowed"]
+    assert rec.fix == "tf.tan(tf.clip_by_value(x, -1.57, 1.57))"
+    assert rec.data == {"step": 0, "op": "Tan", "layer": "hidden", "source": None, "min": 2.0, "max": 1e30}
+    outside = guard("forward", op="Acosh", min=0.5, max=2.0)
+    assert outside.evidence[0].endswith("; outside Acosh's domain x >= 1")
