@@ -43,6 +43,8 @@ def test_a_vae_without_call_is_recorded_and_trains_as_without(tmp_path, caplog):
     assert {layer["name"] for layer in report["layers"]} >= {"encoder", "decoder", "z_mean", "z_log_var"}
     assert len(report["variables"]) == 14  # conv, 3 dense in the encoder; dense, 2 transposed convs: kernel + bias
     assert report["run"]["optimizer"] == "Adam"
+    # No compiled loss: the header names where the loss comes from ("compute_loss" named a method it never ran).
+    assert report["run"]["loss"] == "the model's own train_step (no compiled loss)"
 
 
 def test_a_gan_with_its_own_optimizers_is_recorded_and_trains_as_without(tmp_path):
@@ -58,3 +60,4 @@ def test_a_gan_with_its_own_optimizers_is_recorded_and_trains_as_without(tmp_pat
     assert all(v["max_grad_norm"] > 0 for v in report["variables"])
     # Its step logs d_loss and g_loss, no "loss": the report says the loss is unknown instead of inventing one.
     assert all(step["loss"] is None for step in report["steps"])
+    assert report["run"]["loss"] == "the model's own train_step (no compiled loss)"

@@ -18,7 +18,7 @@ from nanscope.forensics.bundle_code import name_origins
 from nanscope.forensics.replay import describe_event
 from nanscope.keras.bundle_step import run_saved_step
 from nanscope.keras.forensics import batch_lines, labelled_fit_batch
-from nanscope.keras.header import loss_name, precision
+from nanscope.keras.header import compiled_loss_name, model_loss_name, precision
 from nanscope.learning_rate import schedule_fields
 from nanscope.optimizers import optimizer_settings
 from nanscope.runtime import tensorflow
@@ -48,7 +48,7 @@ def replay_fit_bundle(directory, document, arrays, verify=False, unsafe=False):
         report.first_nonfinite = FirstNonfinite(step, "data", detail=bad_rows)
     elif outcome.event is not None:
         report.first_nonfinite = describe_event(FirstNonfinite(step, outcome.event.phase), outcome.event,
-                                                loss_name=report.run["loss"])
+                                                loss_name=compiled_loss_name(bundle.model))
         name_origins(report.first_nonfinite, directory, document)
     else:
         report.notes.append(f"the replay of step {step} stayed finite (loss {outcome.loss:.6g}): a non-deterministic "
@@ -80,7 +80,7 @@ def _header(bundle, directory):
     name, config = optimizer_settings(model.optimizer)
     return {"spec": None, "replay": str(directory), "kind": "fit", "step": document.get("step"),
             "epoch": document.get("epoch"), "model": f"{model.name} ({type(model).__name__})",
-            "loss": loss_name(getattr(model, "loss", None)), "optimizer": name, "optimizer_config": config,
+            "loss": model_loss_name(model), "optimizer": name, "optimizer_config": config,
             **schedule_fields(model.optimizer, document.get("step")),
             **precision(probed_layers(model), [model.optimizer]), "versions": document.get("versions"),
             "user_code": [f"{entry['qualname']} ({entry.get('origin') or entry['file']})"

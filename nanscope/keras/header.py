@@ -4,6 +4,7 @@ from nanscope.engine.step import is_loss_scale_optimizer
 from nanscope.keras.workers import WorkerRole, describe_strategy
 from nanscope.optimizers import optimizer_settings
 from nanscope.report import run_header
+from nanscope.runtime import tensorflow
 
 # What a guest run (fit, a custom loop) cannot know when it starts; the callback fills in the
 # rows and the batch size it saw (rows_seen) at the end.
@@ -28,7 +29,7 @@ def fit_header(model, params, probe, role=None, learning_rate=None):
         model_kind="keras-fit",
         parameters=parameter_count([model]),
         data="as given to fit",
-        loss=loss_name(getattr(model, "loss", None)),
+        loss=model_loss_name(model),
         optimizer=optimizer_name,
         optimizer_config=optimizer_config,
         **(learning_rate.header_fields() if learning_rate is not None else {}),
@@ -79,10 +80,28 @@ def fit_outputs(model, output_names):
     return [{"name": name, "loss": loss, "weight": weight} for name, (_, loss, weight) in zip(output_names, specs)]
 
 
+def compiled_loss_name(model):
+    """The name of `model`'s compiled loss ("mse"), None without one."""
+    loss = getattr(model, "loss", None)
+    return None if loss is None else loss_name(loss)
+
+
+def model_loss_name(model):
+    """The loss of `model` as the report names it: its compiled loss, else where its own step computes one
+    (a `compute_loss` or a `train_step` the model overrides); "none compiled" for neither."""
+    compiled = compiled_loss_name(model)
+    if compiled is not None:
+        return compiled
+    _, keras = tensorflow()
+    own = [name for name in ("compute_loss", "train_step")
+           if getattr(type(model), name, None) is not getattr(keras.Model, name, None)]
+    return f"the model's own {own[0]} (no compiled loss)" if own else "none compiled"
+
+
 def loss_name(loss):
-    """A compiled loss as the report names it ("mse", "a: mse, b: mae", "compute_loss" when there is none)."""
+    """A compiled loss as the report names it ("mse", "a: mse, b: mae"; "none compiled" for None)."""
     if loss is None:
-        return "compute_loss"
+        return "none compiled"
     if isinstance(loss, str):
         return loss
     if isinstance(loss, dict):
