@@ -27,10 +27,18 @@ def fit(model, tmp_path=None):
     return model.fit(generative.images(), epochs=2, batch_size=16, verbose=0, callbacks=callbacks).history
 
 
+def same_history(history, without):
+    """The same metrics, each the same to float32 reduction noise: under load the VAE's second loss differed in its
+    last bits (43.863842 with nanscope, 43.863846 without), as two runs without nanscope do in test_rng_state when
+    TensorFlow's threads sum in another order."""
+    return history.keys() == without.keys() and all(
+        history[name] == pytest.approx(without[name], rel=1e-6) for name in without)
+
+
 def test_a_vae_without_call_is_recorded_and_trains_as_without(tmp_path, caplog):
     without = fit(generative.vae())
     with caplog.at_level(logging.WARNING, logger="nanscope"):
-        assert fit(generative.vae(), tmp_path) == without
+        assert same_history(fit(generative.vae(), tmp_path), without)
     assert not [r for r in caplog.records if r.name == "nanscope"]
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["steps_run"] == 8 and report["first_nonfinite"] is None
@@ -49,7 +57,7 @@ def test_a_vae_without_call_is_recorded_and_trains_as_without(tmp_path, caplog):
 
 def test_a_gan_with_its_own_optimizers_is_recorded_and_trains_as_without(tmp_path):
     without = fit(generative.gan())
-    assert fit(generative.gan(), tmp_path) == without
+    assert same_history(fit(generative.gan(), tmp_path), without)
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["steps_run"] == 8 and report["first_nonfinite"] is None
     # The gradients reach d_optimizer and g_optimizer, not compile()'s default RMSprop that the step never uses.
