@@ -18,6 +18,7 @@ import typer
 
 from nanscope import interrupt
 from nanscope.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, NanscopeError
+from nanscope.internals import usage_error
 
 
 class _HelpFlag:
@@ -285,7 +286,7 @@ def main():
     """Console-script entry point: a usage error (a bad option value) is one line and exit 2 too."""
     try:
         code = app(standalone_mode=False)
-    except _usage_error() as exc:
+    except usage_error() as exc:
         message = exc.format_message().strip()
         if message:  # a bare `nanscope` has printed the help already and says nothing more
             where = f"{exc.ctx.command_path}: " if exc.ctx is not None else ""
@@ -313,19 +314,6 @@ def exit_now(code):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def _usage_error():
-    """Click's UsageError, wherever this Typer version keeps click.
-
-    A Typer that vendors click (`typer._click`) raises its own copy even when a separate
-    click is installed beside it (mutmut and import-linter bring one): that copy comes first.
-    """
-    try:
-        from typer._click.exceptions import UsageError
-    except ImportError:
-        from click.exceptions import UsageError
-    return UsageError
 
 
 if __name__ == "__main__":

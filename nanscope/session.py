@@ -15,6 +15,7 @@ starts TensorFlow, and the `Cluster` it spans (nanscope/engine/cluster.py).
 
 import contextlib
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -258,10 +259,14 @@ def _state_variables(model):
     return list(model.keras_model.variables) if model.keras_model is not None else list(model.variables)
 
 
+# Each step engine's compiled evaluation, made on its first evaluate_loss and gone with the engine.
+_EVALUATORS = weakref.WeakKeyDictionary()
+
+
 def evaluate_loss(step_engine, data, batch_size):
     """Row-weighted mean of the loss over `data`, in inference mode, compiled once per engine."""
     tf, _ = tensorflow()
-    fn = getattr(step_engine, "_evaluate_fn", None)
+    fn = _EVALUATORS.get(step_engine)
     if fn is None:
         model, loss = step_engine.model, step_engine.loss
 
@@ -269,7 +274,7 @@ def evaluate_loss(step_engine, data, batch_size):
         def fn(x, y):
             return loss.total(loss.terms(y, model.call(x, training=False)))
 
-        step_engine._evaluate_fn = fn
+        _EVALUATORS[step_engine] = fn
     total, rows = 0.0, 0
     for start in range(0, data.rows, batch_size):
         part = slice(start, start + batch_size)

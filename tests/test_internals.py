@@ -1,23 +1,27 @@
-"""The private Keras and TensorFlow hooks of nanscope.internals, one canary per hook.
+"""The private Keras, TensorFlow and Typer hooks of nanscope.internals, one canary per hook.
 
-A failure here names the hook and the installed versions: a Keras or TensorFlow
-upgrade changed something nanscope relies on, and this is the one place to adapt.
+A failure here names the hook and the installed versions: a Keras, TensorFlow or Typer
+upgrade changed something nanscope relies on, and nanscope/internals/ is the one place to adapt.
 """
 
+import inspect
 import os
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+from importlib.metadata import version
+
 import numpy as np
 import pytest
+import typer
 
 from nanscope import internals
 from nanscope.internals import override, overridden, restore
 from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()
-VERSIONS = f"tensorflow {tf.__version__}, keras {keras.__version__}"
+VERSIONS = f"tensorflow {tf.__version__}, keras {keras.__version__}, typer {version('typer')}"
 
 
 class Owner:
@@ -53,7 +57,7 @@ def canary(hook, check):
     except Exception as exc:  # the hook is gone or changed shape: that is what a canary reports
         problem = f"{type(exc).__name__}: {exc}"
     if problem:
-        pytest.fail(f"private hook {hook} no longer works as nanscope/internals.py expects under {VERSIONS}: "
+        pytest.fail(f"private hook {hook} no longer works as nanscope/internals/ expects under {VERSIONS}: "
                     f"{problem}", pytrace=False)
 
 
@@ -284,3 +288,134 @@ def test_canary_keras_global_seed_generator():
         return None
 
     canary("keras.src.random.seed_generator.global_seed_generator", check)
+
+
+def test_canary_the_train_step_replaced_for_a_fit():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((4, 2), np.float32), np.ones((4, 1), np.float32)
+    traced, executed = [], []
+
+    def step(data):
+        traced.append(None)
+        return type(model).train_step(model, data)
+
+    def check():
+        saved = internals.replace_train_step(model, step)
+        function = internals.rebuild_train_function(model)
+
+        def counted(iterator):
+            executed.append(None)
+            return function(iterator)
+
+        internals.set_train_function(model, counted)
+        model.fit(x, y, batch_size=2, epochs=1, verbose=0)
+        if not traced or len(executed) != 2:
+            return (f"fit traced the replaced train_step {len(traced)} times and called the set train_function "
+                    f"{len(executed)} times (expected: traced, and 2 calls for 2 batches)")
+        restore(saved)
+        internals.set_train_function(model, None)  # as compile leaves it: fit builds its own again
+        traced.clear(), executed.clear()
+        model.fit(x, y, batch_size=2, epochs=1, verbose=0)
+        if traced or executed or "train_step" in model.__dict__:
+            return "the model's own train step did not come back once restored"
+        return None
+
+    canary("model.train_step / train_function / make_train_function(force=True)", check)
+
+
+def test_canary_compile_config():
+    def check():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        if internals.compile_config(model) != {}:
+            return f"an uncompiled model's compile config reads {internals.compile_config(model)!r}"
+        model.compile(optimizer="sgd", loss="mae", metrics=["mse"])
+        config = internals.compile_config(model)
+        if config.get("loss") != "mae" or config.get("metrics") != ["mse"]:
+            return f"model._compile_config.config reads {config!r}"
+        return None
+
+    canary("model._compile_config", check)
+
+
+def test_canary_typers_usage_error():
+    app = typer.Typer()
+
+    @app.command()
+    def run(count: int):
+        del count  # Unused: the option's parsing is what is tested
+
+    def check():
+        try:
+            app(["not-a-number"], standalone_mode=False)
+        except internals.usage_error() as exc:
+            return None if "'count'" in exc.format_message() else f"the message is {exc.format_message()!r}"
+        except Exception as exc:
+            return f"a bad value raised {type(exc).__module__}.{type(exc).__name__}, not {internals.usage_error()}"
+        return "a bad value raised nothing"
+
+    canary("typer._click.exceptions.UsageError", check)
+
+
+def test_canary_a_functions_graph_and_one_op_run_eagerly():
+    @tf.function
+    def inner(x):
+        return tf.exp(x) * 2.0
+
+    @tf.function
+    def outer(x):
+        return inner(x) + 1.0
+
+    def check():
+        outer(tf.constant([0.0]))
+        graph = outer.get_concrete_function(tf.TensorSpec([1], tf.float32)).graph
+        calls = [op for op in graph.get_operations() if op.type in ("PartitionedCall", "StatefulPartitionedCall")]
+        if not calls:
+            return f"the outer graph calls no function: {[op.type for op in graph.get_operations()]}"
+        inner_graph = internals.function_graph(calls[0].get_attr("f").name)
+        exp = [op for op in inner_graph.get_operations() if op.type == "Exp"]
+        if not exp:
+            return f"the inner function's graph holds {[op.type for op in inner_graph.get_operations()]}"
+        result = internals.execute_op("Exp", 1, [tf.constant([0.0, 1.0])], ("T", exp[0].get_attr("T")))
+        if not np.allclose(np.asarray(result[0]), [1.0, np.e]):
+            return f"Exp run eagerly gave {result!r}"
+        return None
+
+    canary("function_def_to_graph(context.get_function_def) / execute.execute", check)
+
+
+def test_canary_the_collective_runtime_of_a_multi_worker_run():
+    # tests/test_multi_worker.py runs these on a real 2-worker cluster; a process that has started its devices
+    # cannot form one, so here each hook's shape is checked: the names and keywords nanscope calls it with.
+    def check():
+        from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+        from tensorflow.python.distribute import collective_all_reduce_strategy as collective
+        from tensorflow.python.eager import context
+        from tensorflow.python.framework import errors
+
+        ctx = context.context()
+        wanted = {"configure_coordination_service": {"service_type", "service_leader", "coordinated_jobs",
+                                                     "cluster_register_timeout_in_ms", "heartbeat_timeout_in_ms",
+                                                     "shutdown_barrier_timeout_in_ms"},
+                  "set_config_key_value": set(), "get_config_key_value": set(), "abort_collective_ops": set()}
+        for name, keywords in wanted.items():
+            missing = keywords - set(inspect.signature(getattr(ctx, name)).parameters)
+            if missing:
+                return f"context.{name} lacks the keywords {sorted(missing)}"
+        if coordination_config_pb2.CoordinatedJob(name="worker", num_tasks=2).num_tasks != 2:
+            return "CoordinatedJob does not hold num_tasks"
+        if not isinstance(errors.DEADLINE_EXCEEDED, int):
+            return f"errors.DEADLINE_EXCEEDED is {errors.DEADLINE_EXCEEDED!r}"
+        extended = collective.CollectiveAllReduceExtended
+        original = getattr(extended, internals.INITIALIZE_LOCAL_DEVICES)
+        if list(inspect.signature(original).parameters) != ["self", "cluster_resolver", "worker_device"]:
+            return f"{internals.INITIALIZE_LOCAL_DEVICES} takes {list(inspect.signature(original).parameters)}"
+        with internals.local_devices_chosen(lambda devices, kind, worker: (devices, kind)):
+            patched = getattr(extended, internals.INITIALIZE_LOCAL_DEVICES)
+        if patched is original or getattr(extended, internals.INITIALIZE_LOCAL_DEVICES) is not original:
+            return "local_devices_chosen did not patch the method inside its block and put it back after"
+        return None
+
+    canary("context coordination service and key-value store / CollectiveAllReduceExtended."
+           f"{internals.INITIALIZE_LOCAL_DEVICES}", check)

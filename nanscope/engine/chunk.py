@@ -61,7 +61,7 @@ class ChunkRunner:
             self._chunk, input_signature=[tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([], tf.bool)],
             jit_compile=engine.jit_compile, autograph=False,
         )
-        with engine._recorder.attached():
+        with engine.probes_attached():
             self._concrete = compiled.get_concrete_function()
 
     def run(self, first_step, index_rows, stop_on_nonfinite):
@@ -105,7 +105,7 @@ class ChunkRunner:
                 rows = indices[i]
             x = tf.nest.map_structure(lambda t: tf.gather(t, rows), self._x)
             y = tf.nest.map_structure(lambda t: tf.gather(t, rows), self._y)
-            outputs = self.engine._step(x, y)
+            outputs = self.engine.step_outputs(x, y)
             return (i + 1, _suspicious(*outputs, self._watched), *outputs)
 
         # The steps depend on each other through the weights: no iterations to overlap.

@@ -29,6 +29,9 @@ from dataclasses import dataclass
 
 from nanscope.engine.deadline import CollectiveDeadline
 from nanscope.errors import NanscopeError
+from nanscope.internals import (
+    configure_coordination, get_config_key_value, local_devices_chosen, set_config_key_value,
+)
 
 EXIT_CODE_KEY = "nanscope/exit_code"
 
@@ -123,15 +126,8 @@ def multi_worker_strategy(cluster):
 
 
 def _create(tf, cluster):
-    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
-    from tensorflow.python.eager import context
-
     timeout_ms = int(cluster.timeout_s * 1000)
-    context.context().configure_coordination_service(
-        service_type="standalone", service_leader="/job:worker/replica:0/task:0",
-        cluster_register_timeout_in_ms=timeout_ms, heartbeat_timeout_in_ms=timeout_ms,
-        shutdown_barrier_timeout_in_ms=min(timeout_ms, 10_000),
-        coordinated_jobs=[coordination_config_pb2.CoordinatedJob(name="worker", num_tasks=len(cluster.workers))])
+    configure_coordination(len(cluster.workers), timeout_ms, timeout_ms, min(timeout_ms, 10_000))
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": list(cluster.workers)},
                                           "task": {"type": "worker", "index": cluster.task}})
     wait_for_workers(cluster)
@@ -163,30 +159,17 @@ def _deadline(timeout_s):
 def _every_logical_cpu(tf):
     """While the strategy is made, give a CPU-only worker one replica per logical CPU (TensorFlow gives one).
 
-    The one private hook of this module: `CollectiveAllReduceExtended._initialize_local_devices`.
+    Through `internals.local_devices_chosen` (the strategy's `_initialize_local_devices`).
     tests/test_multi_worker.py runs 2 logical CPUs per worker through it.
     """
-    from tensorflow.python.distribute import collective_all_reduce_strategy as collective
-
-    extended = collective.CollectiveAllReduceExtended
-    original = extended._initialize_local_devices
     count = _logical_cpus(tf)
 
-    def local_devices(self, resolver, worker_device):
-        devices, kind = original(self, resolver, worker_device)
+    def choose(devices, kind, worker_device):
         if kind == "CPU" and count > 1:
             devices = tuple(f"{worker_device}/device:CPU:{i}" for i in range(count))
         return devices, kind
 
-    @contextlib.contextmanager
-    def patched():
-        extended._initialize_local_devices = local_devices
-        try:
-            yield
-        finally:
-            extended._initialize_local_devices = original
-
-    return patched()
+    return local_devices_chosen(choose)
 
 
 def _logical_cpus(tf):
@@ -273,20 +256,16 @@ def collective_failure_message(cluster, exc, step):
 
 def publish_exit_code(code):
     """The chief: tell the other workers which exit code the run ends with."""
-    from tensorflow.python.eager import context
-
     # If this fails, the others fall back to their own verdict; the chief's report is written already.
     with contextlib.suppress(Exception):
-        context.context().set_config_key_value(EXIT_CODE_KEY, str(int(code)))
+        set_config_key_value(EXIT_CODE_KEY, str(int(code)))
 
 
 def chief_exit_code(cluster):
     """A non-chief worker: the chief's exit code, once it has written its report; None if it never says."""
-    from tensorflow.python.eager import context
-
     try:
         # The chief may still be replaying the failing step and writing its outputs: ten timeouts at most.
-        value = context.context().get_config_key_value(EXIT_CODE_KEY, int(cluster.timeout_s * 10_000))
+        value = get_config_key_value(EXIT_CODE_KEY, int(cluster.timeout_s * 10_000))
         return int(value)
     except Exception:
         return None

@@ -14,6 +14,8 @@ import contextlib
 import threading
 import time
 
+from nanscope.internals import abort_collective_ops
+
 
 class CollectiveDeadline:
     """Abort this process's collectives when a bounded block takes longer than `timeout_s`.
@@ -32,7 +34,7 @@ class CollectiveDeadline:
 
     def __init__(self, timeout_s, abort=None):
         self.timeout_s = float(timeout_s)
-        self._abort = abort or _abort_collectives
+        self._abort = abort or abort_collective_ops
         self._changed = threading.Condition()
         self._deadline = None
         self._closed = False
@@ -74,9 +76,3 @@ class CollectiveDeadline:
                 self._deadline = None
                 self._abort(f"no answer from the other workers within {self.timeout_s:g} s")
 
-
-def _abort_collectives(message):
-    from tensorflow.python.eager import context
-    from tensorflow.python.framework import errors
-
-    context.context().abort_collective_ops(errors.DEADLINE_EXCEEDED, message)

@@ -129,6 +129,15 @@ class InstrumentedStep:
                 self._concrete = self._compiled.get_concrete_function()
         return self._concrete
 
+    def probes_attached(self):
+        """A block in which a trace of the step records every probed layer (engine/chunk.py traces its loop so)."""
+        return self._recorder.attached()
+
+    def step_outputs(self, x, y):
+        """The step's output tensors (scalars, layer statistics, loss terms, variable statistics), for a caller
+        that traces the step inside its own graph (engine/chunk.py's loop over device-resident batches)."""
+        return self._step(x, y)
+
     def _model_state(self):
         if self.model.keras_model is None:
             return list(self.trainable) + self._loss_scale_state()

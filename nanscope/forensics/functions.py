@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from nanscope.internals import execute_op, function_graph
 from nanscope.runtime import tensorflow
 
 # Ops that call another function by its `f` attribute.
@@ -52,7 +53,7 @@ def localize_in_function(function_name, inputs, depth=0):
         inputs: list of eager tensors. The call's inputs, in order.
     """
     try:
-        graph = _function_graph(function_name)
+        graph = function_graph(function_name)
     except Exception:  # a function the context does not hold: nothing to say, not a crash
         return None
     by_name = {placeholder.name: value for placeholder, value in zip(graph.inputs, inputs)}
@@ -83,22 +84,13 @@ def _nested(op, operands, depth):
     return localize_in_function(op.get_attr("f").name, operands, depth + 1)
 
 
-def _function_graph(name):
-    from tensorflow.python.eager import context
-    from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
-
-    return function_def_to_graph(context.context().get_function_def(name))
-
-
 def _run(op, operands):
     """Run one graph op eagerly on `operands`; its outputs, or None when it cannot be run alone."""
-    from tensorflow.python.eager import context, execute
-
     tf, _ = tensorflow()
     try:
         if op.type == "Const":
             return [tf.constant(tf.make_ndarray(op.get_attr("value")))]
-        results = execute.execute(op.type, len(op.outputs), operands, _attrs(op), context.context())
+        results = execute_op(op.type, len(op.outputs), operands, _attrs(op))
     except Exception:  # an op that needs its graph: stop here, report the call itself
         return None
     return list(results) if results is not None else []

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from nanscope.forensics.bundle_code import CODE_DIR, copy_code, named_by_origin, origin_name
-from nanscope.internals import flatten_layers
+from nanscope.internals import compile_config, flatten_layers
 from nanscope.keras.bundle_load import BundleError, load_bundle_model
 
 KIND = "fit"
@@ -178,7 +178,7 @@ def _used_objects(model):
     activation, an initializer), the compiled loss, metrics and optimizer."""
     found = [type(model)]
     holders = [model, *flatten_layers(model), model.optimizer]
-    compiled = getattr(getattr(model, "_compile_config", None), "config", None) or {}
+    compiled = compile_config(model)
     pending = [*compiled.values()]
     from nanscope.runtime import tensorflow
 

@@ -14,6 +14,7 @@ Only tensors of the step's own graph are kept: a call from inside a nested graph
 
 import contextlib
 import functools
+import threading
 
 from nanscope.engine.variable_stats import any_nonfinite_count, variable_rows
 from nanscope.engine.schema import OUTPUT, SCALARS, VARIABLE
@@ -58,6 +59,17 @@ class StepCapture:
                         clip_gradients_hook(getattr(optimizer, "inner_optimizer", optimizer), self._on_clip)]
         with overridden(targets):
             yield self
+
+    def shared_by_threads(self):
+        """Make this capture the hub of replica threads (under tf.distribute, one trace runs every replica's
+        thread in turn through the same hooks): each thread's hook calls then go to the capture it hands over
+        with `for_this_thread`. Returns self."""
+        self._thread = threading.local()
+        return self
+
+    def for_this_thread(self, capture):
+        """Send the hook calls made on the calling thread to `capture` (that replica's own)."""
+        self._thread.capture = capture
 
     def _here(self):
         return tf.compat.v1.get_default_graph() is self.graph

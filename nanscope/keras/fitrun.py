@@ -14,7 +14,7 @@ from nanscope.engine.step import probed_layers
 from nanscope.data.inputs import id_inputs
 from nanscope.errors import first_line
 from nanscope.guard.host import GuestGuard
-from nanscope.internals import compile_metrics_built, flatten_layers, symbolic_build
+from nanscope.internals import compile_metrics_built, flatten_layers, set_train_function, symbolic_build
 from nanscope.forensics.random_state import random_state_kept
 from nanscope.keras.forensics import GuestForensics, labelled_fit_batch
 from nanscope.keras.header import fit_header, fit_outputs, rows_seen
@@ -109,12 +109,12 @@ class FitRun:
         original = model.train_function
 
         def first_call(iterator):
-            model.train_function = original
+            set_train_function(model, original)
             if self.guarded("setup", lambda: self._build_and_start(iterator)):
                 return model.train_function(iterator)
             return original(iterator)
 
-        model.train_function = first_call
+        set_train_function(model, first_call)
         self._unbuilt_function = original
 
     def _build_and_start(self, iterator):
@@ -178,7 +178,7 @@ class FitRun:
         if self.probe is not None:
             self.probe.detach()
         elif getattr(self, "_unbuilt_function", None) is not None:
-            self.model.train_function = self._unbuilt_function
+            set_train_function(self.model, self._unbuilt_function)
 
     def finish(self):
         """The TraceReport of this fit (None when nanscope never started recording)."""

@@ -18,14 +18,15 @@ traced is caught, kept in `failure`, and the step goes on uninstrumented.
 
 import contextlib
 import functools
-import threading
 
 import numpy as np
 
 from nanscope.engine.probes import LayerRecorder
 from nanscope.engine.schema import LAYER, join
 from nanscope.engine.step import probed_layers, relative_variable_names
-from nanscope.internals import compile_loss, override, restore
+from nanscope.internals import (
+    compile_loss, rebuild_train_function, replace_train_step, restore, set_train_function,
+)
 from nanscope.keras.capture import StepCapture, not_absorbed
 from nanscope.keras.moments import FeatureMoments
 from nanscope.keras.rows import RowBuffer
@@ -93,14 +94,14 @@ class StepProbe:
     def attach(self):
         """Replace `train_step` with the instrumented one and rebuild the train function around it."""
         model = self.model
-        self._saved = (override(model, "train_step", self._instrumented(self.original_step)), model.train_function)
+        self._saved = (replace_train_step(model, self._instrumented(self.original_step)), model.train_function)
         with xla_outside_off(model, self.xla_inside):
-            model.make_train_function(force=True)
+            function = rebuild_train_function(model)
         if self.sentinel is not None:
-            model.train_function = self._sampling(model.train_function)
+            function = self._sampling(function)
         if self.replicas > 1:
-            model.train_function = self._hooked_per_call(model.train_function)
-        model.train_function = self._detaching_on_error(model.train_function)
+            function = self._hooked_per_call(function)
+        set_train_function(model, self._detaching_on_error(function))
 
     def detach(self):
         """Put `train_step` and the train function back as they were found."""
@@ -109,7 +110,7 @@ class StepProbe:
         step, function = self._saved
         self._saved = None
         restore(step)
-        self.model.train_function = function
+        set_train_function(self.model, function)
 
     @property
     def attached(self):
@@ -118,8 +119,7 @@ class StepProbe:
     def _sampling(self, full):
         """Sentinel mode: the full train function on sampled executions and after events, else the light one."""
         with xla_outside_off(self.model, self.xla_inside):
-            self.model.make_train_function(force=True)
-        light = self.model.train_function
+            light = rebuild_train_function(self.model)
 
         @functools.wraps(full)
         def train_function(iterator):
@@ -130,8 +130,7 @@ class StepProbe:
 
     def _hooked_per_call(self, function):
         """The train function with the layer and optimizer hooks attached for each call (under tf.distribute)."""
-        self._hub = StepCapture(self.model, self.optimizers, self.trainable)
-        self._hub._thread = threading.local()
+        self._hub = StepCapture(self.model, self.optimizers, self.trainable).shared_by_threads()
 
         @functools.wraps(function)
         def train_function(iterator):
@@ -324,7 +323,7 @@ class StepProbe:
             self.layer_probe.begin_replica(int(tf.get_static_value(context.replica_id_in_sync_group)))
             capture = StepCapture(self.model, self.optimizers, self.trainable, replica_context=context,
                                   replicas=self.replicas, outputs=len(self.output_names))
-            self._hub._thread.capture = capture
+            self._hub.for_this_thread(capture)
             logs = original(data)
             x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
             values, var_rows, terms = capture.values(x, y, _logged_loss(capture, logs), self.layers)

@@ -1,13 +1,10 @@
-"""Every private Keras and TensorFlow hook nanscope relies on, in one place.
+"""Keras' private surface: the private attributes nanscope reads or wraps, and `keras.src` imports.
 
-nanscope reads and wraps a few things that are not public API: Keras' CompileLoss
-(`_compile_loss`, its `_flat_losses`, `_user_loss_weights` and build structures),
-`Layer._flatten_layers` and `_get_own_losses`, the optimizer's `_clip_gradients`,
-`_learning_rate` and `_iterations`,
-TensorFlow's `op_callbacks` and the `_gradient_function` frame of its gradient
-tape. Each is reached only through a function here, and each has a canary test
-(tests/test_internals.py) that names the hook and the installed versions when an
-upgrade changes it, so a Keras or TensorFlow release breaks loudly in one place.
+Keras' CompileLoss (`_compile_loss`, its `_flat_losses`, `_user_loss_weights` and build
+structures), `Layer._flatten_layers` and `_get_own_losses`, the optimizer's
+`_clip_gradients`, `_learning_rate` and `_iterations`, the functional graph's
+`_inputs_struct` and `_inbound_nodes`, the global SeedGenerator, and the surgery on a
+model's train step (`train_step`, `train_function`, `make_train_function(force=True)`).
 
 Hooks are attached by overriding an attribute on the instance (`overridden`),
 which bypasses Keras' attribute tracking, and always restored as they were found.
@@ -142,46 +139,34 @@ def raw_iterations(optimizer):
     return int(counter.numpy())
 
 
-# A tf.function's `jit_compile` argument (tensorflow/python/eager/polymorphic_function): instrument
-# compiles its instrumented step the same way, so XLA's random numbers stay the user's.
-JIT_COMPILE = "_jit_compile"
+# --- Keras: the model's train step, replaced for the length of a fit ------------------------------------
+# `fit` calls the model's `train_function`, which `make_train_function` builds around `train_step`
+# (keras/src/backend/tensorflow/trainer.py). The NanScope callback puts its own step in (an instance
+# attribute, so the class's is untouched), rebuilds the function around it, wraps the function, and puts
+# both back as they were found.
 
 
-def jit_compile_of(function):
-    """The `jit_compile` a tf.function was made with (True, False or None); None for a plain function."""
-    return getattr(function, JIT_COMPILE, None)
+def replace_train_step(model, step):
+    """Make `step` the model's `train_step` (on the instance); return what `restore` needs to put it back."""
+    return override(model, "train_step", step)
 
 
-# --- TensorFlow: op callbacks and the gradient tape ----------------------------------------------------
+def rebuild_train_function(model):
+    """Build the model's train function again around its current `train_step` (`make_train_function(force=True)`,
+    as fit does on its first call); return it."""
+    model.make_train_function(force=True)
+    return model.train_function
 
 
-@contextlib.contextmanager
-def op_callback(callback):
-    """Call `callback(op_type, inputs, attrs, outputs, op_name=None, graph=None)` for every op run eagerly in
-    the block (`tensorflow.python.framework.op_callbacks`); always removed."""
-    from tensorflow.python.framework import op_callbacks
-
-    op_callbacks.add_op_callback(callback)
-    try:
-        yield
-    finally:
-        op_callbacks.remove_op_callback(callback)
+def set_train_function(model, function):
+    """Make `function(iterator) -> logs` what fit calls for each execution (`model.train_function`)."""
+    model.train_function = function
 
 
-# The tape's function that computes one op's gradient (tensorflow/python/eager/backprop.py); its
-# locals name the forward op being differentiated.
-GRADIENT_FUNCTION = "_gradient_function"
-
-
-def differentiated_op(frame):
-    """(op type, inputs, outputs) of the forward op whose gradient is being computed, found in the frames
-    from `frame` outward (TensorFlow's `_gradient_function` locals); (None, [], []) outside a gradient."""
-    while frame is not None:
-        if frame.f_code.co_name == GRADIENT_FUNCTION and "op_name" in frame.f_locals:
-            local = frame.f_locals
-            return local["op_name"], list(local.get("inputs") or ()), list(local.get("outputs") or ())
-        frame = frame.f_back
-    return None, [], []
+def compile_config(model):
+    """The arguments `compile` was given (loss, metrics, optimizer, ...) as a dict, from the model's
+    `_compile_config`; {} for a model never compiled."""
+    return getattr(getattr(model, "_compile_config", None), "config", None) or {}
 
 
 # --- Keras: the functional graph ------------------------------------------------------------------------
