@@ -43,6 +43,7 @@ def _quiet_unraisable(info: Any) -> None:
 def request(signum: int | None = None, frame: FrameType | None = None) -> None:
     """Remember the stop request; raise KeyboardInterrupt unless one was raised already or raising is deferred."""
     global _requested
+    del signum, frame  # Unused: the signal handler's arguments
     first = not _requested
     _requested = True
     if first and not _deferring:

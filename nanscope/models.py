@@ -187,12 +187,18 @@ def _serving_call(module):
     for name in ("serve", "__call__"):
         function = getattr(module, name, None)
         if callable(function):
-            return lambda x, training, fn=function: fn(x)
+
+            def call(x, training, fn=function):
+                del training  # Unused: a SavedModel's serving function has no training mode
+                return fn(x)
+
+            return call
     signatures = getattr(module, "signatures", {})
     if "serving_default" in signatures:
         signature = signatures["serving_default"]
 
         def call(x, training, fn=signature):
+            del training  # Unused: a SavedModel's serving function has no training mode
             outputs = fn(x)
             return next(iter(outputs.values())) if isinstance(outputs, dict) else outputs
 

@@ -53,7 +53,7 @@ def test_no_module_imports_a_private_name_of_another():
     assert found == []
 
 
-def test_the_private_import_check_sees_one(tmp_path):
+def test_the_private_import_check_sees_one():
     planted = ast.parse("from nanscope.verify import ranked_by_verification, _moments\n"
                         "from nanscope.rules import (\n    evidence,\n    _registry,\n)\n")
     assert private_imports("nanscope.keras.bundle_verify", PACKAGE / "keras" / "bundle_verify.py", planted) == [

@@ -15,6 +15,7 @@ from nanscope.errors import DataError
 
 def open_npz(data, path, base_dir, origin, require_targets=True):
     """A DataStream over the `data.x` member of an .npz archive and the `data.y` member(s), one per output."""
+    del base_dir, require_targets  # Unused
     archive = NpzFile(path, origin)
     parts = spec_parts(data.y, "data.y")
     shapes = {}
@@ -64,6 +65,7 @@ def open_npy(data, path, base_dir, origin, require_targets=True):
 
 def open_csv(data, path, base_dir, origin, require_targets=True):
     """A DataStream over a csv file with a header; `data.target` names the target column(s), per output or not."""
+    del base_dir  # Unused
     header = csv_header(path, origin)
     parts = [part for part in spec_parts(data.target, "data.target", list_is_one_target=True) if part.source]
     if not parts and require_targets:
@@ -72,7 +74,7 @@ def open_csv(data, path, base_dir, origin, require_targets=True):
         missing = [t for t in csv_columns(part.source) if t not in header]
         if missing:
             raise DataError(f"{origin}: {part.field}: column(s) {missing} not in {path.name}; columns are {header}")
-    targets = array_names(parts, ["inputs"], lambda part: "targets")
+    targets = array_names(parts, ["inputs"], lambda _part: "targets")
     target_idx = {name: [header.index(c) for c in csv_columns(part.source)] for name, part in targets.items()}
     taken = {i for idx in target_idx.values() for i in idx}
     feature_idx = [i for i in range(len(header)) if i not in taken]

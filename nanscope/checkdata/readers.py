@@ -23,6 +23,7 @@ from nanscope.factory import call_factory, load_callable, received
 
 
 def _open_tfrecord(data, path, base_dir, origin, require_targets):
+    del base_dir, require_targets  # Unused
     from nanscope.checkdata.tfrecord_reader import open_tfrecord  # imports TensorFlow
 
     return open_tfrecord(data, path, origin)

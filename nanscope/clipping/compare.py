@@ -176,7 +176,7 @@ def _run_strategy(session, strategy, steps, progress):
         name=strategy.name, params=strategy.params(), grad_transform=monitor,
         optimizer_overrides=clip_overrides(strategy.kind if strategy.is_keras_option else None, strategy.threshold),
     )
-    result = run_experiment(session, change, steps=steps, on_step=lambda record: progress.step(strategy.name),
+    result = run_experiment(session, change, steps=steps, on_step=lambda _record: progress.step(strategy.name),
                             fingerprint=True)
     progress.finish(strategy.name, steps - result.steps_run)
     finite_steps = result.first_nonfinite_step if result.first_nonfinite_step is not None else result.steps_run

@@ -98,15 +98,18 @@ class ChunkRunner:
         empty = [tf.zeros(shape) for shape in self.layout.shapes]
 
         def keep_going(i, bad, *previous):
+            del previous  # Unused: tf.while_loop hands the condition every loop variable
             return tf.logical_and(i < steps, tf.logical_not(tf.logical_and(stop_on_nonfinite, bad)))
 
         def body(i, bad, *previous):
+            del bad  # Unused: tf.while_loop hands the body every loop variable
             with tf.control_dependencies([self._store(i, previous)]):
                 rows = indices[i]
             x = tf.nest.map_structure(lambda t: tf.gather(t, rows), self._x)
             y = tf.nest.map_structure(lambda t: tf.gather(t, rows), self._y)
             outputs = self.engine.step_outputs(x, y)
-            return (i + 1, _suspicious(*outputs, self._watched), *outputs)
+            scalars, layer_stats, *_ = outputs  # the loss terms and variable rows are not judged here
+            return (i + 1, _suspicious(scalars, layer_stats, self._watched), *outputs)
 
         # The steps depend on each other through the weights: no iterations to overlap.
         count, _, *last = tf.while_loop(keep_going, body, (tf.constant(0), tf.constant(False), *empty),
@@ -131,7 +134,7 @@ class ChunkFailure(Exception):
         self.records, self.error = records, error
 
 
-def _suspicious(scalars, layer_stats, terms, variables, watched):
+def _suspicious(scalars, layer_stats, watched):
     """True when a step shows any non-finite count or value outside the expected layers; the host decides the rest.
 
     Conservative on purpose: a model output made non-finite by an expected layer, or an

@@ -234,6 +234,7 @@ class OpWatch:
         return watched_call
 
     def _callback(self, op_type, inputs, attrs, outputs, op_name=None, graph=None):
+        del attrs, op_name  # Unused
         if graph is not None or self._busy or self._late is not None:
             return None
         self._busy = True
