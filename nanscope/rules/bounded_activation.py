@@ -60,6 +60,7 @@ def verify_fixes(rec, session, run):
     """The run again with every relu made relu6 (a model nanscope can clone), where the growing layer is relu-like."""
     if not rec.data.get("relu", True):
         return []
+    del run  # Unused
     model = relu6_model(session.model)
     return [Change("relu->relu6", {"activation": "relu6"}, model=model)] if model is not None else []
 
@@ -103,6 +104,7 @@ def bundle_fixes(rec, bundle, run):
     relu-like."""
     if not rec.data.get("relu", True):
         return []
+    del run  # Unused
     _, keras = tensorflow()
     relu = keras.activations.relu
     layers = [layer for layer in flatten_layers(bundle.model) if getattr(layer, "activation", None) is relu
@@ -111,6 +113,7 @@ def bundle_fixes(rec, bundle, run):
         return []
 
     def change(model):
+        del model  # Unused
         saved = [(layer, "activation", layer.activation) if hasattr(layer, "activation") and
                  layer.activation is relu else (layer, "max_value", layer.max_value) for layer in layers]
         for layer, name, _ in saved:

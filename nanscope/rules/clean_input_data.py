@@ -27,6 +27,7 @@ def detect(facts):
 
 def bundle_fixes(rec, bundle, run):
     """The saved batch without its rows that hold a non-finite value (none when every row or no row does)."""
+    del rec, run  # Unused
     tf, _ = tensorflow()
     leaves = [np.asarray(t) for t in tf.nest.flatten(bundle.batch) if t is not None]
     rows = len(leaves[0]) if leaves and leaves[0].ndim else 0

@@ -112,6 +112,7 @@ def round_threshold(value):
 
 def verify_fixes(rec, session, run):
     """The run again with global clipping at the threshold the finding computed."""
+    del session, run  # Unused
     threshold = rec.data.get("threshold") or 1.0
     return [Change(f"global_clipnorm={threshold:g}", {"global_clipnorm": threshold},
                    {"global_clipnorm": threshold, "clipnorm": None, "clipvalue": None})]
@@ -119,6 +120,7 @@ def verify_fixes(rec, session, run):
 
 def bundle_fixes(rec, bundle, run):
     """The saved step with global clipping at the finding's threshold."""
+    del bundle, run  # Unused
     threshold = rec.data.get("threshold") or 1.0
     return [StepFix(f"global_clipnorm={threshold:g}", {"global_clipnorm": threshold},
                     change=optimizer_setting("global_clipnorm", threshold, {"clipnorm": None, "clipvalue": None}))]

@@ -22,6 +22,7 @@ def matches(first):
 
 def finding(facts, first, where, inputs):
     """The Recommendation for the gradient of an op inside the untaken branch of a tf.where."""
+    del facts  # Unused
     context = first.context or {}
     forward_op = inputs.get("op") or first.op
     select = context["discarded_by"]

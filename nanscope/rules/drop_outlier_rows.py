@@ -48,6 +48,7 @@ def detect(facts):
 
 def verify_fixes(rec, session, run):
     """Every glitch value replaced by its column's training median (`outliers.repaired`)."""
+    del rec, run  # Unused
     return [Change("repair outlier rows", {"repair": "glitch values -> their column's training median"},
                    data=repaired(session))]
 

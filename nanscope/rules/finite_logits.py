@@ -20,11 +20,13 @@ OPS = {"Softmax", "LogSoftmax"}
 
 def matches(first, inputs, op):
     """True for a softmax fed non-finite logits."""
+    del first  # Unused
     return op in OPS and inputs.get("nonfinite", 0) > 0
 
 
 def finding(facts, first, where, inputs):
     """The Recommendation for a softmax of infinite logits."""
+    del facts  # Unused
     evidence = [f"{where}: {first.op} fed {inputs.get('nonfinite')} non-finite logits ({operand(inputs)} over the "
                 "finite ones); softmax subtracts the row's max, and inf - inf is NaN"]
     snippet = ("scores = tf.where(mask, scores, -1e9)  # a finite fill (float16: -32752), never +inf\n"

@@ -34,6 +34,7 @@ def detect(facts):
 
 def finding(facts, first, where, inputs):
     """The Recommendation for a producer op that no other rule covers."""
+    del facts  # Unused
     op = inputs.get("op") or first.op
     backward = first.phase == "backward"
     domain = domain_of(op)

@@ -20,11 +20,13 @@ CALLS = {"Acos": "tf.acos", "Asin": "tf.asin", "Atanh": "tf.atanh"}
 
 def matches(first, inputs, op):
     """True for an inverse-trigonometric producer."""
+    del first, inputs  # Unused
     return op in OPS
 
 
 def finding(facts, first, where, inputs):
     """The Recommendation for an inverse-trigonometric op outside (-1, 1)."""
+    del facts  # Unused
     op = inputs.get("op") or first.op
     backward = first.phase == "backward"
     domain = outside(op, inputs, backward) or f"domain {domain_text(op, backward)}"

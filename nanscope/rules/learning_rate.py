@@ -99,6 +99,7 @@ def detect_loss_growth(facts):
 
 def verify_fixes(rec, session, run):
     """The run again at the learning rate divided by each of LR_FACTORS (a schedule: the same one, scaled)."""
+    del rec  # Unused
     lr = run.get("optimizer_config", {}).get("learning_rate")
     if run.get("learning_rate_schedule"):  # the same schedule, scaled: its shape is part of the run
         from nanscope.optimizers import build_optimizer
@@ -112,6 +113,7 @@ def verify_fixes(rec, session, run):
 
 def bundle_fixes(rec, bundle, run):
     """The saved step at the learning rate divided by each of LR_FACTORS (a schedule: the same one, scaled)."""
+    del rec  # Unused
     schedule = schedule_of(bundle.model.optimizer)
     if schedule is not None:  # the same schedule, scaled
         return [StepFix(f"lr/{f}", {"learning_rate": f"{type(schedule).__name__} x 1/{f}"},

@@ -42,6 +42,7 @@ def _any_bad_grad(facts):
 
 def verify_fixes(rec, session, run):
     """The run again with epsilon at SAFE_EPSILON, for an optimizer that has one."""
+    del rec, run  # Unused
     if "epsilon" not in _optimizer_arguments(session):
         return []
     return [Change(f"epsilon={SAFE_EPSILON:g}", {"epsilon": SAFE_EPSILON}, {"epsilon": SAFE_EPSILON})]
@@ -58,6 +59,7 @@ def _optimizer_arguments(session):
 
 def bundle_fixes(rec, bundle, run):
     """The saved step with epsilon at SAFE_EPSILON."""
+    del rec, run  # Unused
     optimizer = bundle.model.optimizer
     if not hasattr(getattr(optimizer, "inner_optimizer", optimizer), "epsilon"):
         return []

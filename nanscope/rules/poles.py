@@ -35,11 +35,13 @@ SNIPPETS = {
 
 def matches(first, inputs, op):
     """True for a producer with poles: Lgamma, Digamma, Xlogy, Xlog1py, Log1p."""
+    del first, inputs  # Unused
     return op in OPS
 
 
 def finding(facts, first, where, inputs):
     """The Recommendation for an op at one of its poles."""
+    del facts  # Unused
     op = inputs.get("op") or first.op
     backward = first.phase == "backward"
     domain = outside(op, inputs, backward) or f"domain {domain_text(op, backward)}"

@@ -129,6 +129,7 @@ def _keep_float32(cls):
 
 def verify_fixes(rec, session, run):
     """The run again under a LossScaleOptimizer (loss-scaling), when some layer computes in float16 without one."""
+    del session  # Unused
     if rec.id != "loss-scaling" or not _float16_without_loss_scaling(run):
         return []
     return [Change("loss scaling", {"optimizer": "LossScaleOptimizer"}, loss_scaling=True)]

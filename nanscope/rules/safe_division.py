@@ -29,11 +29,13 @@ OPS = {"RealDiv", "Div", "Reciprocal", "Inv", "Rsqrt", "FloorDiv", "TruncateDiv"
 
 def matches(first, inputs, op):
     """True for a division-like producer."""
+    del first, inputs  # Unused
     return op in OPS
 
 
 def finding(facts, first, where, inputs):
     """The Recommendation for a division by zero."""
+    del facts  # Unused
     evidence = [f"{where}: {first.op} fed {operand(inputs)}; dividing by 0 gives inf or NaN"]
     fix = source_fix(first, SNIPPET)
     return SAFE_DIVISION.recommend("error", evidence, fix, finding_data(first, inputs))

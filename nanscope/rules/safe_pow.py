@@ -23,11 +23,13 @@ OPS = {"Pow"}
 
 def matches(first, inputs, op):
     """True for a Pow producer."""
+    del first, inputs  # Unused
     return op in OPS
 
 
 def finding(facts, first, where, inputs):
     """The Recommendation for a Pow outside its domain."""
+    del facts  # Unused
     backward = first.phase == "backward"
     said = _exponent(inputs)
     if backward:

@@ -16,11 +16,13 @@ OPS = {"Sqrt"}
 
 def matches(first, inputs, op):
     """True for a Sqrt producer."""
+    del first, inputs  # Unused
     return op in OPS
 
 
 def finding(facts, first, where, inputs):
     """The Recommendation for a sqrt at 0 or of a negative value."""
+    del facts  # Unused
     why = ("its gradient 0.5/sqrt(x) is infinite at x = 0" if first.phase == "backward"
            else "sqrt of a negative value is NaN")
     evidence = [f"{where}: {first.op} ({'gradient of Sqrt' if first.phase == 'backward' else 'Sqrt'}) fed "

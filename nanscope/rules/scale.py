@@ -126,6 +126,7 @@ def scale_severity(facts, spread):
 
 def verify_fixes(rec, session, run):
     """Training on standardised inputs (normalize-inputs) or targets (normalize-targets)."""
+    del run  # Unused
     if rec.id == "normalize-inputs":
         return [standardized_inputs(session)]
     return [standardized_targets(session, rec.data.get("output"))]
@@ -176,6 +177,7 @@ def standardized_inputs(session):
 
 def bundle_fixes(rec, bundle, run):
     """The saved batch with its inputs (normalize-inputs) or targets standardised by the batch's own moments."""
+    del run  # Unused
     which = "x" if rec.id == "normalize-inputs" else "y"
     tf, keras = tensorflow()
     x, y, weights = keras.utils.unpack_x_y_sample_weight(bundle.batch)

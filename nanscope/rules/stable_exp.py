@@ -30,11 +30,13 @@ FAR_PAST = 2.0
 
 def matches(first, inputs, op):
     """True for an exp-like producer fed a value past its dtype's overflow bound."""
+    del first  # Unused
     return op in OPS and inputs.get("max", 0.0) > EXP_OVERFLOW.get(inputs.get("dtype"), EXP_OVERFLOW["float32"])
 
 
 def finding(facts, first, where, inputs):
     """The Recommendation for an exp that overflowed."""
+    del facts  # Unused
     bound = EXP_OVERFLOW.get(inputs.get("dtype"), EXP_OVERFLOW["float32"])
     evidence = [f"{where}: {first.op} fed {operand(inputs)}; exp overflows {inputs.get('dtype', 'float32')} "
                 f"past {bound:.4g} (log of the dtype's max)"]

@@ -19,11 +19,13 @@ OPS = {"Log"}
 
 def matches(first, inputs, op):
     """True for a log-like producer."""
+    del first, inputs  # Unused
     return op in OPS
 
 
 def finding(facts, first, where, inputs):
     """The Recommendation for a log of 0 or of a negative value."""
+    del facts  # Unused
     why = "log(0) = -inf and log(x<0) = NaN" if first.phase != "backward" else "the gradient 1/x overflows near x = 0"
     evidence = [f"{where}: {first.op} fed {operand(inputs)}; {why}"]
     # Clipping p at 1e-7 keeps the value finite but its gradient is 0 wherever it clips: a hand-written BCE on a
