@@ -120,6 +120,7 @@ class NanScope(Callback):
         self._run = None
 
     def on_train_begin(self, logs=None):
+        del logs  # Unused
         from nanscope.keras.fitrun import FitRun
 
         self.report, self._run = None, None
@@ -130,18 +131,22 @@ class NanScope(Callback):
                         type(exc).__name__, first_line(exc))
 
     def on_train_batch_end(self, batch, logs=None):
+        del batch, logs  # Unused
         if self._run is not None and self._run.recording:
             self._run.batch_end()
 
     def on_epoch_begin(self, epoch, logs=None):
+        del logs  # Unused
         if self._run is not None:
             self._run.epoch = epoch
 
     def on_epoch_end(self, epoch, logs=None):
+        del epoch  # Unused
         if self._run is not None:
             self._run.last_epoch_logs = dict(logs or {})
 
     def on_train_end(self, logs=None):
+        del logs  # Unused
         run, self._run = self._run, None
         if run is None:
             return
