@@ -260,7 +260,7 @@ def _state_variables(model):
 
 
 # Each step engine's compiled evaluation, made on its first evaluate_loss and gone with the engine.
-_EVALUATORS = weakref.WeakKeyDictionary()
+_EVALUATORS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
 
 def evaluate_loss(step_engine, data, batch_size):
