@@ -104,7 +104,7 @@ def test_healthy_run_trains_as_one_process_does(tmp_path):
         assert several["grad_global_norm"] == pytest.approx(alone["grad_global_norm"], rel=1e-5, abs=1e-6)
 
 
-def wait_for_steps(trace, count, process, deadline=90):
+def wait_for_steps(trace, count, process, deadline=240):
     started = time.monotonic()
     while time.monotonic() - started < deadline:
         if trace.exists() and trace.read_text().count('"kind": "step"') >= count:
