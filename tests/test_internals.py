@@ -389,7 +389,6 @@ def test_canary_the_collective_runtime_of_a_multi_worker_run():
     # tests/test_multi_worker.py runs these on a real 2-worker cluster; a process that has started its devices
     # cannot form one, so here each hook's shape is checked: the names and keywords nanscope calls it with.
     def check():
-        from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
         from tensorflow.python.distribute import collective_all_reduce_strategy as collective
         from tensorflow.python.eager import context
         from tensorflow.python.framework import errors
@@ -403,7 +402,9 @@ def test_canary_the_collective_runtime_of_a_multi_worker_run():
             missing = keywords - set(inspect.signature(getattr(ctx, name)).parameters)
             if missing:
                 return f"context.{name} lacks the keywords {sorted(missing)}"
-        if coordination_config_pb2.CoordinatedJob(name="worker", num_tasks=2).num_tasks != 2:
+        from nanscope.internals.tensorflow import coordination_config_module
+
+        if coordination_config_module().CoordinatedJob(name="worker", num_tasks=2).num_tasks != 2:
             return "CoordinatedJob does not hold num_tasks"
         if not isinstance(errors.DEADLINE_EXCEEDED, int):
             return f"errors.DEADLINE_EXCEEDED is {errors.DEADLINE_EXCEEDED!r}"

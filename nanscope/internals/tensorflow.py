@@ -78,12 +78,22 @@ def execute_op(op_type, outputs, operands, attrs):
 # --- the collective runtime of a multi-worker run (engine/cluster.py, engine/deadline.py) ---------------
 
 
+def coordination_config_module():
+    """TensorFlow's `coordination_config_pb2`: under `tensorflow.compiler.xla.tsl.protobuf` since TensorFlow 2.17,
+    `tensorflow.tsl.protobuf` before (2.16, the oldest supported)."""
+    try:
+        from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    except ImportError:
+        from tensorflow.tsl.protobuf import coordination_config_pb2
+    return coordination_config_pb2
+
+
 def configure_coordination(workers, register_timeout_ms, heartbeat_timeout_ms, shutdown_timeout_ms):
     """Configure TensorFlow's standalone coordination service for `workers` tasks of the job "worker", led by
     task 0 (`context.configure_coordination_service`); before the strategy joins the cluster."""
-    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
     from tensorflow.python.eager import context
 
+    coordination_config_pb2 = coordination_config_module()
     context.context().configure_coordination_service(
         service_type="standalone", service_leader="/job:worker/replica:0/task:0",
         cluster_register_timeout_in_ms=register_timeout_ms, heartbeat_timeout_in_ms=heartbeat_timeout_ms,
