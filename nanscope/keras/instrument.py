@@ -325,8 +325,7 @@ class GuestRun:
             capture = StepCapture(None, self.optimizers, self.trainable, keras_models=self.models)
             self.layer_probe.begin()
             if self.snapshot is not None:
-                self.snapshot.remember_structure((args, kwargs))
-                self.snapshot.take((args, kwargs), self.rows.counter.read_value())
+                self._take(args, kwargs)
             hooks.enter_context(self.layer_probe.attached())
             hooks.enter_context(capture.attached())
         except Exception as exc:  # nanscope's own failure: the user's step runs as it would without it
@@ -340,6 +339,11 @@ class GuestRun:
         except Exception as exc:
             self.failure = self.failure or exc
         return result
+
+    def _take(self, args, kwargs):
+        """The snapshot of the state and the batch before this step (as the fit probe's `_take`)."""
+        self.snapshot.remember_structure((args, kwargs))
+        self.snapshot.take((args, kwargs), self.rows.counter.read_value())
 
     def _write(self, capture, args, kwargs, result):
         row, values, stats = self._row(capture, args, kwargs, result)
@@ -368,8 +372,7 @@ class GuestRun:
         try:
             capture = SentinelCapture(None, self.optimizers, self.trainable, keras_models=self.models)
             if self.snapshot is not None:
-                self.snapshot.remember_structure((args, kwargs))
-                self.snapshot.take((args, kwargs), self.rows.counter.read_value())
+                self._take(args, kwargs)
             hooks.enter_context(capture.attached())
         except Exception as exc:  # nanscope's own failure: the user's step runs as it would without it
             hooks.close()

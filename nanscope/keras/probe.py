@@ -286,8 +286,7 @@ class StepProbe:
             capture = SentinelCapture(self.model, self.optimizers, self.trainable,
                                       outputs=len(self.output_names))
             if self.snapshot is not None and snapshot:
-                self.snapshot.remember_structure(data)
-                self.snapshot.take(data, self.rows.counter.read_value())
+                self._take(data)
             hooks = capture.attached()
             hooks.__enter__()
         except Exception as exc:  # nanscope's own failure: the user's step runs as it would without it
