@@ -145,7 +145,8 @@ def trace_steps(
                                                         "learning rate); docs/guard.md.")
     ] = None,
     mode: Annotated[
-        str, typer.Option("--mode", help="full (default); sentinel is the NanScope callback's and instrument's.")
+        str, typer.Option("--mode", help="full (default) or sentinel: the scalars on most steps, the full statistics "
+                                       "on every 100th and around events (docs/guard.md).")
     ] = "full",
     strict: StrictOpt = False,
     show_all: AllOpt = False,

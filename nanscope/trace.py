@@ -25,6 +25,7 @@ from nanscope.engine.cluster import collective_failure_message, is_collective_fa
 from nanscope.engine.records import expected_layer_indices, first_nonfinite_worker
 from nanscope.errors import SpecError
 from nanscope.finishing import optional_part
+from nanscope.guard.trace_sentinel import trace_sentinel
 from nanscope.guard.trace_state import prepare_guard, trace_guard
 from nanscope.history import DEFAULT_KEEP, DEFAULT_SAMPLE, StepHistory
 from nanscope.learning_rate import LearningRateView, settle_learning_rate
@@ -100,9 +101,11 @@ def run_trace(spec: RunSpec, options: TraceOptions | None = None) -> TraceReport
     with start_up_failures(session.cluster):
         engine = session.instrumented_step()
     prepare_guard(options.guard, engine)  # before the step is traced: it copies the optimizer's state too
+    sentinel = trace_sentinel(options.guard, engine)
     expected = expected_layer_indices(spec.train.expect_nonfinite, [info.name for info in engine.layer_info])
     # Either way the step is traced once: here in the chunk, or for the report's layer order.
-    runner = session.chunk_runner(engine, expected) if spec.train.steps >= CHUNK_MIN_STEPS else None
+    chunked = spec.train.steps >= CHUNK_MIN_STEPS and sentinel is None
+    runner = session.chunk_runner(engine, expected) if chunked else None
     learning_rate = LearningRateView(engine.optimizer)
     report = TraceReport(
         run=describe_run(session, engine, learning_rate),
@@ -115,19 +118,21 @@ def run_trace(spec: RunSpec, options: TraceOptions | None = None) -> TraceReport
         trace_path=str(options.trace_path or default_trace_path(spec)),
         cluster=session.cluster,
     )
-    report.notes.extend(session.model.notes + run_notes(spec))
+    report.notes.extend(session.model.notes + run_notes(spec) + _sentinel_notes(options.guard, sentinel))
     guard = trace_guard(options.guard, engine, session, report, expected)
     writes = session.cluster is None or session.cluster.is_chief
     trace = (TraceWriter(report.trace_path, report.trace_header(), report.history, options.trace_full) if writes
              else _NoTrace())
     with trace as writer:
         try:
-            _run_steps(session, engine, runner, report, writer, options, expected, guard)
+            _run_steps(session, engine, runner, report, writer, options, expected, guard, sentinel)
         except KeyboardInterrupt:
             report.interrupted = True
         if guard is not None:
             guard.finish(report)
             report.notes.extend(guard.notes())
+        if sentinel is not None:
+            report.notes.extend(sentinel.notes())
         with interrupt.deferred():
             report.interrupted = report.interrupted or interrupt.requested()
             _finish(session, engine, report, options, learning_rate)
@@ -177,7 +182,7 @@ class _NoTrace:
         pass
 
 
-def _run_steps(session, engine, runner, report, writer, options, expected, guard=None):
+def _run_steps(session, engine, runner, report, writer, options, expected, guard=None, sentinel=None):
     report.notes.extend(_expected_notes(session.spec.train.expect_nonfinite, engine, expected))
     board = _open_board(options.tensorboard, report)
     # Every worker takes part in every step's collectives: a signal must not stop one worker
@@ -185,7 +190,7 @@ def _run_steps(session, engine, runner, report, writer, options, expected, guard
     together = session.cluster is not None
     try:
         with interrupt.deferred() if together else contextlib.nullcontext():
-            _run_step_loop(session, engine, runner, report, writer, options, expected, board, guard)
+            _run_step_loop(session, engine, runner, report, writer, options, expected, board, guard, sentinel)
     finally:
         if board is not None:
             board.close()
@@ -208,7 +213,7 @@ def _expected_notes(patterns, engine, expected):
     return [f"non-finite outputs of {', '.join(names)} are expected (train.expect_nonfinite) and not counted"]
 
 
-def _run_step_loop(session, engine, runner, report, writer, options, expected, board, guard):
+def _run_step_loop(session, engine, runner, report, writer, options, expected, board, guard, sentinel):
     step, total = 0, session.spec.train.steps
     # A guard that skips or rolls back needs the chunk to end at every non-finite step: the snapshot holds it then.
     every_bad_step = guard is not None and guard.guard.options.intervenes
@@ -217,15 +222,19 @@ def _run_step_loop(session, engine, runner, report, writer, options, expected, b
     while step < total:
         if cluster is None:
             interrupt.check()
-        records, failure = session.next_records(engine, runner, step, total,
+        # The sentinel stands in for the engine: it runs the full step or the light one.
+        records, failure = session.next_records(sentinel or engine, runner, step, total,
                                                 report.first_nonfinite is None or every_bad_step)
         if failure is not None and cluster is not None and is_collective_failure(failure):
             report.stopped = collective_failure_message(cluster, failure, step)
             writer.write({"kind": "error", "step": step, "message": report.stopped})
             return
         with interrupt.deferred():  # a step is in the history and the trace whole, or not at all
-            for record in records:
+            for index, record in enumerate(records):
                 record.expected_nonfinite = list(expected)
+                if sentinel is not None:
+                    record = records[index] = sentinel.completed(record, *session.batch(record.step),
+                                                                 report.first_nonfinite is not None)
                 scale_watch.see(record)
                 keep(report.history, writer, record)
             writer.flush_steps()
@@ -239,8 +248,11 @@ def _run_step_loop(session, engine, runner, report, writer, options, expected, b
                 report.first_nonfinite = locate_first_nonfinite(record, engine, session, x, y, options)
                 if not options.keep_going:
                     return
-        if guard is not None and guard.observe(records) and guard.stopped:
-            return
+        if guard is not None and guard.observe(records):
+            if sentinel is not None:
+                sentinel.around_event()
+            if guard.stopped:
+                return
         if cluster is not None and engine.stop_requested_by:
             report.interrupted = True
             report.notes.append(f"stopped after step {step} by a signal to "
@@ -408,6 +420,13 @@ def _distribution(engine):
                                "workers": engine.workers, "replicas_per_worker": engine.local_replicas}}
     described = {"strategy": type(strategy).__name__, "replicas": strategy.num_replicas_in_sync}
     return {"distribute": described}
+
+
+def _sentinel_notes(guard_options, sentinel):
+    """What the report says of `--mode sentinel` where the run cannot take it (tf.distribute)."""
+    if guard_options is None or guard_options.mode != "sentinel" or sentinel is not None:
+        return []
+    return ["mode=sentinel: not under train.distribute; every step was recorded in full"]
 
 
 def run_notes(spec):

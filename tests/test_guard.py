@@ -209,8 +209,8 @@ def test_trace_steps_takes_on_nonfinite_and_refuses_what_it_cannot_do(tmp_path):
     refused = subprocess.run([*run, "--on-nonfinite", "skip", "--keep-going"], capture_output=True, text=True)
     assert refused.returncode == 2
     assert "--on-nonfinite skip contradicts --keep-going: give one" in refused.stderr
-    sentinel = subprocess.run([*run, "--mode", "sentinel"], capture_output=True, text=True)
-    assert sentinel.returncode == 2 and "--mode sentinel" in sentinel.stderr
+    unknown = subprocess.run([*run, "--mode", "fast"], capture_output=True, text=True)
+    assert unknown.returncode == 2 and "--mode: must be full or sentinel, not 'fast'" in unknown.stderr
     kept = subprocess.run([*run, "--on-nonfinite", "continue", "--steps", "20"], capture_output=True, text=True)
     assert kept.returncode == 1
     import json

@@ -64,15 +64,14 @@ def guard_choices(on_nonfinite, mode, keep_going):
         raise NanscopeError(f"--on-nonfinite: must be {', '.join(ON_NONFINITE)}, not {on_nonfinite!r}")
     if mode not in MODES:
         raise NanscopeError(f"--mode: must be {' or '.join(MODES)}, not {mode!r}")
-    if mode == "sentinel":
-        raise NanscopeError("--mode sentinel: trace-steps records every step in full",
-                            "sentinel mode is NanScope(mode=\"sentinel\") in model.fit and "
-                            "nanscope.instrument(mode=\"sentinel\") (docs/guard.md)")
     if on_nonfinite in ("stop", "skip", "rollback") and keep_going:
         raise NanscopeError(f"--on-nonfinite {on_nonfinite} contradicts --keep-going: give one")
     if on_nonfinite in ("skip", "rollback"):
-        return True, GuardOptions(on_nonfinite=on_nonfinite)
-    return keep_going or on_nonfinite == "continue", None
+        return True, GuardOptions(on_nonfinite=on_nonfinite, mode=mode)
+    keep_going = keep_going or on_nonfinite == "continue"
+    if mode == "sentinel":
+        return keep_going, GuardOptions(on_nonfinite="continue" if keep_going else "stop", mode=mode)
+    return keep_going, None
 
 
 def _other_worker(run_spec):

@@ -13,11 +13,15 @@ increments the optimizer wrote (`flat.applied_updates`), or where it wrote other
 (a constraint, a conditional update), of the weights after the step less the copy.
 """
 
+import contextlib
 from dataclasses import dataclass
+
+import numpy as np
 
 from nanscope.data import inputs
 from nanscope.engine.failures import raised_while_tracing
-from nanscope.engine.variable_stats import Snapshot, any_nonfinite_count, applied_updates, graph_position, variable_rows
+from nanscope.engine.variable_stats import (Snapshot, any_nonfinite_count, applied_updates, graph_position,
+                                            summary_stats, variable_rows)
 from nanscope.models import build_model
 from nanscope.engine.probes import LayerRecorder
 from nanscope.engine.records import StepRecord
@@ -107,6 +111,7 @@ class InstrumentedStep:
         self._compiled = tf.function(self._step, input_signature=[x_spec, y_spec], jit_compile=jit_compile,
                                      autograph=False)
         self._concrete = None  # traced on first use: a chunked run never calls the single step
+        self._light = None  # the sentinel's step (`run_light`), traced on first use
 
     @property
     def layout(self):
@@ -167,8 +172,20 @@ class InstrumentedStep:
         return y_pred
 
     def _step(self, x, y):
-        tf, _ = tensorflow()
         self._recorder.begin()
+        return self._outputs(x, y, *self._train(x, y))
+
+    def _light_step(self, x, y):
+        """The sentinel's step: the same training without the layer probes or the per-variable rows; only the
+        scalars, with the gradients and weights reduced over all variables at once (`summary_stats`)."""
+        y_pred, total, data_loss, grads, applied, scale, output_losses, _ = self._train(x, y)
+        measured = summary_stats(grads, self.trainable, None if applied is grads else applied)
+        return self._scalars(x, y, y_pred, total, data_loss, applied, scale, output_losses, measured)
+
+    def _train(self, x, y):
+        """Copy the state, then forward, loss, backward and the update, in the graph being traced; the tensors the
+        statistics are taken of."""
+        tf, _ = tensorflow()
         self._snapshot.take()
         if self._optimizer_snapshot is not None:
             self._optimizer_snapshot.take()
@@ -197,7 +214,7 @@ class InstrumentedStep:
         with self.raised_by("train.optimizer"):
             self.optimizer.apply_gradients(zip(handed, self.trainable))
         updates = applied_updates(start, self.trainable)
-        return self._outputs(x, y, y_pred, total, data_loss, grads, applied, scale, output_losses, updates)
+        return y_pred, total, data_loss, grads, applied, scale, output_losses, updates
 
     def _layer_loss_terms(self):
         self._loss_terms = layer_loss_terms(self.layers, self.model.keras_model)
@@ -208,27 +225,32 @@ class InstrumentedStep:
         var_stats, grad_norm, applied_norm = variable_rows(
             grads, self._snapshot.copies[: len(self.trainable)], self.trainable, None if applied is grads else applied,
             updates)
+        measured = {"grad_global_norm": grad_norm, "applied_grad_global_norm": applied_norm,
+                    "grad_nonfinite": tf.reduce_sum(var_stats[:, VARIABLE.at("grad_nonfinite")]),
+                    "weights_nonfinite": tf.reduce_sum(var_stats[:, VARIABLE.at("weight_nonfinite")])}
+        scalars = self._scalars(x, y, y_pred, total, data_loss, applied, scale, output_losses, measured)
+        layer_terms = tf.stack(self._loss_terms) if self._loss_terms else tf.zeros([0])
+        return scalars, self._recorder.stats_matrix(), layer_terms, var_stats
+
+    def _scalars(self, x, y, y_pred, total, data_loss, applied, scale, output_losses, measured):
+        """The step's scalar row (SCALARS, then OUTPUT per output); `measured`: the gradient and weight columns."""
+        tf, _ = tensorflow()
         target_counts = [any_nonfinite_count(t) for t in tf.nest.flatten(y)]
         prediction_counts = [self._prediction_nonfinite(t) for t in tf.nest.flatten(y_pred)]
         per_output = [OUTPUT.pack({"loss": loss, "target_nonfinite": target, "prediction_nonfinite": prediction})
                       for loss, target, prediction in zip(output_losses, target_counts, prediction_counts)]
-        scalars = tf.stack(SCALARS.pack({
+        return tf.stack(SCALARS.pack({
             "loss": tf.cast(total, tf.float32), "data_loss": data_loss,
             "x_nonfinite": _total([any_nonfinite_count(t) for t in tf.nest.flatten(x)]),
             "y_nonfinite": _total(target_counts), "output_nonfinite": _total(prediction_counts),
             "loss_nonfinite": tf.cast(tf.logical_not(tf.math.is_finite(total)), tf.float32),
-            "grad_global_norm": grad_norm,
-            "grad_nonfinite": tf.reduce_sum(var_stats[:, VARIABLE.at("grad_nonfinite")]),
-            "weights_nonfinite": tf.reduce_sum(var_stats[:, VARIABLE.at("weight_nonfinite")]),
-            "applied_grad_global_norm": applied_norm,
+            **measured,
             "loss_scale": tf.cast(tf.convert_to_tensor(self.optimizer.dynamic_scale), tf.float32)
             if self.loss_scaled else 0.0,
             "update_skipped": self._skipped(applied, scale),
             "loss_scale_before": scale if self.loss_scaled else 0.0,
             "loss_missing": 0.0,
         }) + [column for row in (per_output if self.loss.multi_output else []) for column in row])
-        layer_terms = tf.stack(self._loss_terms) if self._loss_terms else tf.zeros([0])
-        return scalars, self._recorder.stats_matrix(), layer_terms, var_stats
 
     def _prediction_nonfinite(self, prediction):
         """Non-finite entries of one model output: the count its layer's probe took, where there is one."""
@@ -248,6 +270,33 @@ class InstrumentedStep:
         scalars, layer_stats, layer_terms, var_stats = self._traced()(x, y)
         return StepRecord.from_arrays(step, inputs.rows(x), scalars.numpy(), layer_stats.numpy(), layer_terms.numpy(),
                                       var_stats.numpy())
+
+    def run_light(self, step, x, y):
+        """Run one sentinel step on a batch (`_light_step`): a StepRecord of the scalars, with no layer or
+        variable rows. The state before it is copied as before a full step."""
+        if self._light is None:
+            tf, _ = tensorflow()
+            self._light = tf.function(self._light_step, input_signature=self._compiled.input_signature,
+                                      jit_compile=self.jit_compile, autograph=False).get_concrete_function()
+        return StepRecord.from_arrays(step, inputs.rows(x), self._light(x, y).numpy(), [], [], [])
+
+    def rerun_in_full(self, step, x, y):
+        """The full StepRecord of the last step, re-run on its batch from the state before it (the optimizer's
+        too, after `keep_optimizer_state`); every variable is then left as the step left it."""
+        with self.state_kept():
+            self.restore_before_step(optimizer=True)
+            return self.run(step, x, y)
+
+    @contextlib.contextmanager
+    def state_kept(self):
+        """For the block: anything; afterwards every variable the snapshots copy, and the copies, as they were."""
+        kept = self.guarded_variables() + self.snapshot_copies()
+        live = [np.array(v.numpy(), copy=True) for v in kept]
+        try:
+            yield
+        finally:
+            for variable, value in zip(kept, live):
+                variable.assign(value)
 
     def restore_before_step(self, optimizer=False):
         """Put the model's state back as it was before the last step; the optimizer's too with `optimizer=True`

@@ -84,6 +84,51 @@ def variable_rows(grads, before, after, applied=None, updates=None):
     return rows, grad_norm, applied_norm
 
 
+def summary_stats(grads, after, applied=None):
+    """The sentinel's gradient and weight columns of SCALARS, over all variables at once (no per-variable rows).
+
+    The global gradient norm is one fused pass (`global_norm`); the gradients' and the
+    updated weights' non-finite entries are counted only when their norm, or the sum of the
+    weights, is not finite, so a healthy step costs two reductions over the gradients and one
+    over the weights (one more over `applied`, the gradients handed to the optimizer, when
+    they differ).
+    """
+    tf, _ = tensorflow()
+    grads = [g for g in grads if g is not None]
+    grad_norm = global_norm(grads)
+    weights = [_f32(w) for w in after]
+    probe = tf.add_n([tf.reduce_sum(w) for w in weights]) if weights else constant(0.0)
+    return {"grad_global_norm": grad_norm,
+            "applied_grad_global_norm": grad_norm if applied is None else global_norm(applied),
+            "grad_nonfinite": _count_unless_finite(grad_norm, grads),
+            "weights_nonfinite": _count_unless_finite(probe, weights)}
+
+
+def global_norm(tensors):
+    """The global L2 norm, one fused pass; a sum of squares that overflows is redone scaled by the largest entry."""
+    tf, _ = tensorflow()
+    tensors = [_f32(t) for t in tensors if t is not None]
+    if not tensors:
+        return constant(0.0)
+    norm = tf.sqrt(tf.add_n([2.0 * tf.nn.l2_loss(t) for t in tensors]))
+
+    def scaled():
+        peak = tf.reduce_max(tf.stack([tf.reduce_max(tf.abs(t)) for t in tensors]))
+        safe = tf.where(peak > 0, peak, 1.0)
+        return peak * tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(t / safe)) for t in tensors]))
+
+    return tf.cond(tf.math.is_finite(norm), lambda: norm, scaled)
+
+
+def _count_unless_finite(probe, tensors):
+    """The tensors' non-finite entries, counted only when `probe` (their norm or sum) is not finite; else 0."""
+    tf, _ = tensorflow()
+    if not tensors:
+        return constant(0.0)
+    return tf.cond(tf.math.is_finite(probe), lambda: tf.constant(0.0),
+                   lambda: tf.add_n([count_nonfinite(_f32(t)) for t in tensors]))
+
+
 # Ops that use a variable's handle only to read it.
 _READS = frozenset({"ReadVariableOp", "ResourceGather", "VariableShape"})
 # Ops that change a variable by their second input: the sign of that change.

@@ -18,11 +18,12 @@ unexpected one in the model output, which it counts as non-finite.
 
 from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import OUTPUT, SCALARS, VARIABLE
+from nanscope.engine.variable_stats import summary_stats
+from nanscope.guard.schedule import SampleSchedule
 from nanscope.keras.capture import StepCapture
 from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()
-AROUND = 16  # executions run in full after an event
 
 
 class SentinelCapture(StepCapture):
@@ -31,42 +32,15 @@ class SentinelCapture(StepCapture):
     def _variable_rows(self):
         grads = [self.grads[id(v)] for v in self.trainable if id(v) in self.grads]
         after = [self.after.get(id(v), v) for v in self.trainable]
-        grad_norm = global_norm(grads)
-        grad_bad = tf.cond(tf.math.is_finite(grad_norm), lambda: tf.constant(0.0), lambda: _count(grads))
-        probe = tf.add_n([tf.reduce_sum(_f32(w)) for w in after]) if after else tf.constant(0.0)
-        weight_bad = tf.cond(tf.math.is_finite(probe), lambda: tf.constant(0.0), lambda: _count(after))
-        applied = grad_norm if self.applied is None else global_norm(self.applied)
-        row = VARIABLE.pack({"grad_norm": grad_norm, "grad_nonfinite": grad_bad, "weight_norm": tf.constant(0.0),
-                             "update_norm": tf.constant(0.0), "weight_nonfinite": weight_bad})
-        return tf.stack(row)[None], grad_norm, applied
+        measured = summary_stats(grads, after, self.applied)
+        grad_norm = measured["grad_global_norm"]
+        row = VARIABLE.pack({"grad_norm": grad_norm, "grad_nonfinite": measured["grad_nonfinite"],
+                             "weight_norm": tf.constant(0.0), "update_norm": tf.constant(0.0),
+                             "weight_nonfinite": measured["weights_nonfinite"]})
+        return tf.stack(row)[None], grad_norm, measured["applied_grad_global_norm"]
 
 
-def global_norm(tensors):
-    """The global L2 norm, one fused pass; a sum of squares that overflows is redone scaled by the largest entry."""
-    tensors = [_f32(t) for t in tensors if t is not None]
-    if not tensors:
-        return tf.constant(0.0)
-    norm = tf.sqrt(tf.add_n([2.0 * tf.nn.l2_loss(t) for t in tensors]))
-
-    def scaled():
-        peak = tf.reduce_max(tf.stack([tf.reduce_max(tf.abs(t)) for t in tensors]))
-        safe = tf.where(peak > 0, peak, 1.0)
-        return peak * tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(t / safe)) for t in tensors]))
-
-    return tf.cond(tf.math.is_finite(norm), lambda: norm, scaled)
-
-
-def _count(tensors):
-    return tf.add_n([tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(_f32(t))), tf.float32))
-                     for t in tensors]) if tensors else tf.constant(0.0)
-
-
-def _f32(t):
-    t = tf.convert_to_tensor(t)
-    return t if t.dtype == tf.float32 else tf.cast(t, tf.float32)
-
-
-class SentinelRows:
+class SentinelRows(SampleSchedule):
     """The sentinel steps' rows on the device (step, batch rows, SCALARS, OUTPUT per output) and their records.
 
     Args:
@@ -77,29 +51,19 @@ class SentinelRows:
     """
 
     def __init__(self, counter, outputs, per_execution, sample_every):
+        super().__init__(sample_every)
         self.counter, self.outputs, self.per_execution = counter, outputs, per_execution
-        self.sample_every = sample_every
         self.width = 2 + len(SCALARS) + outputs * len(OUTPUT)
         self.buffer = tf.Variable(tf.fill([per_execution, self.width], -1.0), trainable=False,
                                   name="nanscope_sentinel_rows")
         self.full_now = True  # read while a step is traced: which of the two train functions is being traced
-        self.calls, self.full_until, self.next_step = 0, 0, 0
+        self.next_step = 0
 
     def write(self, batch_rows, scalars):
         """In the graph: one step's row, counted on the shared step counter."""
         step = self.counter.assign_add(1) - 1
         row = tf.concat([tf.cast(tf.stack([step]), tf.float32), tf.stack([batch_rows]), scalars], axis=0)
         self.buffer.scatter_nd_update(tf.reshape(step % self.per_execution, [1, 1]), row[None])
-
-    def due_full(self):
-        """Host, before each execution: True when this one runs the full step (sampled, or after an event)."""
-        full = self.calls % self.sample_every == 0 or self.calls < self.full_until
-        self.calls += 1
-        return full
-
-    def around_event(self):
-        """The next AROUND executions run in full."""
-        self.full_until = self.calls + AROUND
 
     def read(self, since):
         """StepRecords of the sentinel rows from step `since` on, in step order (no layers, no variables)."""

@@ -63,16 +63,11 @@ class TraceState(LearningRates):
     def before_step(self, values=None):
         """For the block: the state before the held step (or the ring entry `values`); afterwards every variable
         and the snapshot's copies as they were (a re-run through the engine copies the state again)."""
-        kept = self.variables + self.engine.snapshot_copies()
-        live = [np.array(v.numpy(), copy=True) for v in kept]
-        try:
+        with self.engine.state_kept():
             self.restore_before_step()
             if values is not None:
                 self.put(values)
             yield
-        finally:
-            for variable, value in zip(kept, live):
-                variable.assign(value)
 
     def nbytes(self):
         return sum(int(v.shape.num_elements() or 0) * v.dtype.size for v in self.variables)
