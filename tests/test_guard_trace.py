@@ -61,7 +61,7 @@ def test_skip_stops_the_run_past_max_skips(tmp_path):
     assert "guard: stopped the run: non-finite data pass; max_skips reached (2 consecutive)" in report.notes
 
 
-def test_trace_steps_rolls_back_a_diverging_run_from_the_cli(tmp_path):
+def test_trace_steps_rolls_back_a_diverging_run_and_applies_the_fix_proven_on_the_rolled_back_steps(tmp_path):
     spec = "configs/exploding-regression.yaml"
     run = [sys.executable, "-m", "nanscope", "trace-steps", spec, "--trace", str(tmp_path / "t.jsonl"),
            "--json", str(tmp_path / "r.json"), "--steps", "60"]
@@ -70,8 +70,37 @@ def test_trace_steps_rolls_back_a_diverging_run_from_the_cli(tmp_path):
     report = json.loads((tmp_path / "r.json").read_text())
     rollbacks = [i for i in report["interventions"] if i["action"] == "rollback"]
     assert [(i["step"], i["restored_step"]) for i in rollbacks] == [(8, 0)]
-    assert rollbacks[0]["learning_rate"] == [{"before": pytest.approx(0.01), "after": pytest.approx(0.001)}]
+    # The rules' first in-process fix, clipping at the threshold the clip-gradients finding computed, is tried on
+    # steps 0-8 from the restored state: they stay finite and their batches' loss falls, so it is applied.
+    tried = rollbacks[0]["fixes_tried"]
+    assert [(t["fix"], t["rule"]) for t in tried] == [("global_clipnorm=7", "clip-gradients")]
+    fix = rollbacks[0]["fix"]
+    assert (fix["rule"], fix["name"], fix["params"]) == ("clip-gradients", "global_clipnorm=7", {"global_clipnorm": 7})
+    assert fix["why"].startswith("steps 0-8 again from the restored state with it: finite, and it learns")
+    assert "learning_rate" not in rollbacks[0] and "learning_rate_changed" not in report["run"]  # not lowered
+    assert any(note.startswith("guard: the rollback at step 8 applied global_clipnorm=7 (clip-gradients)")
+               for note in report["notes"])
     losses = [float(step["loss"]) for step in report["steps"]]
     assert report["steps_run"] == len(losses) == 60 and all(math.isfinite(v) for v in losses[-40:])
     assert np.mean(losses[-10:]) < 0.5 * losses[0]  # it goes on learning at the lower rate
     assert report["first_nonfinite"]["reproducible"] is True
+
+
+def test_rollback_lowers_the_learning_rate_without_apply_fix_or_a_proven_fix(tmp_path):
+    x, y = arrays(rows=64, target_scale=10.0)
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    document = {"model": {"factory": f"{SPECS / 'phase_models.py'}:dense"},
+                "data": {"path": "d.npz", "batch_size": BATCH, "shuffle": False},
+                "train": {"loss": "mse", "optimizer": {"name": "sgd", "learning_rate": 0.3}, "steps": 12, "seed": 0}}
+    spec = parse_spec(document, source=str(tmp_path / "spec.yaml"))
+
+    def rollback(**guard):
+        options = TraceOptions(trace_path=tmp_path / "t.jsonl", keep_going=True,
+                               guard=GuardOptions(on_nonfinite="rollback", **guard))
+        return next(i for i in run_trace(spec, options).interventions if i["action"] == "rollback")
+
+    fixed, lowered = rollback(), rollback(apply_fix=False)
+    assert (fixed["step"], fixed["restored_step"], fixed["fix"]["name"]) == (7, 0, "global_clipnorm=0.06")
+    assert "learning_rate" not in fixed
+    assert (lowered["step"], lowered["restored_step"]) == (7, 0) and "fix" not in lowered
+    assert lowered["learning_rate"] == [{"before": pytest.approx(0.3), "after": pytest.approx(0.03)}]

@@ -57,12 +57,17 @@ class ChunkRunner:
         # each step is one write and each chunk one read back.
         self._buffer = tf.Variable(tf.zeros([CHUNK_STEPS, self.layout.width]), trainable=False, name="nanscope_chunk")
         self._done = tf.Variable(0, trainable=False, name="nanscope_chunk_done")
+        self._trace()
+
+    def _trace(self):
+        tf, _ = tensorflow()
         compiled = tf.function(
             self._chunk, input_signature=[tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([], tf.bool)],
-            jit_compile=engine.jit_compile, autograph=False,
+            jit_compile=self.engine.jit_compile, autograph=False,
         )
-        with engine.probes_attached():
+        with self.engine.probes_attached():
             self._concrete = compiled.get_concrete_function()
+        self._generation = getattr(self.engine, "generation", 0)
 
     def run(self, first_step, index_rows, stop_on_nonfinite):
         """StepRecords of the steps run: all of `index_rows` (equal-length batches, at most CHUNK_STEPS), or up to
@@ -72,6 +77,8 @@ class ChunkRunner:
             ChunkFailure: an op failed inside a step; it carries the records of the steps finished before it.
         """
         tf, _ = tensorflow()
+        if getattr(self.engine, "generation", 0) != self._generation:  # the step was traced again (`retrace`)
+            self._trace()
         indices = np.stack(index_rows).astype(np.int32)
         try:
             self._concrete(indices, stop_on_nonfinite)

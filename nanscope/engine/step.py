@@ -112,6 +112,7 @@ class InstrumentedStep:
                                      autograph=False)
         self._concrete = None  # traced on first use: a chunked run never calls the single step
         self._light = None  # the sentinel's step (`run_light`), traced on first use
+        self.generation = 0  # how many times `retrace` was called: a ChunkRunner traces its loop again after one
 
     @property
     def layout(self):
@@ -286,6 +287,15 @@ class InstrumentedStep:
         with self.state_kept():
             self.restore_before_step(optimizer=True)
             return self.run(step, x, y)
+
+    def retrace(self):
+        """Trace the step again at its next run: after a change to an optimizer setting that the traced graph
+        reads (clipping, epsilon). A ChunkRunner over this step traces its loop again too (`generation`)."""
+        tf, _ = tensorflow()
+        self._compiled = tf.function(self._step, input_signature=self._compiled.input_signature,
+                                     jit_compile=self.jit_compile, autograph=False)
+        self._concrete = self._light = None
+        self.generation += 1
 
     @contextlib.contextmanager
     def state_kept(self):

@@ -35,10 +35,14 @@ class Guard:
         rerun: callable(batch) -> StepRecord, optional. The compiled step again, for the verdicts.
         row_losses: callable(batch) -> 1-D array, optional. Each batch row's loss, for a spike's rows.
         variable_names: list of str. The trainable variables' names, in record order.
+        fixer: FixProver, optional. Finds the fix a rollback applies instead of lowering the learning rate
+            (trace-steps, `GuardOptions.apply_fix`).
     """
 
-    def __init__(self, options, state=None, rerun=None, row_losses=None, variable_names=()):
+    def __init__(self, options, state=None, rerun=None, row_losses=None, variable_names=(), fixer=None):
         self.options, self.state, self.rerun, self.row_losses = options, state, rerun, row_losses
+        self.fixer = fixer if options.apply_fix else None
+        self.applied_fixes = []
         self.variable_names = list(variable_names)
         self.ring = (SnapshotRing(options.snapshots, options.ring_every)
                      if state is not None and options.ring_every else None)
@@ -142,16 +146,31 @@ class Guard:
         else:
             return self._stop(record, f"{reason}; cannot roll back: no earlier state kept")
         self.state.thaw()
-        lowered = [r * self.options.lr_factor if r is not None else None for r in rates]
-        refused = self.state.set_learning_rates(lowered)
-        details["learning_rate"] = [_rate_pair(before, after) for before, after in zip(rates, lowered)]
-        if refused:
-            details["learning_rate_not_lowered"] = refused
+        if not self._apply_fix(record, details):
+            lowered = [r * self.options.lr_factor if r is not None else None for r in rates]
+            refused = self.state.set_learning_rates(lowered)
+            details["learning_rate"] = [_rate_pair(before, after) for before, after in zip(rates, lowered)]
+            if refused:
+                details["learning_rate_not_lowered"] = refused
         if undone:
             details["undone_steps"] = undone
         self.rollbacks += 1
         details["rollbacks"] = self.rollbacks
         return self._add(Intervention(record.step, "rollback", reason, details))
+
+    def _apply_fix(self, record, details):
+        """Apply the fix proven on the rolled-back steps (`proven_fix`), one not applied before; True when one
+        was. The fixes tried go in `details` either way."""
+        if self.fixer is None:
+            return False
+        fix, tried = self.fixer.prove(details["restored_step"], record.step, exclude=self.applied_fixes)
+        if tried:
+            details["fixes_tried"] = tried
+        if not fix:
+            return False
+        details["fix"] = fix
+        self.applied_fixes.append(fix["name"])
+        return True
 
     def _spike(self, record):
         """The Spike this healthy step is, or None; keeps the update-ratio window."""
@@ -221,6 +240,11 @@ class Guard:
             if steps:
                 shown = ", ".join(map(str, steps[:8])) + (", ..." if len(steps) > 8 else "")
                 notes.append(f"guard: {action} at {len(steps)} step(s): {shown} (`interventions` in the JSON)")
+        for entry in self.interventions.entries:
+            fix = entry.details.get("fix")
+            if fix:
+                notes.append(f"guard: the rollback at step {entry.step} applied {fix['name']} ({fix['rule']}): "
+                             f"{fix['why']}")
         if self.spikes.total:
             notes.append(f"guard: {self.spikes.total} loss or gradient-norm spike(s), the first at step "
                          f"{self.spikes.entries[0].step} (`spikes` in the JSON)")

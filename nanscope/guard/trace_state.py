@@ -107,6 +107,7 @@ def trace_guard(options, engine, session, report, expected):
     """
     from nanscope.guard.guard import Guard
     from nanscope.guard.host import attributed
+    from nanscope.guard.proven_fix import FixProver
 
     if not active(options):
         return None
@@ -120,7 +121,8 @@ def trace_guard(options, engine, session, report, expected):
     def rerun(batch):
         return attributed(engine.run(-1, *batch), view)
 
-    guard = Guard(options, state, rerun, variable_names=engine.variable_names)
+    fixer = FixProver(engine, session, report, expected) if options.on_nonfinite == "rollback" else None
+    guard = Guard(options, state, rerun, variable_names=engine.variable_names, fixer=fixer)
     if guard.ring is not None:  # the state before step 0: a chunk of steps can fail before the ring's first turn
         guard.ring.take(0, state.current())
     return TraceGuard(guard, view)
