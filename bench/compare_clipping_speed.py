@@ -22,10 +22,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from _common import wall_seconds
 
-from nanscope.clipping import compare_clipping
-from nanscope.factory import load_callable
+from nanscope.run.clipping import compare_clipping
+from nanscope.model.factory import load_callable
 from nanscope.runtime import tensorflow
-from nanscope.session import open_session
+from nanscope.run.session import open_session
 from nanscope.spec import apply_overrides, load_spec
 
 from pathlib import Path

@@ -60,7 +60,7 @@ def timed(engines, session, rounds, steps):
 
 
 def role_main(args):
-    from nanscope.session import open_session
+    from nanscope.run.session import open_session
     from nanscope.spec import parse_spec
 
     document = json.loads(Path(args.spec).read_text())
@@ -69,7 +69,7 @@ def role_main(args):
         times = timed({"single": session.instrumented_step()}, session, args.rounds, args.steps)
     else:
         from nanscope.engine.distributed import DistributedStep
-        from nanscope.optimizers import build_optimizer
+        from nanscope.model.optimizers import build_optimizer
 
         document["train"]["distribute"] = "multi_worker"
         session = open_session(parse_spec(document, source=args.spec))

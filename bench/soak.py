@@ -120,7 +120,7 @@ def spec(name="healthy.yaml", steps=1000, **train):
 
 
 def trace_way(steps, meter, folder, **train):
-    from nanscope.trace import TraceOptions, run_trace
+    from nanscope.run.trace import TraceOptions, run_trace
 
     report = run_trace(spec(steps=steps, **train), TraceOptions(trace_path=folder / "trace.jsonl",
                                                                  on_step=lambda record: meter.tick()))
@@ -211,7 +211,7 @@ def instrument_way(steps, meter, folder):
 
 
 def compare_clipping_way(steps, meter, folder):
-    from nanscope.clipping import compare_clipping, parse_strategies
+    from nanscope.run.clipping import compare_clipping, parse_strategies
 
     report = compare_clipping(spec(steps=steps), parse_strategies("none,clipnorm=1"),
                               on_progress=lambda name, done, total: meter.tick(done - meter.steps))
@@ -219,8 +219,8 @@ def compare_clipping_way(steps, meter, folder):
 
 
 def verify_way(steps, meter, folder):
-    import nanscope.verify as verify
-    from nanscope.trace import TraceOptions, run_trace
+    import nanscope.run.verify as verify
+    from nanscope.run.trace import TraceOptions, run_trace
 
     original = verify.run_experiment
 
@@ -239,7 +239,7 @@ def verify_way(steps, meter, folder):
 
 def replay_way(steps, meter, folder):
     from nanscope.replay import replay_repro
-    from nanscope.trace import TraceOptions, run_trace
+    from nanscope.run.trace import TraceOptions, run_trace
 
     bundle = folder / "repro"
     run_trace(spec("exploding.yaml", steps=200), TraceOptions(trace_path=folder / "saved.jsonl", save_repro=bundle))

@@ -45,8 +45,8 @@ tf, keras = tensorflow()
 from _common import CLOCKS, interleaved_rounds, median, median_ratio, seconds_per_call, wall_seconds  # noqa: E402
 
 from nanscope.engine.step import InstrumentedStep  # noqa: E402
-from nanscope.models import from_keras  # noqa: E402
-from nanscope.losses import Loss  # noqa: E402
+from nanscope.model.models import from_keras  # noqa: E402
+from nanscope.run.losses import Loss  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SEED = 1234
@@ -214,10 +214,10 @@ def bench_case(case, rounds, steps, warmup, min_block_ms, clock="wall"):
 
 
 def run_trace_available():
-    """True when the in-process `nanscope.trace.run_trace` library function exists."""
-    if importlib.util.find_spec("nanscope.trace") is None:
+    """True when the in-process `nanscope.run.trace.run_trace` library function exists."""
+    if importlib.util.find_spec("nanscope.run.trace") is None:
         return False
-    from nanscope import trace
+    from nanscope.run import trace
 
     return hasattr(trace, "run_trace") and hasattr(trace, "TraceOptions")
 
@@ -228,7 +228,7 @@ def nanscope_seconds(config, clock):
         trace_path = Path(tmp) / "trace.jsonl"
         if run_trace_available():
             from nanscope.spec import load_spec
-            from nanscope.trace import TraceOptions, run_trace
+            from nanscope.run.trace import TraceOptions, run_trace
 
             seconds, _ = wall_seconds(
                 lambda: run_trace(load_spec(config), TraceOptions(keep_going=True, trace_path=trace_path)), clock
@@ -245,7 +245,7 @@ def nanscope_seconds(config, clock):
 @contextlib.contextmanager
 def forced_chunking():
     """Make run_trace chunk every run, however short (trace.CHUNK_MIN_STEPS = 0), for the like-for-like column."""
-    from nanscope import trace
+    from nanscope.run import trace
 
     saved = trace.CHUNK_MIN_STEPS
     trace.CHUNK_MIN_STEPS = 0
@@ -257,14 +257,14 @@ def forced_chunking():
 
 def chunking_switch_available():
     """True when run_trace decides between chunked and one-call-per-step runs by `trace.CHUNK_MIN_STEPS`."""
-    return run_trace_available() and hasattr(importlib.import_module("nanscope.trace"), "CHUNK_MIN_STEPS")
+    return run_trace_available() and hasattr(importlib.import_module("nanscope.run.trace"), "CHUNK_MIN_STEPS")
 
 
 def run_path(steps):
     """How run_trace runs a spec of `steps` steps: in chunks, or one compiled call per step."""
     if not chunking_switch_available():
         return "chunked"
-    from nanscope.trace import CHUNK_MIN_STEPS
+    from nanscope.run.trace import CHUNK_MIN_STEPS
 
     return "chunked" if steps >= CHUNK_MIN_STEPS else "one call per step"
 
@@ -277,8 +277,8 @@ def fit_seconds(config, clock):
     repeats, so steps_per_epoch can be any divisor of train.steps; epochs *
     steps_per_epoch == train.steps, batch 32, verbose=0, no validation.
     """
-    from nanscope.optimizers import build_optimizer
-    from nanscope.session import open_session
+    from nanscope.model.optimizers import build_optimizer
+    from nanscope.run.session import open_session
     from nanscope.spec import load_spec
 
     now = CLOCKS[clock]

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from nanscope.attribution import describe_bad_batch
+from nanscope.run.attribution import describe_bad_batch
 from nanscope.data import inputs, targets
 from nanscope.errors import NanscopeError
 from nanscope.forensics.bundle_code import name_origins
@@ -23,12 +23,12 @@ from nanscope.forensics.replay import state_variables
 from nanscope.forensics.repro import load_repro
 from nanscope.jsonio import jsonable
 from nanscope.keras.bundle_replay import replay_fit_bundle
-from nanscope.report import FirstNonfinite, TraceReport
+from nanscope.report.model import FirstNonfinite, TraceReport
 from nanscope.rules.diagnose import diagnose
 from nanscope.rules.evidence import evidence_from_session
-from nanscope.session import open_session
+from nanscope.run.session import open_session
 from nanscope.spec import parse_spec
-from nanscope.trace import describe_run, locate_first_nonfinite  # the step runs as trace-steps runs it
+from nanscope.run.trace import describe_run, locate_first_nonfinite  # the step runs as trace-steps runs it
 
 
 def replay_repro(directory: str | os.PathLike, verify: bool = False, unsafe: bool = False) -> TraceReport:

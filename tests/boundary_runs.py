@@ -11,8 +11,8 @@ import math
 import numpy as np
 
 from nanscope.engine.records import LayerStats, StepRecord, VariableStats
-from nanscope.history import StepHistory
-from nanscope.report import FirstNonfinite, TraceReport
+from nanscope.store.history import StepHistory
+from nanscope.report.model import FirstNonfinite, TraceReport
 from nanscope.rules.diagnose import diagnose
 from nanscope.rules.evidence import RunEvidence
 

@@ -13,7 +13,7 @@ import math
 
 import pytest
 
-from nanscope.attribution import StepNames, attribute_from_record
+from nanscope.run.attribution import StepNames, attribute_from_record
 from nanscope.engine.records import LayerStats, OutputStats, StepRecord, VariableStats
 
 PHASES = ("data", "forward", "loss", "backward", "update")

@@ -11,11 +11,11 @@ import math
 import numpy as np
 import pytest
 
-from nanscope.clipping.strategies import Strategy
-from nanscope.clipping.thresholds import derive_thresholds
+from nanscope.run.clipping.strategies import Strategy
+from nanscope.run.clipping.thresholds import derive_thresholds
 from nanscope.engine.records import StepRecord, VariableStats
-from nanscope.experiment import ExperimentResult
-from nanscope.history import StepHistory
+from nanscope.run.experiment import ExperimentResult
+from nanscope.store.history import StepHistory
 from nanscope.rules.diagnose import clip_threshold, round_threshold
 
 

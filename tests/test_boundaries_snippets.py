@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nanscope.clipping.strategies import Strategy
-from nanscope.clipping.verdict import fix_snippets
+from nanscope.run.clipping.strategies import Strategy
+from nanscope.run.clipping.verdict import fix_snippets
 
 GOLDEN = Path(__file__).parent / "golden" / "clipping_snippets.json"
 KINDS = ("none", "clipnorm", "clipvalue", "global_clipnorm", "manual_clip_by_norm", "manual_clip_by_global_norm",

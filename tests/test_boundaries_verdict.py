@@ -5,14 +5,14 @@ import math
 
 import pytest
 
-from nanscope.clipping.baseline import Baseline
-from nanscope.clipping.compare import ClippingReport, StrategyRun
-from nanscope.clipping.effect import StepEffect
-from nanscope.clipping.strategies import Strategy
-from nanscope.clipping.verdict import decide
+from nanscope.run.clipping.baseline import Baseline
+from nanscope.run.clipping.compare import ClippingReport, StrategyRun
+from nanscope.run.clipping.effect import StepEffect
+from nanscope.run.clipping.strategies import Strategy
+from nanscope.run.clipping.verdict import decide
 from nanscope.engine.records import StepRecord, VariableStats
-from nanscope.experiment import ExperimentResult
-from nanscope.history import StepHistory
+from nanscope.run.experiment import ExperimentResult
+from nanscope.store.history import StepHistory
 
 
 def result(losses, val_loss=None, first_bad=None, phase=None):
@@ -85,7 +85,7 @@ def test_when_every_strategy_fails_the_diagnosis_says_whether_clipping_could_hav
 
 def test_verified_fixes_rank_first_then_untried_then_failed_each_in_diagnosis_order():
     from nanscope.rules.catalogue import recommend
-    from nanscope.verify import ranked_by_verification
+    from nanscope.run.verify import ranked_by_verification
 
     recs = [recommend(rule, "error", []) for rule in ("stable-log", "clip-gradients", "lower-learning-rate",
                                                       "normalize-targets", "safe-division")]

@@ -14,8 +14,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from nanscope.cli import app
-from nanscope.clipping import compare_clipping
-from nanscope.factory import load_callable
+from nanscope.run.clipping import compare_clipping
+from nanscope.model.factory import load_callable
 from nanscope.render.clipping_report import render_clipping_report
 from nanscope.runtime import tensorflow
 from nanscope.spec import parse_spec

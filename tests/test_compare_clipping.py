@@ -12,11 +12,11 @@ import pytest
 from typer.testing import CliRunner
 
 from nanscope.cli import app
-from nanscope.clipping import Strategy
-from nanscope.clipping.effect import clip_overrides
-from nanscope.clipping.transforms import ClipMonitor, keras_clip
-from nanscope.experiment import Change, run_experiment
-from nanscope.session import open_session
+from nanscope.run.clipping import Strategy
+from nanscope.run.clipping.effect import clip_overrides
+from nanscope.run.clipping.transforms import ClipMonitor, keras_clip
+from nanscope.run.experiment import Change, run_experiment
+from nanscope.run.session import open_session
 from nanscope.spec import load_spec
 
 REPO = Path(__file__).resolve().parent.parent
@@ -180,7 +180,7 @@ def test_plot_writes_the_loss_curves_and_the_json_still(tmp_path):
 
 def test_a_long_experiment_keeps_a_bounded_set_of_full_rows():
     """A run's result holds every step's scalars in float32 columns and full rows for a bounded set of steps."""
-    from nanscope.history import DEFAULT_KEEP, DEFAULT_SAMPLE
+    from nanscope.store.history import DEFAULT_KEEP, DEFAULT_SAMPLE
 
     session = open_session(load_spec(REPO / "tests" / "specs" / "healthy.yaml"))
     results = {steps: run_experiment(session, Change("none"), steps=steps) for steps in (1_200, 4_000)}
@@ -201,8 +201,8 @@ def test_auto_with_one_healthy_step_clips_at_the_global_bound_and_says_so(tmp_pa
 
     from rich.console import Console
 
-    from nanscope.clipping import compare_clipping
-    from nanscope.clipping.report_json import clipping_json
+    from nanscope.run.clipping import compare_clipping
+    from nanscope.run.clipping.report_json import clipping_json
     from nanscope.render.clipping_report import render_clipping_report
 
     report = compare_clipping(load_spec(SPECS / "irnn.yaml"), "none,auto,global_clipnorm", steps=4)

@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from nanscope.errors import SpecError
-from nanscope.session import open_session
+from nanscope.run.session import open_session
 from nanscope.spec import parse_spec
-from nanscope.trace import TraceOptions, run_trace
+from nanscope.run.trace import TraceOptions, run_trace
 
 SPECS = Path(__file__).parent / "specs" / "distribute"
 

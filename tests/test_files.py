@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from nanscope.checkdata.readers import open_stream
 from nanscope.cli import app
 from nanscope.data.files import whole
-from nanscope.data.sources import load_data
+from nanscope.run.sources import load_data
 from nanscope.runtime import tensorflow
 from nanscope.spec import parse_spec
 

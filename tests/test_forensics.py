@@ -16,9 +16,9 @@ from nanscope.cli import app
 from nanscope.forensics import localize_step
 from nanscope.forensics.replay import state_variables
 from nanscope.replay import replay_repro
-from nanscope.session import open_session
+from nanscope.run.session import open_session
 from nanscope.spec import load_spec
-from nanscope.trace import TraceOptions, run_trace
+from nanscope.run.trace import TraceOptions, run_trace
 
 SPECS = Path(__file__).parent / "specs"
 
@@ -76,7 +76,7 @@ def test_replay_of_a_folder_that_is_not_a_repro_is_bad_input(tmp_path):
 
 def test_forensics_does_not_import_trace_steps():
     """The trace-steps loop calls forensics; forensics must not need it back (no import cycle)."""
-    code = "import sys, nanscope.forensics, nanscope.forensics.repro; print('nanscope.trace' in sys.modules)"
+    code = "import sys, nanscope.forensics, nanscope.forensics.repro; print('nanscope.run.trace' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

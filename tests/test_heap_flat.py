@@ -1,6 +1,6 @@
 """A fit with the NanScope callback keeps no Python object per execution besides the scalar columns.
 
-The one thing nanscope keeps per step is its scalar columns (`nanscope.series`, 77 B a
+The one thing nanscope keeps per step is its scalar columns (`nanscope.store.series`, 77 B a
 step); the full rows it keeps are bounded (`keep_steps`, `sample_steps`). With both
 bounds small and full, tracemalloc, filtered to nanscope's own files, sees any other
 list, dict or closure that grows with the steps (bench/soak.py measures the same over
@@ -19,7 +19,7 @@ from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()
 FIRST, LAST = 50, 450  # the steps between the two snapshots: 400 executions
-COLUMNS = "*/nanscope/series.py"  # every step's scalars, in chunks that double
+COLUMNS = "*/nanscope/store/series.py"  # every step's scalars, in chunks that double
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,10 @@ from typer.testing import CliRunner
 from nanscope.cli import app
 from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import LAYER, SCALARS, VARIABLE, StepLayout
-from nanscope.history import StepHistory
-from nanscope.report import load_trace
+from nanscope.store.history import StepHistory
+from nanscope.report.model import load_trace
 from nanscope.spec import apply_overrides, load_spec
-from nanscope.trace import TraceOptions, run_trace
+from nanscope.run.trace import TraceOptions, run_trace
 
 SPECS = Path(__file__).parent / "specs"
 LAYOUT = StepLayout(outputs=0, layers=3, terms=4, variables=4)
@@ -73,8 +73,8 @@ def test_warning_onsets_keep_their_neighbours_rows():
 def test_a_float16_layer_past_its_own_activation_bound_is_an_event(tmp_path):
     # The bounded-activation rule warns at a hundredth of 65504 for a float16 layer (engine.limits), so
     # that layer's first step past it keeps its neighbours' rows; for a float32 layer 1000 is nothing.
-    from nanscope.report import aggregates_json
-    from nanscope.tracefile import TraceWriter
+    from nanscope.report.model import aggregates_json
+    from nanscope.store.tracefile import TraceWriter
 
     dtypes = ["float32", "float16", "float32"]
     mixed = StepHistory(layers=3, variables=4, keep=5, sample=4, layer_dtypes=dtypes)
@@ -99,8 +99,8 @@ def test_a_float16_layer_past_its_own_activation_bound_is_an_event(tmp_path):
 
 @pytest.mark.parametrize("events", [{}, {"spike_at": 777, "skipped_at": (1900,)}, {"bound_at": 1234, "bad_from": 2500}])
 def test_a_long_run_redrawn_from_its_trace_keeps_the_runs_rows(events, tmp_path):
-    from nanscope.report import aggregates_json
-    from nanscope.tracefile import TraceWriter
+    from nanscope.report.model import aggregates_json
+    from nanscope.store.tracefile import TraceWriter
 
     history = StepHistory(layers=3, variables=4, keep=5, sample=4)
     header = {"run": {}, "layers": [("d0", "Dense"), ("d1", "Dense"), ("d2", "Dense")], "layer_order": [],
@@ -300,7 +300,7 @@ def test_norms_past_the_square_root_of_the_float64_max_are_capped_not_raised():
     """Weight norms of 2e154 (a float64 model's, or a float32 norm times a huge update ratio): their squares
     overflow a Python float, and `sqrt(sum(x ** 2))` raised OverflowError inside the user's training."""
     from nanscope.engine.records import StepRecord, VariableStats
-    from nanscope.history import FLOAT32_MAX, global_update_ratio, scalar_row, series_columns
+    from nanscope.store.history import FLOAT32_MAX, global_update_ratio, scalar_row, series_columns
 
     variables = [VariableStats(grad_norm=1.0, grad_nonfinite=0, weight_norm=2e154, update_ratio=0.5,
                                weight_nonfinite=0) for _ in range(2)]

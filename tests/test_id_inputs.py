@@ -11,13 +11,13 @@ import pytest
 
 from nanscope.checkdata.scan import scan_data
 from nanscope.data.inputs import id_inputs
-from nanscope.factory import load_callable
+from nanscope.model.factory import load_callable
 from nanscope.rules.diagnose import SCALE_LIMIT
 from nanscope.runtime import tensorflow
-from nanscope.session import open_session
+from nanscope.run.session import open_session
 from nanscope.spec import parse_spec
-from nanscope.trace import TraceOptions, run_trace
-from nanscope.verify import standardized_inputs
+from nanscope.run.trace import TraceOptions, run_trace
+from nanscope.run.verify import standardized_inputs
 
 tf, keras = tensorflow()
 MODELS = Path(__file__).parent / "specs" / "id_models.py"

@@ -54,7 +54,7 @@ def test_no_module_imports_a_private_name_of_another():
 
 
 def test_the_private_import_check_sees_one():
-    planted = ast.parse("from nanscope.verify import ranked_by_verification, _moments\n"
+    planted = ast.parse("from nanscope.run.verify import ranked_by_verification, _moments\n"
                         "from nanscope.rules import (\n    evidence,\n    _registry,\n)\n")
     assert private_imports("nanscope.keras.bundle_verify", PACKAGE / "keras" / "bundle_verify.py", planted) == [
         "nanscope/keras/bundle_verify.py:1 _moments", "nanscope/keras/bundle_verify.py:2 _registry"]
@@ -197,3 +197,31 @@ def test_the_private_surface_check_sees_each_kind_of_touch():
         "nanscope/planted.py:22 model.make_train_function",
         "nanscope/planted.py:23 override(model, 'train_step', None)",
     ]
+
+
+README = PACKAGE.parent / "README.md"
+
+
+def readme_map_entries():
+    """The names README's module map gives at the top of `nanscope/` (its first column, two spaces in)."""
+    text = README.read_text(encoding="utf-8")
+    block = text[text.index("```\nnanscope/") :].split("```")[1]
+    names = set()
+    for line in block.splitlines()[2:]:
+        if not line.startswith("  ") or line.startswith("   "):
+            if line and not line.startswith(" "):
+                break  # configs/, tests/: the map of the package has ended
+            continue
+        first = line.strip().split("   ")[0]
+        names.update(n.strip().rstrip("/") for n in first.split(","))
+    return names
+
+
+def test_the_top_of_the_package_holds_at_most_ten_modules_and_the_readme_map_names_each_entry():
+    modules_at_top = sorted(p.stem for p in PACKAGE.glob("*.py"))
+    packages = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    assert len(modules_at_top) <= 10, modules_at_top
+    # Every folder of the package is a package (a folder without __init__.py hides from import-linter).
+    assert sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__") == packages
+    shown = {n.removesuffix(".py") for n in readme_map_entries()}
+    assert shown == (set(modules_at_top) | set(packages)) - {"__init__", "__main__"}

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from nanscope.cli import app
 from nanscope.spec import load_spec
-from nanscope.trace import TraceOptions, run_trace
+from nanscope.run.trace import TraceOptions, run_trace
 
 SPECS = Path(__file__).parent / "specs"
 sys.path.insert(0, str(SPECS))

@@ -59,7 +59,7 @@ def assert_report_right(cell, doc, shown, model, steps=STEPS):
     assert [layer["name"] for layer in doc["layers"]] == [layer.name for layer in flat_layers(model)]
     schedule = run.get("learning_rate_schedule")
     given = model.optimizer.inner_optimizer if hasattr(model.optimizer, "inner_optimizer") else model.optimizer
-    from nanscope.learning_rate import schedule_of
+    from nanscope.model.learning_rate import schedule_of
 
     if schedule_of(given) is None:
         assert schedule is None

@@ -20,7 +20,7 @@ import nanscope
 from matrix_cells import BATCH, CELLS, ROWS, STEPS, cell_data, dtype_policy, run_spec
 from nanscope.cli import app
 from nanscope.keras import NanScope
-from nanscope.learning_rate import schedule_of
+from nanscope.model.learning_rate import schedule_of
 from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()

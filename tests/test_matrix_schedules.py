@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 import nanscope
 from nanscope.cli import app
 from nanscope.keras import NanScope
-from nanscope.learning_rate import lowered_learning_rate_fix, scaled_schedule
-from nanscope.report import load_trace
+from nanscope.model.learning_rate import lowered_learning_rate_fix, scaled_schedule
+from nanscope.report.model import load_trace
 from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()

@@ -8,7 +8,7 @@ from rich.console import Console
 from nanscope.render.trace_report import render_trace_report
 from nanscope.runtime import tensorflow
 from nanscope.spec import parse_spec
-from nanscope.trace import TraceOptions, run_trace
+from nanscope.run.trace import TraceOptions, run_trace
 
 tf, keras = tensorflow()
 SPECS = Path(__file__).parent / "specs"
@@ -181,8 +181,8 @@ def test_the_manual_clipping_snippet_under_loss_scaling_clips_the_unscaled_gradi
     unscaled gradient clipped to the threshold (clipping the scaled one would move the weights 2^15 times less)."""
     import numpy as np
 
-    from nanscope.clipping import Strategy
-    from nanscope.clipping.verdict import fix_snippets
+    from nanscope.run.clipping import Strategy
+    from nanscope.run.clipping.verdict import fix_snippets
 
     strategy = Strategy("manual_clip_by_global_norm", 0.5)
     _, code = fix_snippets(strategy, {"name": "sgd", "learning_rate": 1.0}, loss_scaling=True)

@@ -11,12 +11,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from nanscope import trace as trace_module
+from nanscope.run import trace as trace_module
 from nanscope.cli import app
 from nanscope.runtime import tensorflow
-from nanscope.session import open_session
+from nanscope.run.session import open_session
 from nanscope.spec import parse_spec
-from nanscope.trace import TraceOptions, run_trace
+from nanscope.run.trace import TraceOptions, run_trace
 
 tf, keras = tensorflow()
 MODELS = Path(__file__).parent / "specs" / "multi_input.py"

@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 from nanscope.cli import app
 from nanscope.engine.chunk import ChunkRunner
 from nanscope.runtime import tensorflow
-from nanscope.session import open_session
+from nanscope.run.session import open_session
 from nanscope.spec import parse_spec
-from nanscope.trace import TraceOptions, run_trace
+from nanscope.run.trace import TraceOptions, run_trace
 
 tf, keras = tensorflow()
 MODELS = Path(__file__).parent / "specs" / "multi_output.py"
@@ -285,7 +285,7 @@ def test_compare_clipping_runs_every_strategy_on_the_same_multi_output_batches(t
 
 def _eager_first_nonfinite_step(config, steps):
     """The reference: plain eager steps (GradientTape, the spec's optimizer) on the session's batches, same seed."""
-    from nanscope.optimizers import build_optimizer
+    from nanscope.model.optimizers import build_optimizer
     from nanscope.spec import load_spec
 
     tf, _ = tensorflow()

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nanscope.report import load_trace
+from nanscope.report.model import load_trace
 from nanscope.spec import parse_spec
-from nanscope.trace import TraceOptions, run_trace
+from nanscope.run.trace import TraceOptions, run_trace
 
 SPECS = Path(__file__).parent / "specs" / "multi_worker"
 

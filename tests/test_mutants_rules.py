@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from boundary_runs import LAYERS, fired, first_at, report_of, step
-from nanscope.attribution import StepNames, attribute_from_record
+from nanscope.run.attribution import StepNames, attribute_from_record
 from nanscope.engine.records import LayerStats, OutputStats, StepRecord, VariableStats
 from nanscope.rules.catalogue import recommend
 from nanscope.rules.evidence import RunEvidence
 from nanscope.rules.learning_rate import loss_falling
 from nanscope.rules.registry import verify_fixers
-from nanscope.verify import ranked_by_verification
+from nanscope.run.verify import ranked_by_verification
 
 UPDATE_BAD = [step(0, weights_nonfinite=1)]
 

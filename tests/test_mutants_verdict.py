@@ -7,14 +7,14 @@ wrong count, step, phase, percentage or plural fails here. Built on minimal hist
 
 import math
 
-from nanscope.clipping.baseline import Baseline
-from nanscope.clipping.compare import ClippingReport, StrategyRun
-from nanscope.clipping.effect import OptimizerCheck, StepEffect
-from nanscope.clipping.strategies import Strategy
-from nanscope.clipping.verdict import decide
+from nanscope.run.clipping.baseline import Baseline
+from nanscope.run.clipping.compare import ClippingReport, StrategyRun
+from nanscope.run.clipping.effect import OptimizerCheck, StepEffect
+from nanscope.run.clipping.strategies import Strategy
+from nanscope.run.clipping.verdict import decide
 from nanscope.engine.records import StepRecord, VariableStats
-from nanscope.experiment import ExperimentResult
-from nanscope.history import StepHistory
+from nanscope.run.experiment import ExperimentResult
+from nanscope.store.history import StepHistory
 
 TRACE = "Run `nanscope trace-steps s.yaml` for the diagnosis"
 BASELINE_LINE = "it learned: below the trivial baseline 10 (predicting the mean, validation rows)"

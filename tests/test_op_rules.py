@@ -13,7 +13,7 @@ import pytest
 
 from nanscope.rules import domains
 from nanscope.spec import parse_spec
-from nanscope.trace import TraceOptions, run_trace
+from nanscope.run.trace import TraceOptions, run_trace
 
 HERE = Path(__file__).parent
 _spec = importlib.util.spec_from_file_location("realistic_cases", HERE / "realistic" / "cases.py")

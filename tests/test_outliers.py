@@ -6,11 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nanscope.factory import load_callable
+from nanscope.model.factory import load_callable
 from nanscope.rules.outliers import EXTREME_Z, glitch_rows
 from nanscope.rules.trends import geometric_growth
 from nanscope.spec import parse_spec
-from nanscope.trace import TraceOptions, run_trace
+from nanscope.run.trace import TraceOptions, run_trace
 
 DATA = Path(__file__).parent / "specs" / "scaled_data.py"
 arrays = load_callable(f"{DATA}:arrays", DATA.parent, "test")

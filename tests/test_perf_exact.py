@@ -5,13 +5,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nanscope import trace as trace_module
+from nanscope.run import trace as trace_module
 from nanscope.engine.exact import SMALL_ROW_SIZE, SMALL_SIZE, small
 from nanscope.engine.variable_stats import any_nonfinite_count, variable_rows
 from nanscope.engine.probes import tensor_stats
 from nanscope.runtime import tensorflow
 from nanscope.spec import parse_spec
-from nanscope.trace import TraceOptions, run_trace
+from nanscope.run.trace import TraceOptions, run_trace
 
 tf, keras = tensorflow()
 SPECS = Path(__file__).parent / "specs"

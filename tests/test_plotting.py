@@ -23,7 +23,7 @@ def test_trace_steps_plot_is_a_png(tmp_path):
 
 def test_plot_loss_curves_draws_nonfinite_curves(tmp_path):
     pytest.importorskip("matplotlib")
-    from nanscope.plotting import plot_loss_curves
+    from nanscope.report.plotting import plot_loss_curves
 
     image = tmp_path / "curves.png"
     plot_loss_curves({"none": [4.0, 40.0, 4e4, float("nan"), float("inf")], "clipnorm": [4.0, 3.0, 2.5, 2.0, 1.8]},

@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from nanscope.cli import app
 from nanscope.engine.records import LayerStats, StepRecord, VariableStats
-from nanscope.history import StepHistory
+from nanscope.store.history import StepHistory
 from nanscope.render.trace_report import WORST_SHOWN, render_trace_report
-from nanscope.report import FirstNonfinite, TraceReport
+from nanscope.report.model import FirstNonfinite, TraceReport
 from nanscope.rules.catalogue import recommend
 
 LAYERS = [(f"block{i}", "Dense") for i in range(10)]

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from nanscope.cli import app
 from nanscope.jsonio import write_json, write_text_atomic
-from nanscope.tracefile import read_trace
+from nanscope.store.tracefile import read_trace
 
 CONFIGS = Path(__file__).parent.parent / "configs"
 FACTORIES = Path(__file__).parent / "bad_inputs" / "factories.py"

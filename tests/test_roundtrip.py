@@ -20,12 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nanscope.engine.records import LayerStats, OutputStats, StepRecord, VariableStats, record_from_dict
-from nanscope.history import StepHistory
+from nanscope.store.history import StepHistory
 from nanscope.jsonio import dumps, encode_float, jsonable
-from nanscope.report import FirstNonfinite, TraceReport, load_trace
+from nanscope.report.model import FirstNonfinite, TraceReport, load_trace
 from nanscope.rules.catalogue import recommend
-from nanscope.trace import finish_trace, keep
-from nanscope.tracefile import TraceWriter, step_line
+from nanscope.run.trace import finish_trace, keep
+from nanscope.store.tracefile import TraceWriter, step_line
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 # Non-finite values, signed zeros, the smallest float32 and float64 denormals, the smallest normals, the largest.

@@ -10,7 +10,7 @@ import pytest
 
 from nanscope.rules.catalogue import RULES
 from nanscope.spec import load_spec
-from nanscope.trace import TraceOptions, run_trace
+from nanscope.run.trace import TraceOptions, run_trace
 
 SPECS = Path(__file__).parent / "specs"
 MODELS = "tests/specs/models.py"

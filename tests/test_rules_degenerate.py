@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from nanscope.engine.records import LayerStats, StepRecord, VariableStats
-from nanscope.history import StepHistory
-from nanscope.report import FirstNonfinite, TraceReport
+from nanscope.store.history import StepHistory
+from nanscope.report.model import FirstNonfinite, TraceReport
 from nanscope.rules.catalogue import RULES
 from nanscope.rules.diagnose import detectors, diagnose, projected_overflow_step
 from nanscope.rules.evidence import RunEvidence, feature_scales, target_scales

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from nanscope.spec import load_spec, parse_spec
-from nanscope.trace import TraceOptions, run_trace
+from nanscope.run.trace import TraceOptions, run_trace
 
 SPECS = Path(__file__).parent / "specs"
 CONFIGS = Path(__file__).parent.parent / "configs"

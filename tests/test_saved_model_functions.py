@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from nanscope.spec import parse_spec
-from nanscope.trace import TraceOptions, run_trace
+from nanscope.run.trace import TraceOptions, run_trace
 
 SPECS = Path(__file__).parent / "specs"
 sys.path.insert(0, str(SPECS))

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from nanscope.factory import load_callable
+from nanscope.model.factory import load_callable
 from nanscope.rules.diagnose import EXTREME_SCALE, SCALE_LIMIT
 from nanscope.spec import parse_spec
-from nanscope.trace import TraceOptions, run_trace
+from nanscope.run.trace import TraceOptions, run_trace
 
 MODELS = Path(__file__).parent / "specs" / "id_models.py"
 tokens = load_callable(f"{MODELS}:tokens", MODELS.parent, "test")

@@ -15,7 +15,7 @@ import pytest
 from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import LAYER, OUTPUT, SCALARS, VARIABLE, Columns, StepLayout
 from nanscope.runtime import tensorflow
-from nanscope.session import open_session
+from nanscope.run.session import open_session
 from nanscope.spec import parse_spec
 
 tf, keras = tensorflow()
@@ -199,7 +199,7 @@ def test_the_keras_callback_decodes_to_the_reference(session, tmp_path):
 def test_the_history_row_puts_every_value_in_the_column_of_its_name():
     """Distinct values in every field of a record: a history row that swapped two columns fails here."""
     from nanscope.engine.records import OutputStats, VariableStats
-    from nanscope.history import PHASES, scalar_row, series_columns
+    from nanscope.store.history import PHASES, scalar_row, series_columns
 
     record = StepRecord(step=3, batch_rows=8, loss=1.5, data_loss=2.5, grad_global_norm=3.5,
                         applied_grad_global_norm=4.5, x_nonfinite=5, y_nonfinite=6, output_nonfinite=7,

@@ -9,7 +9,7 @@ import numpy as np
 
 from nanscope.guard import GuardOptions
 from nanscope.spec import parse_spec
-from nanscope.trace import TraceOptions, run_trace
+from nanscope.run.trace import TraceOptions, run_trace
 
 SPECS = Path(__file__).parent / "specs"
 sys.path.insert(0, str(SPECS))

@@ -11,12 +11,12 @@ from rich.console import Console
 
 from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import LAYER, SCALARS, VARIABLE, StepLayout
-from nanscope.history import StepHistory, series_columns
+from nanscope.store.history import StepHistory, series_columns
 from nanscope.render.format import sparkline
 from nanscope.render.trace_report import render_trace_report
-from nanscope.report import aggregates_json, load_trace
-from nanscope.series import OverviewFold, ScalarColumns
-from nanscope.tracefile import TraceWriter
+from nanscope.report.model import aggregates_json, load_trace
+from nanscope.store.series import OverviewFold, ScalarColumns
+from nanscope.store.tracefile import TraceWriter
 
 LAYOUT = StepLayout(outputs=0, layers=3, terms=4, variables=4)
 

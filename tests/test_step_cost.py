@@ -6,8 +6,8 @@ import pytest
 from nanscope.engine.variable_stats import applied_updates, graph_position
 from nanscope.engine.probes import LayerRecorder
 from nanscope.engine.step import InstrumentedStep
-from nanscope.models import from_keras
-from nanscope.losses import Loss
+from nanscope.model.models import from_keras
+from nanscope.run.losses import Loss
 from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()

@@ -12,7 +12,7 @@ from rich.console import Console
 from nanscope.keras import NanScope
 from nanscope.runtime import tensorflow
 from nanscope.spec import load_spec
-from nanscope.trace import TraceOptions, run_trace
+from nanscope.run.trace import TraceOptions, run_trace
 
 tf, keras = tensorflow()
 CONFIGS = Path(__file__).parent.parent / "configs"

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from nanscope.engine.step import InstrumentedStep
-from nanscope.losses import Loss
-from nanscope.models import from_keras
+from nanscope.run.losses import Loss
+from nanscope.model.models import from_keras
 from nanscope.runtime import tensorflow
 from nanscope.spec import load_spec, parse_spec
-from nanscope.trace import TraceOptions, run_trace
-from nanscope.tracefile import read_trace
+from nanscope.run.trace import TraceOptions, run_trace
+from nanscope.store.tracefile import read_trace
 
 tf, keras = tensorflow()
 SPECS = Path(__file__).parent / "specs"
@@ -230,7 +230,7 @@ def test_trace_file_and_json_report(tmp_path):
 
 
 def test_the_run_header_has_one_field_order_and_rejects_unknown_or_missing_fields():
-    from nanscope.report import REQUIRED_RUN_FIELDS, RUN_FIELDS, run_header
+    from nanscope.report.model import REQUIRED_RUN_FIELDS, RUN_FIELDS, run_header
 
     fields = {name: name.upper() for name in REQUIRED_RUN_FIELDS}
     header = run_header(distribute={"replicas": 2}, **dict(reversed(list(fields.items()))))

@@ -7,7 +7,7 @@ os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 from pathlib import Path
 
 from nanscope.spec import load_spec, parse_spec
-from nanscope.trace import TraceOptions, run_trace
+from nanscope.run.trace import TraceOptions, run_trace
 
 SPECS = Path(__file__).parent / "specs"
 
@@ -70,7 +70,7 @@ def test_the_multi_output_example_proves_standardised_price_targets_and_refutes_
 
 def test_every_fix_verify_can_apply_belongs_to_a_catalogued_rule():
     from nanscope.rules.catalogue import RULES
-    from nanscope.verify import FIXES
+    from nanscope.run.verify import FIXES
 
     assert set(FIXES) <= set(RULES), f"verify.FIXES names rules the catalogue lacks: {set(FIXES) - set(RULES)}"
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 from nanscope.rules.catalogue import recommend
 from nanscope.spec import parse_spec
-from nanscope.trace import TraceOptions, run_trace
-from nanscope.verify import ranked_by_verification
+from nanscope.run.trace import TraceOptions, run_trace
+from nanscope.run.verify import ranked_by_verification
 
 DATA = Path(__file__).parent / "specs" / "scaled_data.py"
 

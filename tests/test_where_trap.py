@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 from nanscope.spec import load_spec
-from nanscope.trace import TraceOptions, run_trace
+from nanscope.run.trace import TraceOptions, run_trace
 
 SPECS = Path(__file__).parent / "specs"
 sys.path.insert(0, str(SPECS))

@@ -18,7 +18,7 @@ def output_widths(spec):
     Args:
         spec: RunSpec. Its `model` section is loaded (a factory is called, a file read).
     """
-    from nanscope.models import load_model
+    from nanscope.model.models import load_model
 
     try:
         keras_model = load_model(spec).keras_model

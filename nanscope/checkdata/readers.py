@@ -19,7 +19,7 @@ from nanscope.checkdata.stream import DataStream, check_rows, outputs_of
 from nanscope.data import synthetic
 from nanscope.data.targets import one_per_member
 from nanscope.errors import DataError, first_line
-from nanscope.factory import call_factory, load_callable, received
+from nanscope.model.factory import call_factory, load_callable, received
 
 
 def _open_tfrecord(data, path, base_dir, origin, require_targets):

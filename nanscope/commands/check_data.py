@@ -3,7 +3,7 @@
 import os
 
 from nanscope.commands.output import deliver
-from nanscope.outpaths import check_output_paths
+from nanscope.commands.outpaths import check_output_paths
 
 
 def run(source: str | os.PathLike[str], *, json_out: str | None = None, target: str | None = None,

@@ -6,20 +6,20 @@ import os
 from typing import TYPE_CHECKING
 
 from nanscope.commands.output import deliver, outcome
-from nanscope.outpaths import check_output_paths
-from nanscope.specpaths import check_spec_paths
+from nanscope.commands.outpaths import check_output_paths
+from nanscope.model.specpaths import check_spec_paths
 
 if TYPE_CHECKING:
-    from nanscope.clipping.compare import ClippingReport
+    from nanscope.run.clipping.compare import ClippingReport
 
 
 def run(spec: str | os.PathLike[str], *, steps: int | None = None, strategies: str | None = None,
         lr: float | None = None, batch_size: int | None = None, seed: int | None = None, json_out: str | None = None,
         plot: str | os.PathLike[str] | None = None) -> int:
     """Compare the clipping strategies named in `strategies` on the spec file `spec`; return the exit code."""
-    from nanscope.clipping import compare_clipping, parse_strategies
-    from nanscope.clipping.compare import stopped_before_training
-    from nanscope.plotting import require_matplotlib
+    from nanscope.run.clipping import compare_clipping, parse_strategies
+    from nanscope.run.clipping.compare import stopped_before_training
+    from nanscope.report.plotting import require_matplotlib
     from nanscope.render.clipping_report import clipping_progress, render_clipping_report
     from nanscope.spec import apply_overrides, load_spec
 
@@ -44,7 +44,7 @@ def run(spec: str | os.PathLike[str], *, steps: int | None = None, strategies: s
 
 def plot_strategies(report: ClippingReport, path: str | os.PathLike[str]) -> None:
     """Write every strategy's training loss curve to the image `path`, each first non-finite step dotted."""
-    from nanscope.plotting import plot_loss_curves
+    from nanscope.report.plotting import plot_loss_curves
 
     curves = {run.strategy.name: run.result.losses for run in report.runs}
     onsets = {run.strategy.name: run.result.first_nonfinite_step for run in report.runs}

@@ -3,14 +3,14 @@
 import os
 
 from nanscope.commands.output import deliver
-from nanscope.outpaths import check_output_paths
+from nanscope.commands.outpaths import check_output_paths
 
 
 def run(trace: str | os.PathLike[str], *, json_out: str | None = None, strict: bool = False,
         show_all: bool = False) -> int:
     """Rebuild the report of the trace file `trace`; return the exit code."""
     from nanscope.render.trace_report import render_trace_report
-    from nanscope.report import load_trace
+    from nanscope.report.model import load_trace
 
     check_output_paths(files=[("--json", json_out)])
     rebuilt = load_trace(trace)

@@ -3,8 +3,8 @@
 import sys
 
 from nanscope.commands.output import deliver, outcome
-from nanscope.outpaths import check_output_paths
-from nanscope.specpaths import check_spec_paths
+from nanscope.commands.outpaths import check_output_paths
+from nanscope.model.specpaths import check_spec_paths
 
 
 def run(spec, *, steps=None, lr=None, batch_size=None, seed=None, json_out=None, trace=None, keep_going=False,
@@ -14,10 +14,10 @@ def run(spec, *, steps=None, lr=None, batch_size=None, seed=None, json_out=None,
     keep_going, guard = guard_choices(on_nonfinite, mode, keep_going)
     from nanscope.render.trace_report import render_trace_report
     from nanscope.spec import apply_overrides, load_spec
-    from nanscope.trace import TraceOptions, run_trace, stopped_before_training
+    from nanscope.run.trace import TraceOptions, run_trace, stopped_before_training
 
     if plot is not None:
-        from nanscope.plotting import require_matplotlib
+        from nanscope.report.plotting import require_matplotlib
 
         require_matplotlib()
 

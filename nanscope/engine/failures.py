@@ -12,7 +12,7 @@ import re
 
 from nanscope.errors import ModelError, NanscopeError, first_line
 from nanscope.runtime import tensorflow
-from nanscope.usercode import where_suffix
+from nanscope.model.usercode import where_suffix
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
 """The warning signs in a step's values: how large a layer's output may grow per dtype, what a loss spike is.
 
 The rules warn past them (`bounded-activation`, `drop-outlier-rows`), and the step history
-(nanscope/history.py) treats the first step past one as an event, so a long run keeps the
+(nanscope/store/history.py) treats the first step past one as an event, so a long run keeps the
 full rows around that warning's onset. They sit here, below both, so the history does not
 import the rules.
 """

@@ -22,7 +22,7 @@ from nanscope.data import inputs
 from nanscope.engine.failures import raised_while_tracing
 from nanscope.engine.variable_stats import (Snapshot, any_nonfinite_count, applied_updates, graph_position,
                                             summary_stats, variable_rows)
-from nanscope.models import build_model
+from nanscope.model.models import build_model
 from nanscope.engine.probes import LayerRecorder
 from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import OUTPUT, SCALARS, VARIABLE, StepLayout

@@ -14,7 +14,7 @@ import copy
 import shutil
 
 from nanscope.data import targets
-from nanscope.factory import referenced_file
+from nanscope.model.factory import referenced_file
 from nanscope.forensics.bundle_code import copy_code, origin_name
 
 DATA_COPY_LIMIT = 256 * 2 ** 20  # bytes; a bundle is for sharing, a dataset of gigabytes is not

@@ -103,7 +103,7 @@ def load_bundle_model(directory, document, objects, arrays, error=BundleError, u
 def import_user_code(meta, code):
     """{registered name: object} from the files repro.json's `user_code` names (each file imported once): the
     copies inside the bundle, relative to it (an older bundle's absolute paths are read as they are)."""
-    from nanscope.factory import load_module_file
+    from nanscope.model.factory import load_module_file
     from nanscope.forensics.bundle_code import in_bundle
 
     modules, objects = {}, {}

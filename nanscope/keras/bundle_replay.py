@@ -19,8 +19,8 @@ from nanscope.forensics.replay import describe_event
 from nanscope.keras.bundle_step import run_saved_step
 from nanscope.keras.forensics import batch_lines, labelled_fit_batch
 from nanscope.keras.header import compiled_loss_name, model_loss_name, precision
-from nanscope.learning_rate import schedule_fields
-from nanscope.optimizers import optimizer_settings
+from nanscope.model.learning_rate import schedule_fields
+from nanscope.model.optimizers import optimizer_settings
 from nanscope.runtime import tensorflow
 
 
@@ -31,7 +31,7 @@ def replay_fit_bundle(directory, document, arrays, verify=False, unsafe=False):
         NanscopeError: the bundle is incomplete, its user code is gone or its model does not load.
     """
     from nanscope.keras.bundle_load import load_fit_repro, run_findings
-    from nanscope.report import FirstNonfinite, TraceReport
+    from nanscope.report.model import FirstNonfinite, TraceReport
     from nanscope.rules.diagnose import diagnose
 
     bundle = load_fit_repro(directory, document, arrays, unsafe)

@@ -19,7 +19,7 @@ still fails on this step is undecided too (null), not "no".
 from nanscope.keras.bundle_step import run_saved_step
 from nanscope.rules.fixes import StepFix
 from nanscope.rules.registry import bundle_fixers
-from nanscope.verify import ranked_by_verification
+from nanscope.run.verify import ranked_by_verification
 
 __all__ = ["FIXES", "StepFix", "fixes_for", "verify_saved_step"]
 

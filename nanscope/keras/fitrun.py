@@ -18,11 +18,11 @@ from nanscope.internals import compile_metrics_built, flatten_layers, set_train_
 from nanscope.forensics.random_state import random_state_kept
 from nanscope.keras.forensics import GuestForensics, labelled_fit_batch
 from nanscope.keras.header import fit_header, fit_outputs, rows_seen
-from nanscope.report import run_header
+from nanscope.report.model import run_header
 from nanscope.keras.probe import StepProbe, held_optimizers
-from nanscope.attribution import StepNames
+from nanscope.run.attribution import StepNames
 from nanscope.keras.recorder import StepRecorder
-from nanscope.learning_rate import LearningRateView
+from nanscope.model.learning_rate import LearningRateView
 from nanscope.keras.workers import worker_role
 from nanscope.rules.evidence import RunEvidence
 from nanscope.runtime import tensorflow

@@ -9,7 +9,7 @@ does. For a non-finite batch, name the columns and the rows within the batch ins
 
 import numpy as np
 
-from nanscope.attribution import bad_values_line
+from nanscope.run.attribution import bad_values_line
 from nanscope.forensics.guest import replay_call
 from nanscope.forensics.random_state import random_state_kept
 from nanscope.forensics.replay import describe_event

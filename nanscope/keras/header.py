@@ -2,8 +2,8 @@
 
 from nanscope.engine.step import is_loss_scale_optimizer
 from nanscope.keras.workers import WorkerRole, describe_strategy
-from nanscope.optimizers import optimizer_settings
-from nanscope.report import run_header
+from nanscope.model.optimizers import optimizer_settings
+from nanscope.report.model import run_header
 from nanscope.runtime import tensorflow
 
 # What a guest run (fit, a custom loop) cannot know when it starts; the callback fills in the

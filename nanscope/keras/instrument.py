@@ -31,14 +31,14 @@ from nanscope.keras.capture import StepCapture, not_absorbed
 from nanscope.keras.forensics import GuestForensics, labelled_arguments
 from nanscope.keras.header import UNKNOWN_TO_GUESTS, parameter_count, precision
 from nanscope.keras.probe import NONFINITE
-from nanscope.attribution import StepNames
+from nanscope.run.attribution import StepNames
 from nanscope.keras.recorder import GuestOptions, StepRecorder
 from nanscope.keras.rows import RowBuffer
 from nanscope.keras.snapshot import StepSnapshot
 from nanscope.internals import jit_compile_of
-from nanscope.learning_rate import LearningRateView
-from nanscope.optimizers import optimizer_settings
-from nanscope.report import run_header
+from nanscope.model.learning_rate import LearningRateView
+from nanscope.model.optimizers import optimizer_settings
+from nanscope.report.model import run_header
 from nanscope.rules.evidence import RunEvidence
 from nanscope.runtime import tensorflow
 

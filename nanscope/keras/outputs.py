@@ -8,7 +8,7 @@ loss once more: a few small ops per output, no second forward pass.
 """
 
 from nanscope.internals import compile_loss, compiled_output_losses, compiled_structures
-from nanscope.losses import loss_name, unscaled_for_replicas
+from nanscope.run.losses import loss_name, unscaled_for_replicas
 from nanscope.runtime import tensorflow
 
 

@@ -11,13 +11,13 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nanscope.attribution import attribute_from_record
+from nanscope.run.attribution import attribute_from_record
 from nanscope.engine.loss_scale import LossScaleWatch
 from nanscope.engine.records import expected_layer_indices
 from nanscope.guard.options import GuardOptions
-from nanscope.history import DEFAULT_KEEP, DEFAULT_SAMPLE, StepHistory
+from nanscope.store.history import DEFAULT_KEEP, DEFAULT_SAMPLE, StepHistory
 from nanscope.keras.workers import WorkerRole
-from nanscope.report import TraceReport
+from nanscope.report.model import TraceReport
 
 
 @dataclass
@@ -33,7 +33,7 @@ class GuestOptions:
         trace: str or os.PathLike, optional. Every step's record to this JSON-lines trace.
         expect_nonfinite: list of str. Layer-name patterns whose non-finite outputs are intended.
         forensics: bool, default True. Keep what a replay needs on the device and replay the first non-finite step.
-        keep_steps, sample_steps: int. Full rows the bounded history keeps (`nanscope.history`).
+        keep_steps, sample_steps: int. Full rows the bounded history keeps (`nanscope.store.history`).
         trace_full: bool, default False. Write every step's full row to the trace.
         repro: Path, optional. Write the repro bundle of the first non-finite step to this folder (`fit` only).
         guard: GuardOptions. What happens at a non-finite step or a spike (`stop_on_nonfinite` is its "stop").
@@ -60,7 +60,7 @@ class StepRecorder:
     Args:
         options: GuestOptions.
         run: dict. The report's run header.
-        names: StepNames (`nanscope.attribution`), without the call order.
+        names: StepNames (`nanscope.run.attribution`), without the call order.
         call_order: callable() -> list of layer names in call order (known once the step is traced).
         locate: callable(record, FirstNonfinite), optional. Fills in what a forensic replay finds.
         role: WorkerRole, default one worker. Under MultiWorkerMirroredStrategy, only the chief
@@ -90,7 +90,7 @@ class StepRecorder:
         return self.history.count
 
     def _open_board(self):
-        from nanscope.tensorboard import TensorBoardLog
+        from nanscope.report.tensorboard import TensorBoardLog
 
         return TensorBoardLog(self.options.tensorboard, self.report.layers, self.report.variables,
                               self.names.outputs)
@@ -122,7 +122,7 @@ class StepRecorder:
         if self.board is not None:
             self.board.write(record)
         if self.options.trace and self.role.chief:
-            from nanscope.tracefile import TraceWriter
+            from nanscope.store.tracefile import TraceWriter
 
             if self.writer is None:
                 self.report.layer_order = self.call_order()
@@ -138,7 +138,7 @@ class StepRecorder:
             notes: list of str. What the owner adds about how the run was recorded.
             validation_loss: float, optional. The last validation loss, reported for a run that stayed finite.
         """
-        from nanscope.learning_rate import settle_learning_rate
+        from nanscope.model.learning_rate import settle_learning_rate
         from nanscope.rules.diagnose import diagnose
 
         report = self.report
@@ -171,7 +171,7 @@ class StepRecorder:
             self.board.close()
             self.board = None
         if self.writer is not None:
-            from nanscope.trace import finish_trace
+            from nanscope.run.trace import finish_trace
 
             finish_trace(self.writer, report)
             self.writer.close()

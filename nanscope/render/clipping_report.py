@@ -2,7 +2,7 @@
 
 Also `clipping_progress`, the progress bar on stderr while strategies train.
 Renderers format what the comparison measured; they never compute and never write
-files (the `--plot` image is drawn by `nanscope.plotting`).
+files (the `--plot` image is drawn by `nanscope.report.plotting`).
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ def relu6_model(loaded):
         clone.set_weights(model.get_weights())
     except Exception:  # subclassed models cannot be cloned: the fix is then not automatically applicable
         return None
-    from nanscope.models import from_keras
+    from nanscope.model.models import from_keras
 
     return from_keras(clone, f"{loaded.description} with relu6")
 

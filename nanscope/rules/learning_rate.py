@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from nanscope.learning_rate import inner_optimizer, lowered_learning_rate_fix, scaled_schedule, schedule_of
+from nanscope.model.learning_rate import inner_optimizer, lowered_learning_rate_fix, scaled_schedule, schedule_of
 from nanscope.rules.fixes import Change, StepFix, optimizer_setting
 from nanscope.rules.rule import Fixtures, Rule
 from nanscope.rules.trends import geometric_growth
@@ -102,7 +102,7 @@ def verify_fixes(rec, session, run):
     del rec  # Unused
     lr = run.get("optimizer_config", {}).get("learning_rate")
     if run.get("learning_rate_schedule"):  # the same schedule, scaled: its shape is part of the run
-        from nanscope.optimizers import build_optimizer
+        from nanscope.model.optimizers import build_optimizer
 
         schedule = schedule_of(build_optimizer(session.spec, session.model))
         name = type(schedule).__name__

@@ -52,7 +52,7 @@ def _optimizer_arguments(session):
     spec = session.spec.train.optimizer
     if spec is None:
         return set()
-    from nanscope.optimizers import build_optimizer
+    from nanscope.model.optimizers import build_optimizer
 
     return set(build_optimizer(session.spec, session.model).get_config())
 

@@ -20,12 +20,12 @@ import pytest
 
 from rich.console import Console
 
-from nanscope.factory import load_callable
+from nanscope.model.factory import load_callable
 from nanscope.keras import NanScope
 from nanscope.runtime import tensorflow
-from nanscope.session import dtype_policy
+from nanscope.run.session import dtype_policy
 from nanscope.spec import parse_spec
-from nanscope.trace import TraceOptions, run_trace
+from nanscope.run.trace import TraceOptions, run_trace
 
 tf, keras = tensorflow()
 HERE = Path(__file__).parent

@@ -4,7 +4,7 @@
 the Rich renderer draws from the same fields. It can be rebuilt from a trace file
 (`load_trace`, streaming, in bounded memory) without TensorFlow.
 
-The steps live in a `StepHistory` (nanscope/history.py): every step's scalars, the
+The steps live in a `StepHistory` (nanscope/store/history.py): every step's scalars, the
 full rows of the kept steps, and exact per-layer, per-variable and per-output
 aggregates, which the tables below are made of.
 """
@@ -18,14 +18,14 @@ import numpy as np
 from nanscope.engine.records import LayerStats, OutputStats, VariableStats
 from nanscope.engine.schema import PHASES
 from nanscope.errors import EXIT_HEALTHY, EXIT_INTERRUPTED, EXIT_PROBLEM
-from nanscope.history import (
+from nanscope.store.history import (
     DEFAULT_KEEP, DEFAULT_SAMPLE, LayerAggregate, OutputAggregate, StepHistory, VariableAggregate,
     scalar_row,
 )
 from nanscope.jsonio import jsonable
 from nanscope.rules.catalogue import Recommendation
-from nanscope.series import TraceColumns
-from nanscope.tracefile import step_record, trace_lines
+from nanscope.store.series import TraceColumns
+from nanscope.store.tracefile import step_record, trace_lines
 
 SCHEMA = "nanscope.trace/1"
 STEP_FIELDS = (
@@ -38,7 +38,7 @@ STEP_FIELDS = (
 # The run header's fields in the order every report and trace writes them. The first ones are
 # in every header (None where a run cannot know them, e.g. the rows of data given to `fit`).
 # `compiled` is a custom loop's: whether the step `instrument` wraps is a tf.function.
-# `learning_rate_schedule` is there only under a LearningRateSchedule (nanscope/learning_rate.py):
+# `learning_rate_schedule` is there only under a LearningRateSchedule (nanscope/model/learning_rate.py):
 # `optimizer_config.learning_rate` is then the rate in effect at its `step`. `learning_rate_changed` is there
 # only when a constant rate was assigned during a guest's run (ReduceLROnPlateau): the rate then is the one at
 # its `step`.

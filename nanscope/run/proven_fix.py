@@ -47,7 +47,7 @@ class FixProver:
         """The in-process fixes of the recommendations for the run so far, in their order."""
         from nanscope.rules.diagnose import diagnose
         from nanscope.rules.evidence import evidence_from_session
-        from nanscope.verify import changes_for
+        from nanscope.run.verify import changes_for
 
         found = []
         for rec in diagnose(self.report, evidence_from_session(self.session)):
@@ -100,7 +100,7 @@ class FixProver:
     def _loss_on(self, steps):
         """The mean loss, in inference mode, of the batches of `steps` with the weights now."""
         from nanscope.data import inputs
-        from nanscope.session import evaluate_loss
+        from nanscope.run.session import evaluate_loss
 
         losses = []
         for step in steps:
@@ -133,7 +133,7 @@ def in_process(change):
 def apply_overrides(engine, overrides):
     """Set `overrides` on the engine's optimizer (the inner one under loss scaling), tracing the step again where
     its graph reads them; return the callable that puts the settings back."""
-    from nanscope.learning_rate import inner_optimizer
+    from nanscope.model.learning_rate import inner_optimizer
 
     optimizer = inner_optimizer(engine.optimizer)
     before = {key: _read(optimizer, key) for key in overrides}

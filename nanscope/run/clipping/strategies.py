@@ -11,7 +11,7 @@ A strategy is one way of bounding the gradient before the update:
   auto                          global norm clipped at a percentile of the unclipped run's healthy norms (AutoClip)
 
 A strategy given without a threshold gets one derived from the unclipped run
-(see `nanscope.clipping.thresholds`).
+(see `nanscope.run.clipping.thresholds`).
 
 Example:
     parse_strategies("none,clipnorm=1,auto")

@@ -35,7 +35,7 @@ import numpy as np
 from nanscope.engine.records import LayerStats, OutputStats
 from nanscope.engine.schema import OUTPUT, PHASES, SCALARS, Columns
 from nanscope.engine.limits import SPIKE_FACTOR, SPIKE_WINDOW, activation_limit
-from nanscope.series import OVERVIEW_WIDTH, ScalarColumns
+from nanscope.store.series import OVERVIEW_WIDTH, ScalarColumns
 
 # Full rows kept at the start, at the end, and around each event; steps in the even sample.
 DEFAULT_KEEP = 500
@@ -221,7 +221,7 @@ class StepHistory:
         keep: int, default DEFAULT_KEEP. Full rows kept at the start, at the end and around each event.
         sample: int, default DEFAULT_SAMPLE. Full rows kept of an even sample of the steps in between.
         series: callable(Columns) -> ScalarColumns or TraceColumns, default ScalarColumns. Where every
-            step's scalars live (nanscope/series.py): in memory, or in the trace a report is redrawn from.
+            step's scalars live (nanscope/store/series.py): in memory, or in the trace a report is redrawn from.
         layer_dtypes: list of str, optional. Each probed layer's compute dtype, in record order (None or a
             shorter list: float32), for the activation bound whose first crossing is an event.
     """

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nanscope.clipping.transforms import STAT_COLUMNS, keras_clip
-from nanscope.optimizers import build_optimizer
+from nanscope.run.clipping.transforms import STAT_COLUMNS, keras_clip
+from nanscope.model.optimizers import build_optimizer
 from nanscope.runtime import tensorflow
 from nanscope.spec import CLIP_FIELDS
 

@@ -107,7 +107,7 @@ def trace_guard(options, engine, session, report, expected):
     """
     from nanscope.guard.guard import Guard
     from nanscope.guard.host import attributed
-    from nanscope.guard.proven_fix import FixProver
+    from nanscope.run.proven_fix import FixProver
 
     if not active(options):
         return None

@@ -1,6 +1,6 @@
 """Where a non-finite step first shows its value: the phase, the output, the layer or variable, the bad rows.
 
-Shared by trace-steps (`nanscope.trace`), the repro replay (`nanscope.forensics`) and
+Shared by trace-steps (`nanscope.run.trace`), the repro replay (`nanscope.forensics`) and
 the `NanScope` callback: each passes the names its step records refer to, so none
 needs the others' engine or session objects.
 """
@@ -11,7 +11,7 @@ import numpy as np
 
 from nanscope.data import inputs, targets
 from nanscope.engine.records import first_nonfinite_replica, first_nonfinite_worker
-from nanscope.report import FirstNonfinite
+from nanscope.report.model import FirstNonfinite
 
 SHOWN = 8
 

@@ -14,15 +14,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from nanscope.clipping.baseline import Baseline, trivial_baseline
-from nanscope.clipping.effect import OptimizerCheck, StepEffect, clip_overrides, step_effect, verify_optimizer_clip
-from nanscope.clipping.strategies import Strategy, parse_strategies
-from nanscope.clipping.thresholds import derive_thresholds
-from nanscope.clipping.transforms import ClipMonitor
+from nanscope.run.clipping.baseline import Baseline, trivial_baseline
+from nanscope.run.clipping.effect import OptimizerCheck, StepEffect, clip_overrides, step_effect, verify_optimizer_clip
+from nanscope.run.clipping.strategies import Strategy, parse_strategies
+from nanscope.run.clipping.thresholds import derive_thresholds
+from nanscope.run.clipping.transforms import ClipMonitor
 from nanscope import interrupt
 from nanscope.errors import EXIT_INTERRUPTED
-from nanscope.experiment import Change, ExperimentResult, run_experiment
-from nanscope.session import open_session
+from nanscope.run.experiment import Change, ExperimentResult, run_experiment
+from nanscope.run.session import open_session
 
 if TYPE_CHECKING:
     from nanscope.spec import RunSpec
@@ -85,7 +85,7 @@ class ClippingReport:
         return 0 if self.recommended is not None else 1
 
     def to_json(self) -> dict:
-        from nanscope.clipping.report_json import clipping_json
+        from nanscope.run.clipping.report_json import clipping_json
 
         return clipping_json(self)
 
@@ -109,7 +109,7 @@ def compare_clipping(spec: RunSpec, strategies: str | list[Strategy] | None = No
         report = compare_clipping(load_spec("configs/exploding-regression.yaml"), "none,clipnorm=1", steps=200)
         report.recommended  # "clipnorm=1"
     """
-    from nanscope.clipping.verdict import decide
+    from nanscope.run.clipping.verdict import decide
 
     strategies = parse_strategies(strategies) if strategies is None or isinstance(strategies, str) else list(strategies)
     steps = steps or spec.train.steps
@@ -194,8 +194,8 @@ def _learning_rate(spec, steps):
     optimizer = spec.train.optimizer
     if optimizer is not None and optimizer.learning_rate is not None and not isinstance(optimizer.learning_rate,
                                                                                         float):
-        from nanscope.learning_rate import peak_learning_rate
-        from nanscope.optimizers import build_schedule
+        from nanscope.model.learning_rate import peak_learning_rate
+        from nanscope.model.optimizers import build_schedule
 
         return peak_learning_rate(build_schedule(spec, optimizer.learning_rate), steps)
     return optimizer.learning_rate if optimizer is not None and optimizer.learning_rate else (

@@ -13,7 +13,7 @@ import numpy as np
 from nanscope.data import files, inputs, synthetic, targets
 from nanscope.data.datasets import materialize
 from nanscope.errors import DataError, first_line
-from nanscope.factory import call_factory, load_callable, received
+from nanscope.model.factory import call_factory, load_callable, received
 
 
 # Rows per block when a file is read whole (the csv and TFRecord readers parse a block at a time).

@@ -10,7 +10,7 @@ so no per-step host transfer is added:
   Keras modes    it hands the raw gradient on (the optimizer clips) and measures
                  `keras_clip`, a copy of Keras' `_clip_gradients` semantics. That the
                  optimizer really applies it is checked separately on real gradients
-                 (`nanscope.clipping.effect.verify_optimizer_clip`), not taken on trust.
+                 (`nanscope.run.clipping.effect.verify_optimizer_clip`), not taken on trust.
 """
 
 from nanscope.runtime import tensorflow

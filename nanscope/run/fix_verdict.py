@@ -16,7 +16,7 @@
 
 import math
 
-from nanscope.clipping.baseline import trivial_baseline
+from nanscope.run.clipping.baseline import trivial_baseline
 
 # A fix must stay finite at least this many times past the unfixed run's failing step: a failure
 # that comes back at 2x or 3x the step was delayed, not fixed.

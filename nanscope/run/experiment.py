@@ -15,10 +15,10 @@ import numpy as np
 from nanscope import interrupt
 from nanscope.data import targets
 from nanscope.engine.loss_scale import LossScaleWatch
-from nanscope.history import StepHistory
+from nanscope.store.history import StepHistory
 from nanscope.jsonio import jsonable
 from nanscope.rules.fixes import Change as Change  # re-exported: the Change an experiment runs, declared with the rules
-from nanscope.series import ScalarColumns
+from nanscope.store.series import ScalarColumns
 
 # The scalar columns an experiment's result reads of every step (its verdict, its JSON, the report's overview).
 RESULT_COLUMNS = ("phase", "loss", "grad_global_norm", "loss_scale", "update_skipped", "loss_missing")

@@ -2,7 +2,7 @@
 
 The spec wins; a compiled model's optimizer fills what the spec leaves out. Names
 Keras does not know are bad input, reported against the spec field. The loss is
-resolved in `nanscope.losses`.
+resolved in `nanscope.run.losses`.
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from nanscope.errors import SpecError, did_you_mean, first_line
-from nanscope.factory import load_callable
-from nanscope.learning_rate import schedule_of
+from nanscope.model.factory import load_callable
+from nanscope.model.learning_rate import schedule_of
 from nanscope.runtime import tensorflow
 
 if TYPE_CHECKING:
-    from nanscope.models import LoadedModel
+    from nanscope.model.models import LoadedModel
     from nanscope.spec import RunSpec, ScheduleSpec
 
 __all__ = ["build_optimizer", "build_schedule", "optimizer_settings"]
@@ -94,7 +94,7 @@ def optimizer_settings(optimizer: Any) -> tuple[str | None, dict[str, Any]]:
     """(class name, the settings a report shows) of an optimizer, looking through a LossScaleOptimizer.
 
     `learning_rate` is always a number: under a LearningRateSchedule (or a callable) the rate at the optimizer's
-    current step, which `nanscope.learning_rate` settles later at the step the report is about.
+    current step, which `nanscope.model.learning_rate` settles later at the step the report is about.
     """
     if optimizer is None:
         return None, {}

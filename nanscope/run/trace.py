@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nanscope import interrupt
-from nanscope.attribution import StepNames, attribute_from_record, describe_bad_batch
+from nanscope.run.attribution import StepNames, attribute_from_record, describe_bad_batch
 from nanscope.data import inputs, targets
 from nanscope.engine.failures import step_failure
 from nanscope.engine.loss_scale import LossScaleWatch
@@ -26,16 +26,16 @@ from nanscope.engine.records import expected_layer_indices, first_nonfinite_work
 from nanscope.errors import SpecError
 from nanscope.finishing import optional_part
 from nanscope.guard.trace_sentinel import trace_sentinel
-from nanscope.guard.trace_state import prepare_guard, trace_guard
-from nanscope.history import DEFAULT_KEEP, DEFAULT_SAMPLE, StepHistory
-from nanscope.learning_rate import LearningRateView, settle_learning_rate
-from nanscope.optimizers import optimizer_settings
-from nanscope.report import TraceReport, run_header
+from nanscope.run.guard_state import prepare_guard, trace_guard
+from nanscope.store.history import DEFAULT_KEEP, DEFAULT_SAMPLE, StepHistory
+from nanscope.model.learning_rate import LearningRateView, settle_learning_rate
+from nanscope.model.optimizers import optimizer_settings
+from nanscope.report.model import TraceReport, run_header
 from nanscope.rules.diagnose import diagnose
 from nanscope.rules.evidence import evidence_from_session
 from nanscope.runtime import tensorflow
-from nanscope.session import open_session, start_up_failures
-from nanscope.tracefile import TraceWriter, summary_line
+from nanscope.run.session import open_session, start_up_failures
+from nanscope.store.tracefile import TraceWriter, summary_line
 
 if TYPE_CHECKING:
     from nanscope.spec import RunSpec
@@ -138,7 +138,7 @@ def run_trace(spec: RunSpec, options: TraceOptions | None = None) -> TraceReport
             _finish(session, engine, report, options, learning_rate)
             finish_trace(writer, report)
     if options.plot is not None:
-        from nanscope.plotting import plot_trace
+        from nanscope.report.plotting import plot_trace
 
         with optional_part(report.notes, f"the plot {options.plot}"):
             plot_trace(report, options.plot)
@@ -199,7 +199,7 @@ def _run_steps(session, engine, runner, report, writer, options, expected, guard
 def _open_board(logdir, report):
     if logdir is None:
         return None
-    from nanscope.tensorboard import TensorBoardLog
+    from nanscope.report.tensorboard import TensorBoardLog
 
     return TensorBoardLog(logdir, report.layers, report.variables, report.output_names)
 
@@ -270,7 +270,7 @@ def keep(history, writer, record):
 
 def finish_trace(writer, report):
     """End the trace: the last steps' full rows, the exact aggregates, the summary."""
-    from nanscope.report import aggregates_json
+    from nanscope.report.model import aggregates_json
 
     writer.rows(report.history.unwritten())
     writer.write(aggregates_json(report.history))
@@ -298,7 +298,7 @@ def _finish(session, engine, report, options=None, learning_rate=None):
             report.validation_loss = session.evaluate(engine)
     report.recommendations = diagnose(report, evidence_from_session(session))
     if options is not None and options.verify and report.steps_run and not report.interrupted:
-        from nanscope.verify import verify_recommendations
+        from nanscope.run.verify import verify_recommendations
 
         try:
             with optional_part(report.notes, "--verify"):

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from nanscope.data import inputs
 from nanscope.errors import DataError, ModelError, first_line
-from nanscope.factory import call_factory, load_callable
+from nanscope.model.factory import call_factory, load_callable
 from nanscope.internals import compiled_loss_weights
 from nanscope.runtime import tensorflow
 

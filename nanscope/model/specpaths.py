@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from nanscope.data import targets
 from nanscope.errors import DataError, ModelError, SpecError
-from nanscope.factory import referenced_file
+from nanscope.model.factory import referenced_file
 
 if TYPE_CHECKING:
     from nanscope.spec import LossSpec, RunSpec

@@ -1,7 +1,7 @@
 """compare-clipping: train the same start under each clipping strategy and say which one to use."""
 
-from nanscope.clipping.compare import ClippingReport, StrategyRun, compare_clipping
-from nanscope.clipping.strategies import DEFAULT_STRATEGIES, Strategy, StrategyError, parse_strategies
+from nanscope.run.clipping.compare import ClippingReport, StrategyRun, compare_clipping
+from nanscope.run.clipping.strategies import DEFAULT_STRATEGIES, Strategy, StrategyError, parse_strategies
 
 __all__ = ["DEFAULT_STRATEGIES", "ClippingReport", "Strategy", "StrategyError", "StrategyRun", "compare_clipping",
            "parse_strategies"]

@@ -23,15 +23,15 @@ import numpy as np
 
 from nanscope.data import targets
 from nanscope.data.batches import BatchOrder, batch
-from nanscope.data.sources import LoadedData, load_data, split_validation
+from nanscope.run.sources import LoadedData, load_data, split_validation
 from nanscope.engine.cluster import bounded
 from nanscope.engine.chunk import CHUNK_STEPS, ChunkFailure, ChunkRunner, fits_on_device
-from nanscope.models import build_model
+from nanscope.model.models import build_model
 from nanscope.engine.step import InstrumentedStep, is_loss_scale_optimizer
 from nanscope.errors import SpecError
-from nanscope.losses import Loss, check_labels_fit, resolve_loss
-from nanscope.models import LoadedModel, load_model, output_names
-from nanscope.optimizers import build_optimizer
+from nanscope.run.losses import Loss, check_labels_fit, resolve_loss
+from nanscope.model.models import LoadedModel, load_model, output_names
+from nanscope.model.optimizers import build_optimizer
 from nanscope.runtime import tensorflow
 
 

@@ -4,8 +4,8 @@ For each recommendation nanscope can apply itself (a lower learning rate, gradie
 clipping at the computed threshold, relu -> relu6, a larger optimizer epsilon, loss
 scaling, standardised inputs or regression targets) it
 re-runs training from the same initial weights and batch order
-with the fix applied, through `nanscope.experiment.run_experiment`, and judges it
-against the unfixed run (`nanscope.fix_verdict`): it must stay finite to its horizon
+with the fix applied, through `nanscope.run.experiment.run_experiment`, and judges it
+against the unfixed run (`nanscope.run.fix_verdict`): it must stay finite to its horizon
 (at least 4x the unfixed run's failing step, k times for a rate lowered k times) and
 learn (end below the loss of a constant prediction). A recommendation is `verified: true`
 when at least one of its fixes trains, `false` when none does, and stays `null` when
@@ -15,8 +15,8 @@ nanscope cannot apply it (a Log in the user's own loss: the evidence then names 
 
 import numpy as np
 
-from nanscope.experiment import Change, run_experiment
-from nanscope.fix_verdict import baseline_of, horizon, judge, mark_best, score, slowdown
+from nanscope.run.experiment import Change, run_experiment
+from nanscope.run.fix_verdict import baseline_of, horizon, judge, mark_best, score, slowdown
 from nanscope.rules.bounded_activation import relu6_model
 from nanscope.rules.learning_rate import LR_FACTORS
 from nanscope.rules.optimizer_epsilon import SAFE_EPSILON

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from nanscope.errors import NanscopeError
 from nanscope.runtime import quiet_user_imports
-from nanscope.usercode import where_suffix
+from nanscope.model.usercode import where_suffix
 
 
 def load_callable(reference, base_dir, field, error=NanscopeError):

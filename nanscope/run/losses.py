@@ -11,7 +11,7 @@ from typing import Any
 from collections.abc import Callable
 
 from nanscope.errors import DataError, SpecError, did_you_mean, first_line
-from nanscope.factory import call_factory, load_callable
+from nanscope.model.factory import call_factory, load_callable
 from nanscope.runtime import tensorflow
 
 

@@ -1,0 +1,1 @@
+"""The store: the bounded history of a run's steps, its series, and the trace file (writer and reader)."""
