@@ -17,7 +17,7 @@ import functools
 import threading
 
 from nanscope.engine.variable_stats import any_nonfinite_count, variable_rows
-from nanscope.engine.schema import OUTPUT, SCALARS, VARIABLE
+from nanscope.engine.schema import LAYER, OUTPUT, SCALARS, VARIABLE
 from nanscope.engine.step import is_loss_scale_optimizer, layer_loss_terms
 from nanscope.internals import clip_gradients_hook, overridden
 from nanscope.keras.outputs import output_terms
@@ -218,6 +218,14 @@ def not_absorbed(values, layer_nonfinite):
               + values["weights_nonfinite"] + layer_nonfinite
               + values["grad_nonfinite"] * (1.0 - values["update_skipped"]))
     return counts > 0
+
+
+def unexpected_layer_nonfinite(stats, layers, expected):
+    """In the graph: the non-finite counts of the `layers` rows of `stats` summed, but for the `expected` ones'."""
+    keep = [i for i in range(layers) if i not in set(expected)]
+    if not keep:
+        return tf.constant(0.0)
+    return tf.reduce_sum(tf.gather(stats[:, LAYER.at("nonfinite")], keep))
 
 
 def loss_terms(layers, keras_models):

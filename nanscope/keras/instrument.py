@@ -27,10 +27,9 @@ from nanscope.engine.step import probed_layers, relative_variable_names
 from nanscope.errors import NonFiniteError, first_line
 from nanscope.guard.options import GuardOptions, guard_options, resolve_on_nonfinite
 from nanscope.forensics.random_state import random_state_kept
-from nanscope.keras.capture import StepCapture, not_absorbed
+from nanscope.keras.capture import StepCapture, not_absorbed, unexpected_layer_nonfinite
 from nanscope.keras.forensics import GuestForensics, labelled_arguments
 from nanscope.keras.header import UNKNOWN_TO_GUESTS, parameter_count, precision
-from nanscope.keras.probe import NONFINITE
 from nanscope.run.attribution import StepNames
 from nanscope.keras.recorder import GuestOptions, StepRecorder
 from nanscope.keras.rows import RowBuffer
@@ -349,8 +348,7 @@ class GuestRun:
         row, values, stats = self._row(capture, args, kwargs, result)
         self.rows.write(row)
         if self.snapshot is not None:
-            keep = [i for i in range(len(self.layers)) if i not in self.expected]
-            layer_bad = tf.reduce_sum(tf.gather(stats[:, NONFINITE], keep)) if keep else tf.constant(0.0)
+            layer_bad = unexpected_layer_nonfinite(stats, len(self.layers), self.expected)
             self.snapshot.freeze(not_absorbed(values, layer_bad))
 
     def _row(self, capture, args, kwargs, result):

@@ -22,19 +22,18 @@ import functools
 import numpy as np
 
 from nanscope.engine.probes import LayerRecorder
-from nanscope.engine.schema import LAYER, join
+from nanscope.engine.schema import join
 from nanscope.engine.step import probed_layers, relative_variable_names
 from nanscope.internals import (
     compile_loss, rebuild_train_function, replace_train_step, restore, set_train_function,
 )
-from nanscope.keras.capture import StepCapture, not_absorbed
+from nanscope.keras.capture import StepCapture, not_absorbed, unexpected_layer_nonfinite
 from nanscope.keras.moments import FeatureMoments
 from nanscope.keras.rows import RowBuffer
 from nanscope.keras.snapshot import StepSnapshot
 from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()
-NONFINITE = LAYER.at("nonfinite")
 
 
 class StepProbe:
@@ -247,7 +246,8 @@ class StepProbe:
         if self.moments is not None:
             self.moments.add(x, y)
         if self.snapshot is not None:
-            self.snapshot.freeze(not_absorbed(values, self._layer_nonfinite(stats)))
+            layer_bad = unexpected_layer_nonfinite(stats, len(self.layers), self.expected)
+            self.snapshot.freeze(not_absorbed(values, layer_bad))
 
     def _row(self, capture, data, logs):
         """The step's row (without its step number), its SCALARS by name and its layer statistics."""
@@ -305,12 +305,6 @@ class StepProbe:
         except Exception as exc:
             self.failure = self.failure or exc
         return logs
-
-    def _layer_nonfinite(self, stats):
-        keep = [i for i in range(len(self.layers)) if i not in self.expected]
-        if not keep:
-            return tf.constant(0.0)
-        return tf.reduce_sum(tf.gather(stats[:, NONFINITE], keep))
 
     def _instrumented_per_replica(self, original):
         # Replica threads take turns while one step is traced: the layer and optimizer hooks
