@@ -19,7 +19,6 @@ by the wall clock than one with the callback).
 """
 
 import argparse
-import io
 import os
 import platform
 import sys
@@ -30,62 +29,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
-from _common import CLOCKS, median, median_ratio
-from rich.console import Console
+from _common import CLOCKS, cnn, fit_timer, median, median_ratio, mlp
 
-from nanscope.keras import NanScope
 from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()
 
 
-def mlp():
-    return keras.Sequential([keras.Input((784,)), keras.layers.Dense(256, activation="relu"),
-                             keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)]), (784,), 128
-
-
-def cnn():
-    return keras.Sequential([
-        keras.Input((28, 28, 1)), keras.layers.Conv2D(32, 3, activation="relu"),
-        keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.MaxPooling2D(), keras.layers.Flatten(),
-        keras.layers.Dense(10),
-    ]), (28, 28, 1), 64
-
-
 CASES = {"mlp": ("MLP 784-256-256-10", mlp), "cnn": ("CNN conv32-conv64-pool-dense", cnn)}
-
-
-class EpochTimes(keras.callbacks.Callback):
-    """Seconds of each epoch of one fit call, by `clock` (wall or cpu)."""
-
-    def __init__(self, clock="wall"):
-        super().__init__()
-        self.seconds, self.now = [], CLOCKS[clock]
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._start = self.now()
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.seconds.append(self.now() - self._start)
-
-
-def fit_variant(build, steps, callback, clock="wall"):
-    """callable(i) -> ms of the second epoch of a 2-epoch fit (the first one traces), with or without NanScope."""
-    keras.utils.set_random_seed(0)
-    model, shape, batch = build()
-    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((steps * batch, *shape)).astype(np.float32)
-    y = rng.integers(0, 10, steps * batch).astype(np.int32)
-    quiet = Console(file=io.StringIO())
-
-    def run(i):
-        timer = EpochTimes(clock)
-        callbacks = [timer] + ([NanScope(console=quiet, verbose=0)] if callback else [])
-        model.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0, callbacks=callbacks)
-        return 1000.0 * timer.seconds[-1]
-
-    return run
 
 
 def step_variant(build, steps, instrumented, clock="wall"):
@@ -146,8 +97,8 @@ def main(argv=None):
     print("|---|---:|---:|---:|")
     for key in args.models.split(","):
         name, build = CASES[key.strip()]
-        variants = {"plain": fit_variant(build, args.steps, False, args.clock),
-                    "nanscope": fit_variant(build, args.steps, True, args.clock)}
+        variants = {"plain": fit_timer(build, args.steps, None, args.clock)[0],
+                    "nanscope": fit_timer(build, args.steps, {}, args.clock)[0]}
         for run in variants.values():  # warm up both
             run(0)
         times = timed_rounds(variants, args.rounds)

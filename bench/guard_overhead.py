@@ -17,7 +17,6 @@ about 2.5M parameters).
 """
 
 import argparse
-import io
 import os
 import platform
 import sys
@@ -27,27 +26,11 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import numpy as np
-from _common import CLOCKS, median, median_ratio
-from rich.console import Console
+from _common import CLOCKS, cnn, fit_timer, median, median_ratio, mlp
 
-from nanscope.keras import NanScope
 from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()
-
-
-def mlp():
-    return keras.Sequential([keras.Input((784,)), keras.layers.Dense(256, activation="relu"),
-                             keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)]), (784,), 128
-
-
-def cnn():
-    return keras.Sequential([
-        keras.Input((28, 28, 1)), keras.layers.Conv2D(32, 3, activation="relu"),
-        keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.MaxPooling2D(), keras.layers.Flatten(),
-        keras.layers.Dense(10),
-    ]), (28, 28, 1), 64
 
 
 def lstm():
@@ -72,39 +55,6 @@ VARIANTS = {"plain": None, "full": {}, "sentinel": {"mode": "sentinel"},
             "sentinel, no state": {"mode": "sentinel", "forensics": False}}
 
 
-class EpochTimes(keras.callbacks.Callback):
-    """Seconds of each epoch of one fit call, by `clock`."""
-
-    def __init__(self, clock):
-        super().__init__()
-        self.seconds, self.now = [], CLOCKS[clock]
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._start = self.now()
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.seconds.append(self.now() - self._start)
-
-
-def fit_variant(build, steps, arguments, clock):
-    """callable() -> ms of the second epoch of a 2-epoch fit, with NanScope(**arguments) (None: without)."""
-    keras.utils.set_random_seed(0)
-    model, shape, batch = build()
-    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((steps * batch, *shape)).astype(np.float32)
-    y = rng.integers(0, 10, steps * batch).astype(np.int32)
-    quiet = Console(file=io.StringIO())
-
-    def run():
-        timer = EpochTimes(clock)
-        callbacks = [timer] + ([NanScope(console=quiet, verbose=0, **arguments)] if arguments is not None else [])
-        model.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0, callbacks=callbacks)
-        return 1000.0 * timer.seconds[-1]
-
-    return run, model.count_params()
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -124,7 +74,7 @@ def main(argv=None):
         name, build = CASES[key.strip()]
         runs, params = {}, 0
         for variant, arguments in VARIANTS.items():
-            runs[variant], params = fit_variant(build, args.steps, arguments, args.clock)
+            runs[variant], params = fit_timer(build, args.steps, arguments, args.clock)
         for run in runs.values():  # warm up every variant
             run()
         times = {variant: [] for variant in runs}
