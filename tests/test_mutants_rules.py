@@ -201,3 +201,9 @@ def test_guard_op_cites_the_gradient_and_its_domain_in_the_backward_pass():
     assert rec.data == {"step": 0, "op": "Tan", "layer": "hidden", "source": None, "min": 2.0, "max": 1e30}
     outside = guard("forward", op="Acosh", min=0.5, max=2.0)
     assert outside.evidence[0].endswith("; outside Acosh's domain x >= 1")
+
+
+def test_optimizer_epsilon_without_step_rows_has_no_bad_gradient_to_blame():
+    # A report whose history holds no step (nothing to look a bad gradient up in) still gets the epsilon finding.
+    assert epsilon_rule(records=[], first=first_at(0, "update")).evidence == [
+        "step 0, update pass: the gradients were finite but the update was not", "optimizer epsilon 1e-07"]
