@@ -6,13 +6,13 @@ Minimal histories, no training (docs/mutation.md lists what each test here was w
 
 import math
 
-from nanscope.clipping.baseline import Baseline
-from nanscope.clipping.compare import ClippingReport
-from nanscope.clipping.strategies import Strategy
-from nanscope.clipping.thresholds import derive_thresholds
-from nanscope.clipping.verdict import decide, fix_snippets
-from nanscope.experiment import ExperimentResult
-from nanscope.history import StepHistory
+from nanscope.run.clipping.baseline import Baseline
+from nanscope.run.clipping.compare import ClippingReport
+from nanscope.run.clipping.strategies import Strategy
+from nanscope.run.clipping.thresholds import derive_thresholds
+from nanscope.run.clipping.verdict import decide, fix_snippets
+from nanscope.run.experiment import ExperimentResult
+from nanscope.store.history import StepHistory
 from test_boundaries_clipping import unclipped_run
 from test_mutants_verdict import run
 
@@ -106,3 +106,13 @@ def test_clipping_that_only_hides_the_problem_names_the_runs_spec():
         "than the trivial baseline 1 (predicting the mean). Clipping only hides the problem here: it keeps the "
         "weights finite while the model learns nothing. Run `nanscope trace-steps s.yaml` for the diagnosis (e.g. "
         "scale the targets or the inputs, lower the learning rate, repair bad rows).")
+
+
+def test_a_compiled_models_optimizer_gets_a_snippet_not_a_crash():
+    # compare-clipping's run description says "from the compiled model" where the spec names no optimizer (the
+    # factory compiled one): the snippet then has no arguments to carry over. It raised AttributeError before.
+    report = ClippingReport(run={"optimizer": "from the compiled model"}, runs=[run("clipnorm", [4.0])],
+                            thresholds={}, baseline=None)
+    decide(report)
+    assert (report.recommendations[0]["yaml"], report.recommendations[0]["code"]) == (
+        "train:\n  optimizer: {clipnorm: 1}", "optimizer = keras.optimizers.SGD(clipnorm=1)")

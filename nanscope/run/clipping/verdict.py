@@ -96,11 +96,10 @@ def fix_snippets(strategy, optimizer, loss_scaling=False):
     """
     threshold = f"{strategy.threshold:g}" if strategy.threshold is not None else None
     name = optimizer.get("name", "sgd") if isinstance(optimizer, dict) else "sgd"
-    keras_args = ", ".join(
-        f"{k}={v!r}" for k, v in (optimizer or {}).items()
-        if isinstance(optimizer, dict) and k != "name" and v is not None and k not in ("clipnorm", "global_clipnorm",
-                                                                                       "clipvalue")
-    )
+    # A compiled model's optimizer is described in words, not as arguments: there are none to carry over.
+    arguments = optimizer.items() if isinstance(optimizer, dict) else ()
+    keras_args = ", ".join(f"{k}={v!r}" for k, v in arguments
+                           if k != "name" and v is not None and k not in ("clipnorm", "global_clipnorm", "clipvalue"))
     cls = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSprop"}.get(name.lower(), name)
     if strategy.kind == "none":
         return "train:\n  optimizer: {...}   # leave clipnorm, global_clipnorm and clipvalue unset", None
