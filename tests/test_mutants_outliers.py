@@ -20,7 +20,7 @@ GLITCH_CELL = (CODE, CODE / 1.4826, 0.0, 1.4826)  # value, robust z, the column'
 
 
 def with_code():
-    return np.array(BULK + [CODE])
+    return np.array([*BULK, CODE])
 
 
 def test_the_robust_scale_is_1_4826_mad_per_column_over_the_finite_values():
@@ -37,7 +37,7 @@ def test_the_robust_scale_is_1_4826_mad_per_column_over_the_finite_values():
 
 def test_a_glitch_row_names_its_column_value_z_median_and_scale():
     assert glitch_rows(with_code().reshape(-1, 1)) == {99: [(0, *GLITCH_CELL)]}
-    beside = np.stack([np.array(BULK + [0.0]), with_code()], axis=1)
+    beside = np.stack([np.array([*BULK, 0.0]), with_code()], axis=1)
     assert glitch_rows(beside) == {99: [(1, *GLITCH_CELL)]}
     assert glitch_rows(beside.reshape(100, 1, 2)) == {99: [(1, *GLITCH_CELL)]}  # every axis after the rows is flat
     both = np.stack([with_code(), with_code()], axis=1)
@@ -46,7 +46,7 @@ def test_a_glitch_row_names_its_column_value_z_median_and_scale():
 
 
 def test_a_column_with_a_nan_still_finds_its_glitch():
-    values = np.array(BULK[:-1] + [math.nan, CODE]).reshape(-1, 1)  # 29 of 1 now: the median and MAD stay 0 and 1
+    values = np.array([*BULK[:-1], math.nan, CODE]).reshape(-1, 1)  # 29 of 1 now: the median and MAD stay 0 and 1
     assert glitch_rows(values) == {99: [(0, *GLITCH_CELL)]}
 
 
@@ -83,7 +83,7 @@ def test_finite_spread_is_numpys_std_and_mean_abs_over_the_finite_values():
 def test_without_glitches_drops_the_glitch_rows_only():
     x = np.stack([with_code(), np.arange(100.0)], axis=1)
     assert np.array_equal(without_glitches(x), x[:99])
-    clean = np.array(BULK + [0.0])
+    clean = np.array([*BULK, 0.0])
     assert without_glitches(clean) is clean
 
 
