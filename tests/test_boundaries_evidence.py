@@ -48,7 +48,8 @@ CASES = {
     "safe-division loss": (lambda: producer("RealDiv", phase="loss"), {}),
     "safe-sqrt forward": (lambda: producer("Sqrt"), {}),
     "safe-sqrt backward": (lambda: producer("Sqrt", phase="backward"), {}),
-    "loss-scaling float16 op": (lambda: producer("MatMul", "float16", 1.0), {}),
+    "loss-scaling float16 op": (lambda: producer("MatMul", "float16", 1.0, phase="backward"), {}),
+    "float32-layer float16 op in the forward pass": (lambda: producer("MatMul", "float16", 1.0), {}),
     "float32-layer float16 op with loss scaling": (lambda: producer("MatMul", "float16", 1.0), {"loss_scaling": True}),
     "optimizer-epsilon": (lambda: producer("Sqrt", peak=1.0, phase="update"), {"update": True}),
     # the double where: the forward op named by the replay, not the gradient op; no sources, no forward count known

@@ -55,10 +55,13 @@ def test_an_update_with_finite_gradients_is_the_optimizer_epsilon_and_with_bad_o
     assert "safe-sqrt" in fired(bad) and "optimizer-epsilon" not in fired(bad)
 
 
-@pytest.mark.parametrize("phase, fires", [("forward", True), ("backward", True), ("update", False)])
-def test_a_float16_producer_asks_for_loss_scaling_outside_the_update(phase, fires):
+@pytest.mark.parametrize("phase, rule", [("forward", "float32-layer"), ("loss", "float32-layer"),
+                                         ("backward", "loss-scaling"), ("update", None)])
+def test_a_float16_producer_asks_for_loss_scaling_for_a_gradient_and_a_float32_layer_before_one(phase, rule):
+    # Without a LossScaleOptimizer: loss scaling multiplies the loss's gradients, so it can keep a float16 gradient
+    # in range but not a value of the forward pass or the loss, which must be computed in float32.
     report = report_of([step(0, loss=math.inf, loss_nonfinite=True)], producer("MatMul", "float16", 1.0, phase))
-    assert ("loss-scaling" in fired(report)) == fires
+    assert set(fired(report)) & {"loss-scaling", "float32-layer"} == ({rule} if rule else set())
 
 
 def test_a_masked_softmax_and_a_double_where_take_the_finding_whole():

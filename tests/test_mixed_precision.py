@@ -84,13 +84,17 @@ def test_skipped_updates_for_thirty_steps_are_a_collapsed_loss_scale_and_the_fai
     assert "loss-scaling" not in [r.id for r in report.recommendations]
 
 
-def test_verify_tries_loss_scaling_on_float16_layers_that_lack_it(tmp_path):
+def test_a_forward_float16_overflow_without_loss_scaling_is_a_float32_layer_not_loss_scaling(tmp_path):
+    # The overflow is in the forward pass, before any gradient: scaling the loss cannot prevent it (--verify's
+    # loss-scaling run went non-finite at the same step, before #22), so the layer must compute in float32.
     report = run(tmp_path, "float16_layers", scale=1e5, policy=None, verify=True)
     assert report.run["loss_scaling"] is False and report.run["layer_dtypes"]["hidden"] == "float16"
-    rec = next(r for r in report.recommendations if r.id == "loss-scaling")
-    assert [row["fix"] for row in rec.verification] == ["loss scaling"]
-    # The overflow is in the forward pass, before any gradient: scaling the loss cannot prevent it.
-    assert rec.verified is False and rec.verification[0]["finite"] is False
+    assert report.first_nonfinite.phase == "forward"
+    ids = [r.id for r in report.recommendations if r.severity in ("warning", "error")]
+    assert "float32-layer" in ids and "loss-scaling" not in ids
+    rec = next(r for r in report.recommendations if r.id == "float32-layer")
+    assert rec.severity == "error" and "dtype='float32'" in rec.fix
+    assert any("before any gradient: loss scaling" in line for line in rec.evidence)
 
 
 def test_skipped_updates_at_the_start_are_not_the_failure_a_later_float16_exp_overflow_is(tmp_path):

@@ -90,7 +90,8 @@ def growing_layer_model(head_dtype, activation):
 ])
 def test_bounded_activation_advises_relu6_only_for_a_relu_layer(dtype, activation, fix):
     # The head's outputs grow 1e4x a step for 6 steps to 1e20, past float32's warning bound (1.8e19), then the run
-    # fails at a float16 MatMul overflow: loss-scaling names that producer, relu6 would not stop it.
+    # fails at a float16 MatMul overflow in the forward pass: float32-layer names that producer, relu6 would not
+    # stop it.
     peaks = [10.0 ** (4 * s) for s in range(6)]
     records = [step(s, layer_max=(1.0, p)) for s, p in enumerate(peaks)]
     records.append(step(6, loss=math.inf, loss_nonfinite=True))
@@ -103,5 +104,5 @@ def test_bounded_activation_advises_relu6_only_for_a_relu_layer(dtype, activatio
     rec = found["bounded-activation"]
     assert rec.fix.startswith(fix), rec.fix
     assert rec.data["relu"] is (activation == "relu")
-    assert found["loss-scaling"].severity == "error"
-    assert rec.severity == "warning" and rec.data["secondary_to"] == "loss-scaling"
+    assert found["float32-layer"].severity == "error" and "loss-scaling" not in found
+    assert rec.severity == "warning" and rec.data["secondary_to"] == "float32-layer"

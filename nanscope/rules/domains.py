@@ -54,7 +54,7 @@ OP_DOMAINS = {
                      "tf.nn.log_softmax(tf.where(tf.math.is_inf(logits), tf.sign(logits) * 1e9, logits))"),
     "Tan": Domain("x != pi/2 + k pi", "the same", "tf.tan(tf.clip_by_value(x, -1.57, 1.57))"),
     "Prod": Domain("|product| <= the dtype's max (3.4e38 in float32)", "the same",
-               "log_prod = tf.reduce_sum(tf.math.log(x), axis=-1)  # keep the product in log space"),
+               "log_prod = tf.reduce_sum(tf.math.log(x), axis=-1, keepdims=True)  # the product's axis, in log space"),
     "Cumprod": Domain("|product| <= the dtype's max (3.4e38 in float32)", "the same",
                   "log_cumprod = tf.math.cumsum(tf.math.log(x), axis=-1)  # keep the product in log space"),
 }

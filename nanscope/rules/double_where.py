@@ -2,7 +2,6 @@
 
 from nanscope.rules.operand import finding_data, operand
 from nanscope.rules.rule import Fixtures, Rule
-from nanscope.rules.safe_division import OPS as DIVISION_OPS
 
 DOUBLE_WHERE = Rule(
     "double-where",
@@ -13,6 +12,11 @@ DOUBLE_WHERE = Rule(
 )
 RULES = (DOUBLE_WHERE,)
 FIXTURES = Fixtures(fires=("tf-where-gradient-trap",), quiet=("tabular-regression-adam",))
+# Divisions of two operands (`total / count`): the denominator is made safe inside the branch.
+DIVISIONS = {"RealDiv", "Div", "Xdivy", "FloorDiv", "TruncateDiv", "DivNoNan"}
+# Ops of one operand: (the call, the guard that keeps it inside its domain).
+UNARY = {"Log": ("tf.math.log", "x > 0"), "Sqrt": ("tf.sqrt", "x > 0"), "Rsqrt": ("tf.math.rsqrt", "x > 0"),
+         "Reciprocal": ("tf.math.reciprocal", "x != 0"), "Inv": ("tf.math.reciprocal", "x != 0")}
 
 
 def matches(first):
@@ -33,12 +37,11 @@ def finding(facts, first, where, inputs):
                 + (f"; {thrown} of its forward values were non-finite" if thrown else ""),
                 f"{forward_op} fed {operand(inputs)}; the tf.where passes a zero gradient to the branch it did not "
                 f"take, and 0 times the op's infinite local derivative is NaN"]
-    guard = "count > 0" if forward_op in DIVISION_OPS else "x > 0"
-    if forward_op in DIVISION_OPS:
+    if forward_op in DIVISIONS:
         snippet = ("safe = tf.where(count > 0, count, 1.0)  # make the input safe inside the branch first\n"
                    "mean = tf.where(count > 0, total / safe, 0.0)")
     else:
-        op_call = {"Log": "tf.math.log", "Sqrt": "tf.sqrt", "Rsqrt": "tf.math.rsqrt"}.get(forward_op, "f")
+        op_call, guard = UNARY.get(forward_op, ("f", "x > 0"))
         snippet = (f"safe = tf.where({guard}, x, 1.0)  # make the input safe inside the branch first\n"
                    f"y = tf.where({guard}, {op_call}(safe), 0.0)")
     lines = [f"# {first.source}: the op" if first.source else None,

@@ -18,24 +18,24 @@ from nanscope.rules.rule import Fixtures, Rule
 LOSS_SCALING = Rule(
     "loss-scaling",
     "Scale the loss under mixed precision",
-    "A float16 value overflowing (> 65504) or gradients underflowing; a loss scale that collapses (most "
-    "updates skipped).",
+    "Without a LossScaleOptimizer: a float16 gradient overflowing (> 65504) or float16 outputs underflowing.",
     "optimizer = keras.optimizers.LossScaleOptimizer(optimizer)  # dynamic loss scaling\n"
     "# or keep the overflowing layer in float32: keras.layers.Dense(..., dtype='float32')",
 )
 FLOAT32_LAYER = Rule(
     "float32-layer",
     "Keep the overflowing layer in float32",
-    "Under mixed precision with a LossScaleOptimizer already in use: a float16 value overflowing (> 65504), "
-    "or a loss scale that collapses because the gradient overflows at every scale.",
+    "A float16 value overflowing (> 65504) in the forward pass or the loss, which loss scaling cannot reach (it "
+    "scales the gradients), or any float16 overflow with a LossScaleOptimizer already in use; a loss scale that "
+    "collapses because the gradient overflows at every scale.",
     "keras.layers.Dense(..., dtype='float32')  # the layer that overflows keeps float32 under mixed_float16\n"
     "# or compute the op in float32: tf.exp(tf.cast(x, tf.float32))",
 )
 RULES = (LOSS_SCALING, FLOAT32_LAYER)
 BY_ID = {rule.id: rule for rule in RULES}
 FIXTURES = {
-    "loss-scaling": Fixtures(fires=("float16-overflow-no-loss-scaling",), quiet=("float16-loss-scaling",)),
-    "float32-layer": Fixtures(fires=(), quiet=("float16-loss-scaling",)),
+    "loss-scaling": Fixtures(fires=(), quiet=("float16-loss-scaling",)),
+    "float32-layer": Fixtures(fires=("float16-overflow-no-loss-scaling",), quiet=("float16-loss-scaling",)),
 }
 
 # Largest finite float16 (numpy.finfo(float16).max). Outputs within a factor of 2 of it
@@ -57,10 +57,12 @@ def detect(facts):
     return found
 
 
-def overflow_rule(run):
-    """The rule for a float16 value that overflows: loss scaling, or when a LossScaleOptimizer is already in use
-    (`run["loss_scaling"]`), keeping the layer in float32 (scaling the loss again cannot help)."""
-    return FLOAT32_LAYER if run.get("loss_scaling") else LOSS_SCALING
+def overflow_rule(run, phase):
+    """The rule for a float16 value that overflows in `phase`: keeping the layer in float32 when the value came
+    before any gradient (the forward pass, the loss: loss scaling multiplies only the loss it differentiates, so it
+    cannot stop a forward overflow) or when a LossScaleOptimizer is already in use (`run["loss_scaling"]`: scaling
+    again cannot help); loss scaling for a gradient that overflows without one."""
+    return FLOAT32_LAYER if run.get("loss_scaling") or phase in loss_scale.BEFORE_GRADIENTS else LOSS_SCALING
 
 
 def matches_float16(first, inputs):
@@ -72,10 +74,14 @@ def float16_finding(facts, first, where, inputs):
     """The Recommendation for an op whose float16 value overflowed."""
     evidence = [f"{where}: {first.op} overflowed float16 (largest finite value {FLOAT16_MAX:g}); "
                 f"{operand(inputs)}"]
-    rule = overflow_rule(facts.run)
-    if rule is FLOAT32_LAYER:
+    rule = overflow_rule(facts.run, first.phase)
+    if facts.run.get("loss_scaling"):
         evidence.append("a LossScaleOptimizer is already in use: loss scaling protects the gradients, not this value")
-    return rule.recommend("error", evidence, data=finding_data(first, inputs))
+    elif rule is FLOAT32_LAYER:
+        evidence.append(f"the value overflowed in the {first.phase} pass, before any gradient: loss scaling "
+                        "multiplies the loss's gradients, so it cannot stop it; the layer must compute in float32")
+    fix = _keep_float32(first.layer_class) if rule is FLOAT32_LAYER and first.layer_class else None
+    return rule.recommend("error", evidence, fix, data=finding_data(first, inputs))
 
 
 def _skipped_updates(facts):
@@ -98,7 +104,7 @@ def _skipped_updates(facts):
     ]
     fix = ("# the gradient itself is not finite: find the op with `nanscope trace-steps` on float32\n"
            "train:\n  mixed_precision: null   # or keep the failing layer in float32: dtype='float32'")
-    return [(0.9, overflow_rule(facts.run).recommend("error", evidence, fix, data={
+    return [(0.9, overflow_rule(facts.run, "backward").recommend("error", evidence, fix, data={
         "skipped": len(skipped), "window": len(window), "loss_scale": last_scale}))]
 
 
@@ -111,7 +117,7 @@ def _float16_layers(facts):
             continue
         peak, underflow = layer.max_abs, layer.underflow_max
         if peak > FLOAT16_NEAR_OVERFLOW:
-            found.append((0.65, overflow_rule(facts.run).recommend("warning", [
+            found.append((0.65, overflow_rule(facts.run, "forward").recommend("warning", [
                 f"layer {name} ({cls}, float16) output max |x| reached {peak:.4g}, within 2x of float16's "
                 f"largest finite value {FLOAT16_MAX:g}"], _keep_float32(cls), data={"layer": name, "max_abs": peak})))
         if underflow > UNDERFLOW_FRACTION_LIMIT and not facts.run.get("loss_scaling"):

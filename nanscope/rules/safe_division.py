@@ -7,23 +7,37 @@ SAFE_DIVISION = Rule(
     "safe-division",
     "Keep denominators away from zero",
     "A RealDiv, Reciprocal or Rsqrt whose denominator holds exact zeros.",
-    "y = a / tf.maximum(b, unit)  # floor the denominator at a unit that means something for the data (a count: 1)\n"
-    "# or leave zero denominators out of the mean: keep = tf.not_equal(b, 0.0)\n"
-    "# mean = tf.reduce_sum(tf.where(keep, a / tf.where(keep, b, 1.0), 0.0)) / "
-    "tf.maximum(tf.reduce_sum(tf.cast(keep, a.dtype)), 1.0)",
+    "keep = tf.not_equal(b, 0.0)  # a mean over ratios: leave the zero denominators out of it\n"
+    "ratio = tf.where(keep, a / tf.where(keep, b, 1.0), 0.0)\n"
+    "mean = tf.reduce_sum(ratio) / tf.maximum(tf.reduce_sum(tf.cast(keep, ratio.dtype)), 1.0)\n"
+    "# a ratio a layer passes on: tf.where(keep, a / tf.where(keep, b, 1.0), 0.0)  (0 where b is 0)\n"
+    "# or floor b >= 0 at a unit that means something for the data: a / tf.maximum(b, 1.0) for a count",
 )
 RULES = (SAFE_DIVISION,)
 FIXTURES = Fixtures(fires=("share-of-a-zero-total", "loss-file-mean-over-zero-count", "mape-over-zero-counts"),
                     quiet=("tabular-regression-adam", "mape-floored-at-the-unit"))
 # `b + 1e-7` keeps a zero denominator finite but divides by 1e-7 there: a MAPE over targets that can be 0 then
-# weighs those rows 1e7 times and the predictions collapse to 0. A floor at the data's own unit, or a mean that
-# leaves the zero rows out, keeps every row's weight what it means.
-SNIPPET = ("a / tf.maximum(b, unit)  # a denominator >= 0 floored at a unit of the data (a count: 1; |y_true| in "
-           "MAPE: its smallest real value)\n"
-           "# or leave the zero denominators out of the mean:\n"
-           "keep = tf.not_equal(b, 0.0)\n"
-           "ratio = tf.where(keep, a / tf.where(keep, b, 1.0), 0.0)\n"
-           "mean = tf.reduce_sum(ratio) / tf.maximum(tf.reduce_sum(tf.cast(keep, ratio.dtype)), 1.0)")
+# weighs those rows 1e7 times and the predictions collapse to 0. A mean that leaves the zero rows out, or a floor at
+# the data's own unit, keeps every row's weight what it means. The inner tf.where keeps the gradient finite too
+# (the double where: the untaken branch must not divide by 0 either).
+MEAN = "mean = tf.reduce_sum(ratio) / tf.maximum(tf.reduce_sum(tf.cast(keep, ratio.dtype)), 1.0)"
+FLOOR = "# or floor b >= 0 at a unit that means something for the data: a / tf.maximum(b, 1.0) for a count"
+# In the loss the division is a term of a mean (a MAPE, a masked MSE): the mean leaves the zero rows out. In a layer
+# it is a value passed on (a share of a total): 0 where there is nothing to divide.
+SNIPPETS = {
+    "loss": ("keep = tf.not_equal(b, 0.0)  # leave the zero denominators out of the mean\n"
+             f"ratio = tf.where(keep, a / tf.where(keep, b, 1.0), 0.0)\n{MEAN}\n{FLOOR}"),
+    "layer": ("keep = tf.not_equal(b, 0.0)\n"
+              "ratio = tf.where(keep, a / tf.where(keep, b, 1.0), 0.0)  # 0 where b is 0; the inner where keeps "
+              f"the gradient finite\n# in a mean over ratios, leave those rows out of it: {MEAN}\n{FLOOR}"),
+}
+
+
+def in_loss(first):
+    """True when the division is in the loss (a term of its mean), not in a layer."""
+    return first.phase == "loss" or bool(getattr(first, "loss", None))
+
+
 OPS = {"RealDiv", "Div", "Reciprocal", "Inv", "Rsqrt", "FloorDiv", "TruncateDiv", "Xdivy", "RsqrtGrad"}
 
 
@@ -37,5 +51,5 @@ def finding(facts, first, where, inputs):
     """The Recommendation for a division by zero."""
     del facts  # Unused
     evidence = [f"{where}: {first.op} fed {operand(inputs)}; dividing by 0 gives inf or NaN"]
-    fix = source_fix(first, SNIPPET)
+    fix = source_fix(first, SNIPPETS["loss" if in_loss(first) else "layer"])
     return SAFE_DIVISION.recommend("error", evidence, fix, finding_data(first, inputs))

@@ -61,7 +61,7 @@ BUGGY = {
     "nan-feature-row": (spec("mlp", "tabular", data_args={"nan_rows": [40]}), "clean-input-data"),
     "missing-value-code-9999": (spec("mlp", "tabular", optimizer={"name": "sgd", "learning_rate": 0.01},
                                      data_args={"glitch_rows": [200, 205]}), "drop-outlier-rows"),
-    "log-of-softmax-layer": (spec("log_probabilities", "tabular"), "stable-log"),
+    "log-of-softmax-layer": (spec("log_probabilities", "classes", SPARSE), "stable-log"),
     "exp-overflow-layer": (spec("exp_features", "tabular"), "stable-exp"),
     "share-of-a-zero-total": (spec("share_of_total", "tabular"), "safe-division"),
     "norm-of-zero-activations": (spec("distance", "tabular"), "safe-sqrt"),
@@ -71,7 +71,8 @@ BUGGY = {
                              data_args={"x_scale": 5000.0}), "normalize-inputs"),
     "unscaled-targets": (spec("mlp", "tabular", optimizer={"name": "sgd", "learning_rate": 0.01},
                               data_args={"y_scale": 5000.0}), "normalize-targets"),
-    "float16-overflow-no-loss-scaling": (spec("float16_overflow", "tabular"), "loss-scaling"),
+    # A forward overflow: loss scaling (which multiplies the gradients) cannot stop it; a float32 layer does.
+    "float16-overflow-no-loss-scaling": (spec("float16_overflow", "tabular"), "float32-layer"),
     "adam-epsilon-zero-dead-relu": (spec("dead_relu", "tabular", optimizer={"name": "adam", "learning_rate": 0.01,
                                                                            "epsilon": 0.0}), "optimizer-epsilon"),
     "attention-row-fully-masked": (spec("masked_pooling", "padded", data_args={"empty_rows": [5]}), "masked-softmax"),
@@ -89,6 +90,21 @@ BUGGY = {
     "attention-pooling-plus-inf-fill": (spec("filled_pooling", "padded"), "finite-logits"),
     "mape-over-zero-counts": (spec("linear_head", "counts", f"{LOSSES}:mape"), "safe-division"),
     "compound-growth-product": (spec("compound_growth", "tabular"), "guard-op"),
+}
+
+# case: where its printed top fix goes when `fixing.py` applies it: a `train:` YAML block, numpy on the data, a
+# layer put first, a wrapper of the optimizer, code inside the case's layer (`model`) or loss function (`loss`) at
+# the line the rule names, or a keyword of the layer call it prints (`layer-arg:NAME`: the model factory's argument
+# NAME sets it for that layer).
+TOP_FIX_SITES = {
+    "nan-feature-row": "data", "missing-value-code-9999": "data", "log-of-softmax-layer": "model",
+    "exp-overflow-layer": "model", "share-of-a-zero-total": "model", "norm-of-zero-activations": "model",
+    "learning-rate-too-high": "train", "unscaled-inputs": "first-layer", "unscaled-targets": "data",
+    "float16-overflow-no-loss-scaling": "layer-arg:dtype", "adam-epsilon-zero-dead-relu": "train",
+    "attention-row-fully-masked": "model", "loss-file-mean-over-zero-count": "loss", "tf-where-gradient-trap": "model",
+    "gem-pooling-without-clamp": "model", "focal-loss-gamma-half": "loss", "arcface-2d-unclamped": "model",
+    "negative-binomial-relu-dispersion": "loss", "poisson-relu-rate": "loss", "rmsle-linear-head": "loss",
+    "attention-pooling-plus-inf-fill": "model", "mape-over-zero-counts": "loss", "compound-growth-product": "model",
 }
 
 # Models that override `train_step` (keras-io's VAE and GAN, `generative.py`), watched by the NanScope callback in

@@ -3,17 +3,22 @@
 import tensorflow as tf
 
 
-def large_target_mse(y_true, y_pred):
-    """MSE over the rows whose target is above 5, divided by how many there are: 0 / 0 when none is."""
-    mask = tf.cast(y_true > 5.0, y_pred.dtype)
+def large_target_mse(y_true, y_pred, fix=None):
+    """MSE over the rows whose target is above 2 (the tail, 2.5% of the rows), divided by how many there are:
+    0 / 0 in a batch that has none."""
+    mask = tf.cast(y_true > 2.0, y_pred.dtype)
+    if fix:
+        return fix(a=tf.reduce_sum(mask * tf.square(y_true - y_pred)), b=tf.reduce_sum(mask))
     return tf.reduce_sum(mask * tf.square(y_true - y_pred)) / tf.reduce_sum(mask)
 
 
-def focal_gamma_half(y_true, y_pred):
+def focal_gamma_half(y_true, y_pred, fix=None):
     """Binary focal loss with gamma 0.5 on sigmoid outputs (clipped below for the log only): once p_t rounds to 1,
     the gradient of (1 - p_t)^0.5 is 0.5 / sqrt(0) = inf."""
     p = tf.clip_by_value(y_pred, 1e-7, 1.0)
     p_t = y_true * p + (1 - y_true) * (1 - p)
+    if fix:
+        return tf.reduce_mean(-fix(x=1.0 - p_t, y=0.5) * tf.math.log(tf.maximum(p_t, 1e-7)))
     return tf.reduce_mean(-tf.pow(1.0 - p_t, 0.5) * tf.math.log(tf.maximum(p_t, 1e-7)))
 
 
@@ -31,9 +36,9 @@ def _negative_binomial(y_true, y_pred, dispersion):
     return -tf.reduce_mean(ll)
 
 
-def negative_binomial_relu(y_true, y_pred):
+def negative_binomial_relu(y_true, y_pred, fix=None):
     """Negative-binomial NLL whose dispersion r comes from a relu: lgamma(0) = inf wherever r is 0."""
-    return _negative_binomial(y_true, y_pred, tf.nn.relu)
+    return _negative_binomial(y_true, y_pred, (lambda raw: fix(raw=raw)) if fix else tf.nn.relu)
 
 
 def negative_binomial_softplus(y_true, y_pred):
@@ -41,9 +46,9 @@ def negative_binomial_softplus(y_true, y_pred):
     return _negative_binomial(y_true, y_pred, lambda raw: tf.nn.softplus(raw) + 1e-6)
 
 
-def poisson_relu(y_true, y_pred):
+def poisson_relu(y_true, y_pred, fix=None):
     """Poisson NLL with the rate straight from a relu: xlogy(y, 0) = -inf where the count is not 0."""
-    rate = tf.nn.relu(y_pred)
+    rate = fix(raw=y_pred) if fix else tf.nn.relu(y_pred)
     return tf.reduce_mean(rate - tf.math.xlogy(y_true, rate))
 
 
@@ -53,8 +58,10 @@ def poisson_softplus(y_true, y_pred):
     return tf.reduce_mean(rate - tf.math.xlogy(y_true, rate))
 
 
-def rmsle(y_true, y_pred):
+def rmsle(y_true, y_pred, fix=None):
     """Root mean squared log error on a linear head: log1p of a prediction below -1 is NaN."""
+    if fix:
+        return tf.sqrt(tf.reduce_mean(tf.square(fix(y_pred=y_pred) - tf.math.log1p(y_true))))
     return tf.sqrt(tf.reduce_mean(tf.square(tf.math.log1p(y_pred) - tf.math.log1p(y_true))))
 
 
@@ -63,8 +70,10 @@ def rmsle_softplus(y_true, y_pred):
     return tf.sqrt(tf.reduce_mean(tf.square(tf.math.log1p(tf.nn.softplus(y_pred)) - tf.math.log1p(y_true))))
 
 
-def mape(y_true, y_pred):
+def mape(y_true, y_pred, fix=None):
     """Mean absolute percentage error over counts that can be 0: |y - p| / |y| is inf there."""
+    if fix:
+        return tf.reduce_mean(fix(a=tf.abs(y_true - y_pred), b=tf.abs(y_true)))
     return tf.reduce_mean(tf.abs(y_true - y_pred) / tf.abs(y_true))
 
 

@@ -155,103 +155,133 @@ def two_heads():
 # --- buggy models -------------------------------------------------------------------------------
 
 
-class LogProbabilities(keras.layers.Layer):
+class Fixable(keras.layers.Layer):
+    """A layer with one unsafe line; `fix(**that line's variables)`, when given, computes the line instead
+    (`fixing.py` passes a printed fix's snippet)."""
+
+    def __init__(self, fix=None, **kwargs):
+        super().__init__(**kwargs)
+        self.fix = fix
+
+
+class LogProbabilities(Fixable):
     """log(softmax(x)) taken in two steps: a probability that underflows to 0 gives -inf."""
 
     def call(self, x):
+        if self.fix:
+            return self.fix(logits=x * 50.0)
         return tf.math.log(tf.nn.softmax(x * 50.0))
 
 
-class ExpFeatures(keras.layers.Layer):
+class ExpFeatures(Fixable):
     """exp of a linear score with no bound: overflows float32 once the score passes 88.7."""
 
     def call(self, x):
+        if self.fix:
+            return self.fix(x=x)
         return tf.exp(x)
 
 
-class ShareOfTotal(keras.layers.Layer):
+class ShareOfTotal(Fixable):
     """Each activation as a share of the row's total relu activation: 0 / 0 for a row with none."""
 
     def call(self, x):
         x = tf.nn.relu(x)
+        if self.fix:
+            return self.fix(a=x, b=tf.reduce_sum(x, axis=-1, keepdims=True))
         return x / tf.reduce_sum(x, axis=-1, keepdims=True)
 
 
-class Distance(keras.layers.Layer):
+class Distance(Fixable):
     """Euclidean norm of the activations: its gradient is inf x 0 = NaN where every activation is 0."""
 
     def call(self, x):
+        if self.fix:
+            return self.fix(x=tf.reduce_sum(tf.square(x), axis=-1, keepdims=True))
         return tf.sqrt(tf.reduce_sum(tf.square(x), axis=-1, keepdims=True))
 
 
-class MeanOfPositives(keras.layers.Layer):
+class MeanOfPositives(Fixable):
     """Mean of the positive activations, guarded by tf.where against rows with none: the forward value is
     finite, but the discarded branch's gradient (1 / count with count 0) is NaN."""
 
     def call(self, x):
         count = tf.reduce_sum(tf.cast(x > 0, x.dtype), axis=-1, keepdims=True)
         total = tf.reduce_sum(x, axis=-1, keepdims=True)
+        if self.fix:
+            return self.fix(count=count, total=total)
         return tf.where(count > 0, total / count, tf.zeros_like(total))
 
 
-class FullyMaskedPooling(keras.layers.Layer):
+class FullyMaskedPooling(Fixable):
     """Attention pooling with padding filled by -inf: a padding-only row has no position left."""
 
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, fix=None, **kwargs):
+        super().__init__(fix, **kwargs)
         self.embed, self.score = keras.layers.Embedding(VOCAB, 8), keras.layers.Dense(1)
 
     def call(self, ids):
         h = self.embed(ids)
+        if self.fix:
+            weights = self.fix(mask=ids > 0, scores=tf.squeeze(self.score(h), -1))
+            return tf.reduce_sum(weights[..., None] * h, axis=1)
         scores = tf.where(ids > 0, tf.squeeze(self.score(h), -1), float("-inf"))
         return tf.reduce_sum(tf.nn.softmax(scores, axis=-1)[..., None] * h, axis=1)
 
 
-def log_probabilities():
-    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(4), LogProbabilities(name="log_probs"),
-                             keras.layers.Dense(1)])
+def log_probabilities(fix=None):
+    """A 3-class classifier whose output is log(softmax(logits / 0.02)), a sharp temperature, for an NLL loss."""
+    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(3), LogProbabilities(fix, name="log_probs")])
 
 
-def exp_features():
+def exp_features(fix=None):
     large = keras.initializers.Constant(30.0)
     return keras.Sequential([keras.Input((10,)), keras.layers.Dense(4, kernel_initializer=large),
-                             ExpFeatures(name="exp"), keras.layers.Dense(1)])
+                             ExpFeatures(fix, name="exp"), keras.layers.Dense(1)])
 
 
-def share_of_total():
-    negative = keras.initializers.Constant(-2.0)
+def share_of_total(fix=None):
+    negative = keras.initializers.Constant(-1.0)
     return keras.Sequential([keras.Input((10,)), keras.layers.Dense(3, bias_initializer=negative),
-                             ShareOfTotal(name="share"), keras.layers.Dense(1)])
+                             ShareOfTotal(fix, name="share"), keras.layers.Dense(1)])
 
 
-def distance():
-    """A projection that starts at exactly 0 (zero kernel and bias), then its Euclidean norm."""
-    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(3, kernel_initializer="zeros"),
-                             Distance(name="distance"), keras.layers.Dense(1)])
+def distance(fix=None):
+    """A relu projection, then its Euclidean norm: a row whose 3 relu units are all 0 has a norm of exactly 0."""
+    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(3, activation="relu"),
+                             Distance(fix, name="distance"), keras.layers.Dense(1)])
 
 
-def mean_of_positives():
-    negative = keras.initializers.Constant(-3.0)
+def mean_of_positives(fix=None):
+    negative = keras.initializers.Constant(-0.5)
     return keras.Sequential([keras.Input((10,)), keras.layers.Dense(3, bias_initializer=negative),
-                             MeanOfPositives(name="mean_pos"), keras.layers.Dense(1)])
+                             MeanOfPositives(fix, name="mean_pos"), keras.layers.Dense(1)])
 
 
-def masked_pooling():
+def masked_pooling(fix=None):
     ids = keras.Input((LENGTH,), dtype="int32")
-    return keras.Model(ids, keras.layers.Dense(1)(FullyMaskedPooling(name="pool")(ids)))
+    return keras.Model(ids, keras.layers.Dense(1)(FullyMaskedPooling(fix, name="pool")(ids)))
 
 
-def float16_overflow():
+def float16_overflow(dtype="mixed_float16"):
     """A float16 Dense (built without the mixed-precision policy, so nothing scales the loss) whose output
-    passes float16's largest value 65504: its kernel starts at 3e4 per weight."""
+    passes float16's largest value 65504 in the forward pass: its kernel starts at a std of 1e4 (weights kept in
+    another unit), and a BatchNormalization standardises its outputs. `dtype="float32"` is float32-layer's fix."""
     return keras.Sequential([keras.Input((10,)),
-                             keras.layers.Dense(16, kernel_initializer=keras.initializers.Constant(3e4),
-                                                dtype="mixed_float16"),
+                             keras.layers.Dense(16, kernel_initializer=keras.initializers.RandomNormal(
+                                 stddev=1e4, seed=0), dtype=dtype),
+                             keras.layers.BatchNormalization(dtype="float32"),
                              keras.layers.Dense(1, dtype="float32")])
 
 
+def half_dead(shape, dtype=None):
+    """A bias of -100 for the first half of the units (dead relus: their gradient is exactly 0) and 0 for the rest."""
+    return tf.constant([-100.0] * (shape[0] // 2) + [0.0] * (shape[0] - shape[0] // 2), dtype or "float32")
+
+
 def dead_relu():
-    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(8, activation="relu", kernel_initializer="zeros"),
+    """Half of the relu units dead from the start: Adam's update of their weights is 0 / (sqrt(0) + epsilon)."""
+    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(8, activation="relu", bias_initializer=half_dead),
                              keras.layers.Dense(1)])
 
 
@@ -277,12 +307,12 @@ def classes(rows=320, seed=0):
     return x, np.digitize(y[:, 0], [-0.5, 0.5]).astype(np.int32)
 
 
-class PowerMean(keras.layers.Layer):
+class PowerMean(Fixable):
     """Generalised-mean (GeM) pooling over the features with a learnable exponent p: mean(x^p)^(1/p). Without
-    GeM's clamp a negative mean to the power 1/p is NaN."""
+    GeM's clamp a negative mean to the power 1/p is NaN. A `fix` replaces both pows of the line."""
 
-    def __init__(self, clamp=False, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, clamp=False, fix=None, **kwargs):
+        super().__init__(fix, **kwargs)
         self.clamp = clamp
 
     def build(self, shape):
@@ -291,15 +321,17 @@ class PowerMean(keras.layers.Layer):
     def call(self, x):
         if self.clamp:
             x = tf.maximum(x, 1e-6)  # safe-pow's fix: the base floored above 0
+        if self.fix:
+            return self.fix(x=tf.reduce_mean(self.fix(x=x, y=self.p), axis=-1, keepdims=True), y=1.0 / self.p)
         return tf.pow(tf.reduce_mean(tf.pow(x, self.p), axis=-1, keepdims=True), 1.0 / self.p)
 
 
-class ArcMargin(keras.layers.Layer):
+class ArcMargin(Fixable):
     """ArcFace's additive angular margin on a 2-D embedding (as in the paper's toy figure): 4 * cos(theta + 0.3),
     with theta = acos of the cosine between the embedding and each class centre."""
 
-    def __init__(self, classes=3, clamp=False, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, classes=3, clamp=False, fix=None, **kwargs):
+        super().__init__(fix, **kwargs)
         self.classes, self.clamp = classes, clamp
 
     def build(self, shape):
@@ -309,57 +341,65 @@ class ArcMargin(keras.layers.Layer):
         cos = tf.matmul(tf.math.l2_normalize(e, axis=-1), tf.math.l2_normalize(self.centres, axis=0))
         if self.clamp:
             cos = tf.clip_by_value(cos, -1.0 + 1e-7, 1.0 - 1e-7)  # clamp-inverse-trig's fix
+        if self.fix:
+            return 4.0 * tf.cos(self.fix(x=cos) + 0.3)
         return 4.0 * tf.cos(tf.acos(cos) + 0.3)
 
 
-class FilledPooling(keras.layers.Layer):
+class FilledPooling(Fixable):
     """Attention pooling over padded tokens whose padding scores are filled with `fill`: +inf is a sign slip
     (softmax then gives inf - inf = NaN in every padded row); -1e9 is the masked fill that works."""
 
-    def __init__(self, fill=float("inf"), **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, fill=float("inf"), fix=None, **kwargs):
+        super().__init__(fix, **kwargs)
         self.fill = fill
         self.embed, self.score = keras.layers.Embedding(VOCAB, 8), keras.layers.Dense(1)
 
     def call(self, ids):
         h = self.embed(ids)
+        if self.fix:
+            weights = self.fix(mask=ids > 0, scores=tf.squeeze(self.score(h), -1))
+            return tf.reduce_sum(weights[..., None] * h, axis=1)
         scores = tf.where(ids > 0, tf.squeeze(self.score(h), -1), self.fill)
         return tf.reduce_sum(tf.nn.softmax(scores, axis=-1)[..., None] * h, axis=1)
 
 
-class CompoundGrowth(keras.layers.Layer):
+class CompoundGrowth(Fixable):
     """The compound growth of 128 quarterly rates (1 + relu(r)), multiplied out: the product overflows float32.
     In log space (`log_space`) it is their sum of log1p."""
 
-    def __init__(self, log_space=False, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, log_space=False, fix=None, **kwargs):
+        super().__init__(fix, **kwargs)
         self.log_space = log_space
 
     def call(self, r):
         if self.log_space:
             return tf.reduce_sum(tf.math.log1p(tf.nn.relu(r)), axis=-1, keepdims=True)  # guard-op's form
+        if self.fix:
+            return self.fix(x=1.0 + tf.nn.relu(r))
         return tf.reduce_prod(1.0 + tf.nn.relu(r), axis=-1, keepdims=True)
 
 
-def gem(clamp=False):
-    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(8), PowerMean(clamp, name="gem"),
+def gem(clamp=False, fix=None):
+    return keras.Sequential([keras.Input((10,)), keras.layers.Dense(8), PowerMean(clamp, fix, name="gem"),
                              keras.layers.Dense(1)])
 
 
-def arcface(clamp=False):
+def arcface(clamp=False, fix=None):
     return keras.Sequential([keras.Input((10,)), keras.layers.Dense(3, activation="relu"),
-                             ArcMargin(3, clamp, name="arc")])
+                             ArcMargin(3, clamp, fix, name="arc")])
 
 
-def filled_pooling(fill=float("inf")):
+def filled_pooling(fill=float("inf"), fix=None):
     ids = keras.Input((LENGTH,), dtype="int32")
-    return keras.Model(ids, keras.layers.Dense(1)(FilledPooling(fill, name="pool")(ids)))
+    return keras.Model(ids, keras.layers.Dense(1)(FilledPooling(fill, fix, name="pool")(ids)))
 
 
-def compound_growth(log_space=False):
+def compound_growth(log_space=False, fix=None):
     large = keras.initializers.RandomNormal(stddev=3.0, seed=0)
     return keras.Sequential([keras.Input((10,)), keras.layers.Dense(128, kernel_initializer=large),
-                             CompoundGrowth(log_space, name="growth"), keras.layers.Dense(1)])
+                             CompoundGrowth(log_space, fix, name="growth"), keras.layers.BatchNormalization(),
+                             keras.layers.Dense(1)])
 
 
 def linear_head(outputs=1):
