@@ -44,11 +44,11 @@ def evaluate(code, names):
     """Run `code` with `names` bound; the value of its last line (an expression's, or the names it assigns)."""
     body = ast.parse(code).body
     namespace = {"tf": tf, "keras": keras, "np": np, **names}
-    exec(compile(ast.Module(body[:-1], type_ignores=[]), "<fix>", "exec"), namespace)  # noqa: S102
+    exec(compile(ast.Module(body[:-1], type_ignores=[]), "<fix>", "exec"), namespace)
     last = body[-1]
     if isinstance(last, ast.Expr):
-        return eval(compile(ast.Expression(last.value), "<fix>", "eval"), namespace)  # noqa: S307
-    exec(compile(ast.Module([last], type_ignores=[]), "<fix>", "exec"), namespace)  # noqa: S102
+        return eval(compile(ast.Expression(last.value), "<fix>", "eval"), namespace)
+    exec(compile(ast.Module([last], type_ignores=[]), "<fix>", "exec"), namespace)
     target = last.targets[0] if isinstance(last, ast.Assign) else last.target
     if isinstance(target, ast.Tuple):
         return tuple(namespace[t.id] for t in target.elts)
@@ -59,7 +59,7 @@ def layer_argument(code, name):
     """The value of keyword `name` in the layer call `code` (`keras.layers.Dense(..., dtype='float32')`)."""
     call = ast.parse(code).body[0].value
     value = next(k.value for k in call.keywords if k.arg == name)
-    return eval(compile(ast.Expression(value), "<fix>", "eval"), {"tf": tf, "keras": keras})  # noqa: S307
+    return eval(compile(ast.Expression(value), "<fix>", "eval"), {"tf": tf, "keras": keras})
 
 
 def snippet(code):
