@@ -48,12 +48,20 @@ def jsonable(value: Any) -> Any:
 
 
 def encode_float(value: float) -> float | str:
-    """A float, or "nan" / "inf" / "-inf" for the non-finite ones."""
+    """A float, or "nan" / "inf" / "-inf" for the non-finite ones (`decode_float` reads them back)."""
     if math.isnan(value):
         return "nan"
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
     return value
+
+
+NONFINITE_SPELLINGS = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def decode_float(value: Any) -> Any:
+    """`encode_float`'s inverse: "nan" / "inf" / "-inf" become floats again; any other value is returned as it is."""
+    return NONFINITE_SPELLINGS[value] if isinstance(value, str) and value in NONFINITE_SPELLINGS else value
 
 
 def dumps(value: Any, indent: int | None = 2) -> str:

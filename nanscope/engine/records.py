@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nanscope.engine.schema import LAYER, OUTPUT, SCALARS, VARIABLE
+from nanscope.jsonio import decode_float
 
 
 @dataclass
@@ -243,12 +244,9 @@ def first_nonfinite_worker(record):
 
 def record_from_dict(line):
     """A StepRecord from its JSON form (a trace line); "nan"/"inf" strings become floats again."""
-    values = {k: _decoded(v) for k, v in line.items()
+    values = {k: decode_float(v) for k, v in line.items()
               if k not in ("kind", "kept", "layers", "variables", "phase", "outputs")}
-    rows = {name: [cls(**{k: _decoded(v) for k, v in row.items()}) for row in line.get(name, [])]
+    rows = {name: [cls(**{k: decode_float(v) for k, v in row.items()}) for row in line.get(name, [])]
             for name, cls in (("layers", LayerStats), ("variables", VariableStats), ("outputs", OutputStats))}
     return StepRecord(**rows, **values)
 
-
-def _decoded(value):
-    return float(value) if isinstance(value, str) and value in ("nan", "inf", "-inf") else value

@@ -7,6 +7,8 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from nanscope.jsonio import encode_float
+
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.style import Style
@@ -34,10 +36,8 @@ def fmt(value: float | str | None) -> str:
         return str(value)
     if isinstance(value, int):
         return f"{value:,}"
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
+    if not math.isfinite(value):
+        return str(encode_float(value))  # the JSON's spelling: nan, inf, -inf
     return f"{value:.4g}"
 
 

@@ -22,7 +22,7 @@ from nanscope.store.history import (
     DEFAULT_KEEP, DEFAULT_SAMPLE, LayerAggregate, OutputAggregate, StepHistory, VariableAggregate,
     scalar_row,
 )
-from nanscope.jsonio import jsonable
+from nanscope.jsonio import decode_float, jsonable
 from nanscope.rules.catalogue import Recommendation
 from nanscope.store.series import TraceColumns
 from nanscope.store.tracefile import step_record, trace_lines
@@ -489,15 +489,12 @@ def _scalar_array(path, number, rows, series):
 
 
 def _aggregate(cls, row, stats_cls, stats_fields=("last",)):
-    values = {k: _decoded(v) for k, v in row.items()}
+    values = {k: decode_float(v) for k, v in row.items()}
     for name in stats_fields:
         if values.get(name) is not None:
-            values[name] = stats_cls(**{k: _decoded(v) for k, v in values[name].items()})
+            values[name] = stats_cls(**{k: decode_float(v) for k, v in values[name].items()})
     return cls(**values)
 
-
-def _decoded(value):
-    return float(value) if isinstance(value, str) and value in ("nan", "inf", "-inf") else value
 
 
 def aggregates_json(history):
