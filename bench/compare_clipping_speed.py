@@ -26,7 +26,7 @@ from nanscope.run.clipping import compare_clipping
 from nanscope.model.factory import load_callable
 from nanscope.runtime import tensorflow
 from nanscope.run.session import open_session
-from nanscope.spec import apply_overrides, load_spec
+from nanscope.spec.load import apply_overrides, load_spec
 
 from pathlib import Path
 

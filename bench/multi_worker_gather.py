@@ -61,7 +61,7 @@ def timed(engines, session, rounds, steps):
 
 def role_main(args):
     from nanscope.run.session import open_session
-    from nanscope.spec import parse_spec
+    from nanscope.spec.load import parse_spec
 
     document = json.loads(Path(args.spec).read_text())
     if args.role == "single":

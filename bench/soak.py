@@ -112,7 +112,7 @@ def spec(name="healthy.yaml", steps=1000, **train):
     """A RunSpec of tests/specs/NAME with `steps` and any other train fields replaced."""
     import yaml
 
-    from nanscope.spec import parse_spec
+    from nanscope.spec.load import parse_spec
 
     document = yaml.safe_load((SPECS / name).read_text())
     document["train"].update(steps=steps, **train)

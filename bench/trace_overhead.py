@@ -227,7 +227,7 @@ def nanscope_seconds(config, clock):
     with tempfile.TemporaryDirectory() as tmp:
         trace_path = Path(tmp) / "trace.jsonl"
         if run_trace_available():
-            from nanscope.spec import load_spec
+            from nanscope.spec.load import load_spec
             from nanscope.run.trace import TraceOptions, run_trace
 
             seconds, _ = wall_seconds(
@@ -279,7 +279,7 @@ def fit_seconds(config, clock):
     """
     from nanscope.model.optimizers import build_optimizer
     from nanscope.run.session import open_session
-    from nanscope.spec import load_spec
+    from nanscope.spec.load import load_spec
 
     now = CLOCKS[clock]
     start = now()
@@ -356,7 +356,7 @@ def bench_end_to_end(config, repeats, clock):
 
 def load_steps(config):
     """train.steps of a spec file."""
-    from nanscope.spec import load_spec
+    from nanscope.spec.load import load_spec
 
     return load_spec(config).train.steps
 

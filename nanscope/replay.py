@@ -27,7 +27,7 @@ from nanscope.report.model import FirstNonfinite, TraceReport
 from nanscope.rules.diagnose import diagnose
 from nanscope.rules.evidence import evidence_from_session
 from nanscope.run.session import open_session
-from nanscope.spec import parse_spec
+from nanscope.spec.load import parse_spec
 from nanscope.run.trace import describe_run, locate_first_nonfinite  # the step runs as trace-steps runs it
 
 

@@ -18,7 +18,7 @@ from nanscope.run.clipping import compare_clipping
 from nanscope.model.factory import load_callable
 from nanscope.render.clipping_report import render_clipping_report
 from nanscope.runtime import tensorflow
-from nanscope.spec import parse_spec
+from nanscope.spec.load import parse_spec
 
 tf, keras = tensorflow()
 SPECS = Path(__file__).parent / "specs"

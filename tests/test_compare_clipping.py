@@ -17,7 +17,7 @@ from nanscope.run.clipping.effect import clip_overrides
 from nanscope.run.clipping.transforms import ClipMonitor, keras_clip
 from nanscope.run.experiment import Change, run_experiment
 from nanscope.run.session import open_session
-from nanscope.spec import load_spec
+from nanscope.spec.load import load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 EXPLODING = REPO / "configs" / "exploding-regression.yaml"

@@ -16,7 +16,7 @@ import yaml
 
 from nanscope.errors import SpecError
 from nanscope.run.session import open_session
-from nanscope.spec import parse_spec
+from nanscope.spec.load import parse_spec
 from nanscope.run.trace import TraceOptions, run_trace
 
 SPECS = Path(__file__).parent / "specs" / "distribute"

@@ -14,7 +14,7 @@ from nanscope.cli import app
 from nanscope.data.files import whole
 from nanscope.run.sources import load_data
 from nanscope.runtime import tensorflow
-from nanscope.spec import parse_spec
+from nanscope.spec.load import parse_spec
 
 tf, _ = tensorflow()
 ROWS = 23  # not a multiple of the block sizes below

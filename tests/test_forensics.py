@@ -17,7 +17,7 @@ from nanscope.forensics import localize_step
 from nanscope.forensics.replay import state_variables
 from nanscope.replay import replay_repro
 from nanscope.run.session import open_session
-from nanscope.spec import load_spec
+from nanscope.spec.load import load_spec
 from nanscope.run.trace import TraceOptions, run_trace
 
 SPECS = Path(__file__).parent / "specs"

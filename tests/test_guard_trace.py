@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from nanscope.guard import GuardOptions
-from nanscope.spec import parse_spec
+from nanscope.spec.load import parse_spec
 from nanscope.run.trace import TraceOptions, run_trace
 
 SPECS = Path(__file__).parent / "specs"

@@ -18,7 +18,7 @@ from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import LAYER, SCALARS, VARIABLE, StepLayout
 from nanscope.store.history import StepHistory
 from nanscope.report.model import load_trace
-from nanscope.spec import apply_overrides, load_spec
+from nanscope.spec.load import apply_overrides, load_spec
 from nanscope.run.trace import TraceOptions, run_trace
 
 SPECS = Path(__file__).parent / "specs"

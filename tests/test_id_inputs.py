@@ -15,7 +15,7 @@ from nanscope.model.factory import load_callable
 from nanscope.rules.diagnose import SCALE_LIMIT
 from nanscope.runtime import tensorflow
 from nanscope.run.session import open_session
-from nanscope.spec import parse_spec
+from nanscope.spec.load import parse_spec
 from nanscope.run.trace import TraceOptions, run_trace
 from nanscope.run.verify import standardized_inputs
 

@@ -19,7 +19,7 @@ import tensorflow as tf
 from typer.testing import CliRunner
 
 from nanscope.cli import app
-from nanscope.spec import load_spec
+from nanscope.spec.load import load_spec
 from nanscope.run.trace import TraceOptions, run_trace
 
 SPECS = Path(__file__).parent / "specs"

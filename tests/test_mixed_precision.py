@@ -7,7 +7,7 @@ from rich.console import Console
 
 from nanscope.render.trace_report import render_trace_report
 from nanscope.runtime import tensorflow
-from nanscope.spec import parse_spec
+from nanscope.spec.load import parse_spec
 from nanscope.run.trace import TraceOptions, run_trace
 
 tf, keras = tensorflow()

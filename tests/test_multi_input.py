@@ -15,7 +15,7 @@ from nanscope.run import trace as trace_module
 from nanscope.cli import app
 from nanscope.runtime import tensorflow
 from nanscope.run.session import open_session
-from nanscope.spec import parse_spec
+from nanscope.spec.load import parse_spec
 from nanscope.run.trace import TraceOptions, run_trace
 
 tf, keras = tensorflow()

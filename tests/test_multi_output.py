@@ -17,7 +17,7 @@ from nanscope.cli import app
 from nanscope.engine.chunk import ChunkRunner
 from nanscope.runtime import tensorflow
 from nanscope.run.session import open_session
-from nanscope.spec import parse_spec
+from nanscope.spec.load import parse_spec
 from nanscope.run.trace import TraceOptions, run_trace
 
 tf, keras = tensorflow()
@@ -286,7 +286,7 @@ def test_compare_clipping_runs_every_strategy_on_the_same_multi_output_batches(t
 def _eager_first_nonfinite_step(config, steps):
     """The reference: plain eager steps (GradientTape, the spec's optimizer) on the session's batches, same seed."""
     from nanscope.model.optimizers import build_optimizer
-    from nanscope.spec import load_spec
+    from nanscope.spec.load import load_spec
 
     tf, _ = tensorflow()
     session = open_session(load_spec(config))

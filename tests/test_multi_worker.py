@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from nanscope.report.model import load_trace
-from nanscope.spec import parse_spec
+from nanscope.spec.load import parse_spec
 from nanscope.run.trace import TraceOptions, run_trace
 
 SPECS = Path(__file__).parent / "specs" / "multi_worker"

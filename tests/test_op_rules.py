@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from nanscope.rules import domains
-from nanscope.spec import parse_spec
+from nanscope.spec.load import parse_spec
 from nanscope.run.trace import TraceOptions, run_trace
 
 HERE = Path(__file__).parent

@@ -9,7 +9,7 @@ import pytest
 from nanscope.model.factory import load_callable
 from nanscope.rules.outliers import EXTREME_Z, glitch_rows
 from nanscope.rules.trends import geometric_growth
-from nanscope.spec import parse_spec
+from nanscope.spec.load import parse_spec
 from nanscope.run.trace import TraceOptions, run_trace
 
 DATA = Path(__file__).parent / "specs" / "scaled_data.py"

@@ -10,7 +10,7 @@ from nanscope.engine.exact import SMALL_ROW_SIZE, SMALL_SIZE, small
 from nanscope.engine.variable_stats import any_nonfinite_count, variable_rows
 from nanscope.engine.probes import tensor_stats
 from nanscope.runtime import tensorflow
-from nanscope.spec import parse_spec
+from nanscope.spec.load import parse_spec
 from nanscope.run.trace import TraceOptions, run_trace
 
 tf, keras = tensorflow()

@@ -18,7 +18,7 @@ import pytest
 from rich.console import Console
 
 from nanscope.render.format import NAME_BREAKS, fmt, name_lines
-from nanscope.spec import apply_overrides, load_spec, parse_spec
+from nanscope.spec.load import apply_overrides, load_spec, parse_spec
 
 CONFIGS = Path(__file__).parent.parent / "configs"
 SPECS = Path(__file__).parent / "specs"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from nanscope.rules.catalogue import RULES
-from nanscope.spec import load_spec
+from nanscope.spec.load import load_spec
 from nanscope.run.trace import TraceOptions, run_trace
 
 SPECS = Path(__file__).parent / "specs"

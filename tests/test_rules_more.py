@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from nanscope.spec import load_spec, parse_spec
+from nanscope.spec.load import load_spec, parse_spec
 from nanscope.run.trace import TraceOptions, run_trace
 
 SPECS = Path(__file__).parent / "specs"

@@ -9,7 +9,7 @@ import numpy as np
 
 from nanscope.model.factory import load_callable
 from nanscope.rules.diagnose import EXTREME_SCALE, SCALE_LIMIT
-from nanscope.spec import parse_spec
+from nanscope.spec.load import parse_spec
 from nanscope.run.trace import TraceOptions, run_trace
 
 MODELS = Path(__file__).parent / "specs" / "id_models.py"

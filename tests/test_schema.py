@@ -16,7 +16,7 @@ from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import LAYER, OUTPUT, SCALARS, VARIABLE, Columns, StepLayout
 from nanscope.runtime import tensorflow
 from nanscope.run.session import open_session
-from nanscope.spec import parse_spec
+from nanscope.spec.load import parse_spec
 
 tf, keras = tensorflow()
 BATCH, FEATURES, L2 = 8, 4, 0.05

@@ -3,7 +3,7 @@
 import pytest
 
 from nanscope.errors import SpecError
-from nanscope.spec import apply_overrides, load_spec, parse_spec
+from nanscope.spec.load import apply_overrides, load_spec, parse_spec
 
 BASE = {"model": {"factory": "m.py:build"}, "data": {"synthetic": {"kind": "regression"}}}
 

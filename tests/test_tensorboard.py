@@ -11,7 +11,7 @@ from rich.console import Console
 
 from nanscope.keras import NanScope
 from nanscope.runtime import tensorflow
-from nanscope.spec import load_spec
+from nanscope.spec.load import load_spec
 from nanscope.run.trace import TraceOptions, run_trace
 
 tf, keras = tensorflow()

@@ -11,7 +11,7 @@ from nanscope.engine.step import InstrumentedStep
 from nanscope.run.losses import Loss
 from nanscope.model.models import from_keras
 from nanscope.runtime import tensorflow
-from nanscope.spec import load_spec, parse_spec
+from nanscope.spec.load import load_spec, parse_spec
 from nanscope.run.trace import TraceOptions, run_trace
 from nanscope.store.tracefile import read_trace
 

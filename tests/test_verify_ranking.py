@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from nanscope.rules.catalogue import recommend
-from nanscope.spec import parse_spec
+from nanscope.spec.load import parse_spec
 from nanscope.run.trace import TraceOptions, run_trace
 from nanscope.run.verify import ranked_by_verification
 

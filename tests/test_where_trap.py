@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from nanscope.spec import load_spec
+from nanscope.spec.load import load_spec
 from nanscope.run.trace import TraceOptions, run_trace
 
 SPECS = Path(__file__).parent / "specs"
@@ -96,7 +96,7 @@ def test_a_plain_zero_denominator_stays_safe_division(tmp_path):
 def test_a_float16_overflow_that_reaches_the_loss_is_not_said_to_be_thrown_away(tmp_path):
     """A float16 Dense overflows and its inf reaches the BCE loss (NaN), though a tf.where inside Keras'
     binary cross-entropy dropped the copies it was given: the detail line says it reached the loss."""
-    from nanscope.spec import parse_spec
+    from nanscope.spec.load import parse_spec
 
     spec = parse_spec({
         "model": {"factory": f"{SPECS / 'precision_models.py'}:sigmoid_classifier"},

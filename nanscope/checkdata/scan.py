@@ -28,8 +28,9 @@ from nanscope.checkdata.stats import ColumnStats
 from nanscope.rules.outliers import EXTREME_Z, MAX_FRACTION, missing_value_codes
 from nanscope.data.inputs import id_inputs
 from nanscope.errors import DataError, SpecError
-from nanscope.spec import DataSpec, load_spec
+from nanscope.spec.load import load_spec
 
+from nanscope.spec.sections import DataSpec
 CHUNK_BYTES = 4 << 20
 STREAM_CHUNK_ROWS = 16384
 CLASS_HINTS = ("classes", "num_classes", "n_classes")

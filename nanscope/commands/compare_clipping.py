@@ -21,7 +21,7 @@ def run(spec: str | os.PathLike[str], *, steps: int | None = None, strategies: s
     from nanscope.run.clipping.compare import stopped_before_training
     from nanscope.report.plotting import require_matplotlib
     from nanscope.render.clipping_report import clipping_progress, render_clipping_report
-    from nanscope.spec import apply_overrides, load_spec
+    from nanscope.spec.load import apply_overrides, load_spec
 
     chosen = parse_strategies(strategies)
     if plot is not None:

@@ -13,7 +13,7 @@ def run(spec, *, steps=None, lr=None, batch_size=None, seed=None, json_out=None,
     """Run trace-steps on the spec file `spec` with the command's options; return the exit code."""
     keep_going, guard = guard_choices(on_nonfinite, mode, keep_going)
     from nanscope.render.trace_report import render_trace_report
-    from nanscope.spec import apply_overrides, load_spec
+    from nanscope.spec.load import apply_overrides, load_spec
     from nanscope.run.trace import TraceOptions, run_trace, stopped_before_training
 
     if plot is not None:

@@ -16,7 +16,7 @@ from nanscope.runtime import tensorflow
 
 if TYPE_CHECKING:
     from nanscope.model.models import LoadedModel
-    from nanscope.spec import RunSpec, ScheduleSpec
+    from nanscope.spec.sections import RunSpec, ScheduleSpec
 
 __all__ = ["build_optimizer", "build_schedule", "optimizer_settings"]
 

@@ -18,7 +18,7 @@ from nanscope.errors import DataError, ModelError, SpecError
 from nanscope.model.factory import referenced_file
 
 if TYPE_CHECKING:
-    from nanscope.spec import LossSpec, RunSpec
+    from nanscope.spec.sections import LossSpec, RunSpec
 
 NPY_SUFFIX = ".npy"
 

@@ -38,7 +38,7 @@ from nanscope.run.session import open_session, start_up_failures
 from nanscope.store.tracefile import TraceWriter, summary_line
 
 if TYPE_CHECKING:
-    from nanscope.spec import RunSpec
+    from nanscope.spec.sections import RunSpec
 
 DEFAULT_RUNS_DIR = Path("nanscope-runs")
 # Shorter runs take one compiled call per step instead of chunks of steps (engine/chunk.py):

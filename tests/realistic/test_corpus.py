@@ -26,7 +26,7 @@ from nanscope.model.factory import load_callable
 from nanscope.keras import NanScope
 from nanscope.runtime import tensorflow
 from nanscope.run.session import dtype_policy
-from nanscope.spec import parse_spec
+from nanscope.spec.load import parse_spec
 from nanscope.run.trace import TraceOptions, run_trace
 
 tf, keras = tensorflow()

@@ -25,7 +25,7 @@ from nanscope.run.experiment import Change, ExperimentResult, run_experiment
 from nanscope.run.session import open_session
 
 if TYPE_CHECKING:
-    from nanscope.spec import RunSpec
+    from nanscope.spec.sections import RunSpec
 
 
 @dataclass

@@ -24,7 +24,7 @@ import numpy as np
 from nanscope.run.clipping.transforms import STAT_COLUMNS, keras_clip
 from nanscope.model.optimizers import build_optimizer
 from nanscope.runtime import tensorflow
-from nanscope.spec import CLIP_FIELDS
+from nanscope.spec.sections import CLIP_FIELDS
 
 # float32 rounding of a clipped norm: the clipped value may exceed the threshold by a few ulps.
 WITHIN_TOLERANCE = 1e-4
