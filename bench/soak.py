@@ -120,7 +120,8 @@ def spec(name="healthy.yaml", steps=1000, **train):
 
 
 def trace_way(steps, meter, folder, **train):
-    from nanscope.run.trace import TraceOptions, run_trace
+    from nanscope.run.trace import run_trace
+    from nanscope.spec.options import TraceOptions
 
     report = run_trace(spec(steps=steps, **train), TraceOptions(trace_path=folder / "trace.jsonl",
                                                                  on_step=lambda record: meter.tick()))
@@ -220,7 +221,8 @@ def compare_clipping_way(steps, meter, folder):
 
 def verify_way(steps, meter, folder):
     import nanscope.run.verify as verify
-    from nanscope.run.trace import TraceOptions, run_trace
+    from nanscope.run.trace import run_trace
+    from nanscope.spec.options import TraceOptions
 
     original = verify.run_experiment
 
@@ -239,7 +241,8 @@ def verify_way(steps, meter, folder):
 
 def replay_way(steps, meter, folder):
     from nanscope.replay import replay_repro
-    from nanscope.run.trace import TraceOptions, run_trace
+    from nanscope.run.trace import run_trace
+    from nanscope.spec.options import TraceOptions
 
     bundle = folder / "repro"
     run_trace(spec("exploding.yaml", steps=200), TraceOptions(trace_path=folder / "saved.jsonl", save_repro=bundle))

@@ -228,7 +228,8 @@ def nanscope_seconds(config, clock):
         trace_path = Path(tmp) / "trace.jsonl"
         if run_trace_available():
             from nanscope.spec.load import load_spec
-            from nanscope.run.trace import TraceOptions, run_trace
+            from nanscope.run.trace import run_trace
+            from nanscope.spec.options import TraceOptions
 
             seconds, _ = wall_seconds(
                 lambda: run_trace(load_spec(config), TraceOptions(keep_going=True, trace_path=trace_path)), clock

@@ -19,6 +19,13 @@ import typer
 from nanscope import interrupt
 from nanscope.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, NanscopeError
 from nanscope.internals import usage_error
+from nanscope.spec.options import (
+    CheckDataOptions,
+    CompareClippingOptions,
+    ReplayOptions,
+    ReportOptions,
+    TraceOptions,
+)
 
 
 class _HelpFlag:
@@ -52,14 +59,6 @@ app = typer.Typer(
 )
 
 SpecArg = Annotated[Path, typer.Argument(help="YAML run spec (model, data, train sections).", show_default=False)]
-StepsOpt = Annotated[int | None, typer.Option("--steps", help="Override train.steps.", show_default=False)]
-LrOpt = Annotated[float | None,
-                  typer.Option("--lr", help="Override the optimizer's learning_rate.", show_default=False)]
-BatchOpt = Annotated[int | None, typer.Option("--batch-size", help="Override data.batch_size.", show_default=False)]
-SeedOpt = Annotated[int | None, typer.Option("--seed", help="Override train.seed.", show_default=False)]
-JsonOpt = Annotated[
-    str | None, typer.Option("--json", help="Write the JSON report to PATH ('-' for stdout).", show_default=False)
-]
 
 
 def flag(name, text):
@@ -67,9 +66,38 @@ def flag(name, text):
     return typer.Option(name, help=text, metavar="")
 
 
-StrictOpt = Annotated[bool, flag("--strict", "Exit 1 on warning-level findings too.")]
-AllOpt = Annotated[bool, flag("--all", "Show every row of the layer and variable tables (default: the largest "
-                                       "and those the findings name).")]
+def cli_option(declared):
+    """The Typer option of an options dataclass field declared with `nanscope.spec.options.option`."""
+    meta = declared.metadata
+    if declared.type is bool:
+        return flag(meta["flag"], meta["help"])
+    extra = {"min": meta["min"]} if meta["min"] is not None else {}
+    return typer.Option(meta["flag"], help=meta["help"], show_default=meta["show_default"], **extra)
+
+
+def register(name, options, argument, argument_help, call):
+    """Register the command `name`: its one argument, then an option per field of the dataclass `options` that
+    declares one, in field order. The command runs `call(argument, options(**given))` (`run_command`).
+
+    The options are declared once, in `nanscope.spec.options`; this builds the Typer parameters from them.
+    """
+    import dataclasses
+    import inspect
+
+    def command(**given):
+        value = given.pop(argument)
+        run_command(lambda: call(value, options(**given)))
+
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    parameters = [inspect.Parameter(argument, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=argument_help)]
+    parameters += [inspect.Parameter(declared.name, keyword, default=declared.default,
+                                     annotation=Annotated[declared.type, cli_option(declared)])
+                   for declared in dataclasses.fields(options) if "flag" in declared.metadata]
+    command.__signature__ = inspect.Signature(parameters, return_annotation=None)
+    command.__annotations__ = {parameter.name: parameter.annotation for parameter in parameters}
+    command.__name__ = name.replace("-", "_")
+    command.__doc__ = call.__doc__
+    return app.command(name, cls=Command)(command)
 
 
 def run_command(body):
@@ -127,160 +155,49 @@ def one_line(exc):
     return " ".join(str(exc).split())
 
 
-@app.command("trace-steps", cls=Command)
-def trace_steps(
-    spec: SpecArg,
-    steps: StepsOpt = None,
-    lr: LrOpt = None,
-    batch_size: BatchOpt = None,
-    seed: SeedOpt = None,
-    json_out: JsonOpt = None,
-    trace: Annotated[
-        Path | None, typer.Option("--trace", help="JSON-lines trace file (default: nanscope-runs/<spec>/trace.jsonl).")
-    ] = None,
-    keep_going: Annotated[bool, flag("--keep-going", "Continue past the first non-finite step.")] = False,
-    on_nonfinite: Annotated[
-        str | None, typer.Option("--on-nonfinite", help="stop (default), continue (= --keep-going), skip (undo the "
-                                                        "step, go on) or rollback (an earlier state, a lower "
-                                                        "learning rate); docs/guard.md.")
-    ] = None,
-    mode: Annotated[
-        str, typer.Option("--mode", help="full (default) or sentinel: the scalars on most steps, the full statistics "
-                                       "on every 100th and around events (docs/guard.md).")
-    ] = "full",
-    strict: StrictOpt = False,
-    show_all: AllOpt = False,
-    save_repro: Annotated[
-        Path | None, typer.Option("--save-repro",
-                                  help="Save the first non-finite step to DIR for `nanscope replay DIR`.")
-    ] = None,
-    verify: Annotated[
-        bool, flag("--verify", "Re-run with each fix nanscope can apply and mark it verified.")
-    ] = False,
-    tensorboard: Annotated[
-        Path | None, typer.Option("--tensorboard", help="Write per-step scalars to this TensorBoard log DIR.")
-    ] = None,
-    plot: Annotated[
-        Path | None,
-        typer.Option("--plot", help="Draw loss, grad norm and the worst layers to FILE (.png, .svg or .pdf; "
-                                    "needs nanscope\\[plot])."),
-    ] = None,
-    unsafe: Annotated[
-        bool,
-        flag("--unsafe", "Load a .keras file without Keras safe mode (Lambda layers run stored Python "
-                         "code): only for files you trust."),
-    ] = False,
-    keep_steps: Annotated[
-        int, typer.Option("--keep-steps", min=1, help="Keep every layer's and variable's row for the first N steps, "
-                                                      "the last N and N around the first NaN (default 500).")
-    ] = 500,
-    sample_steps: Annotated[
-        int, typer.Option("--sample-steps", min=2, help="...and for an even sample of N steps in between "
-                                                        "(default 500).")
-    ] = 500,
-    trace_full: Annotated[
-        bool, flag("--trace-full", "Write every step's full row to the trace (by default: every step's scalars, "
-                                   "full rows of the kept steps).")
-    ] = False,
-) -> None:
+def _trace_steps(spec, options):
     """Run instrumented train steps and report where the first NaN/Inf appears and why."""
-    from nanscope.commands import trace_steps as command
+    from nanscope.commands import trace_steps
 
-    run_command(lambda: command.run(spec, steps=steps, lr=lr, batch_size=batch_size, seed=seed, json_out=json_out,
-                                    trace=trace, keep_going=keep_going, on_nonfinite=on_nonfinite, mode=mode,
-                                    strict=strict, show_all=show_all,
-                                    save_repro=save_repro, verify=verify, tensorboard=tensorboard, plot=plot,
-                                    unsafe=unsafe, keep_steps=keep_steps, sample_steps=sample_steps,
-                                    trace_full=trace_full))
+    return trace_steps.run(spec, options)
 
 
-@app.command("replay", cls=Command)
-def replay(
-    directory: Annotated[Path, typer.Argument(
-        help="A folder written by `trace-steps --save-repro DIR` or by `NanScope(repro=DIR)` in fit.")],
-    json_out: JsonOpt = None,
-    verify: Annotated[
-        bool, flag("--verify", "Apply each fix nanscope can apply to the saved step and say whether it stays finite.")
-    ] = False,
-    unsafe: Annotated[
-        bool, flag("--unsafe", "Load a bundle's model without Keras safe mode (Lambda layers run stored Python "
-                               "code): only for bundles you trust."),
-    ] = False,
-) -> None:
+def _replay(directory, options):
     """Re-run one saved step eagerly and show the op, layer and line that produced the first NaN/Inf."""
-    from nanscope.commands import replay as command
+    from nanscope.commands import replay
 
-    run_command(lambda: command.run(directory, json_out=json_out, verify=verify, unsafe=unsafe))
+    return replay.run(directory, options)
 
 
-@app.command("check-data", cls=Command)
-def check_data(
-    source: Annotated[
-        Path, typer.Argument(help="A run spec (its data section) or a data file (.npz, .npy, .csv, .tfrecord).")
-    ],
-    json_out: JsonOpt = None,
-    target: Annotated[
-        str | None, typer.Option("--target", help="Target column (csv) or feature (TFRecord) of a data file.")
-    ] = None,
-    loss: Annotated[
-        str | None, typer.Option("--loss", help="Loss to check the labels against (default: the spec's).")
-    ] = None,
-    classes: Annotated[
-        int | None, typer.Option("--classes", help="Number of classes the labels should span.")
-    ] = None,
-    sample: Annotated[
-        int | None, typer.Option("--sample", min=1, help="Scan a uniform sample of N rows instead of all.")
-    ] = None,
-    show_all: Annotated[bool, flag("--all", "Show every column (default: the flagged ones first, up to 40).")] = False,
-) -> None:
+def _check_data(source, options):
     """Scan the training data for NaN/Inf, bad scales and labels that do not fit the loss."""
-    from nanscope.commands import check_data as command
+    from nanscope.commands import check_data
 
-    run_command(lambda: command.run(source, json_out=json_out, target=target, loss=loss, classes=classes,
-                                    sample=sample, show_all=show_all))
+    return check_data.run(source, options)
 
 
-@app.command("compare-clipping", cls=Command)
-def compare_clipping(
-    spec: SpecArg,
-    steps: StepsOpt = None,
-    strategies: Annotated[
-        str | None,
-        typer.Option(
-            "--strategies",
-            help="Comma-separated: none, clipvalue[=V], clipnorm[=C], global_clipnorm[=C], manual_clip_by_norm[=C], "
-                 "manual_clip_by_global_norm[=C], auto. Without a threshold it is derived from the unclipped run. "
-                 "Default: none,clipvalue,clipnorm,global_clipnorm,auto.",
-            show_default=False,
-        ),
-    ] = None,
-    lr: LrOpt = None,
-    batch_size: BatchOpt = None,
-    seed: SeedOpt = None,
-    json_out: JsonOpt = None,
-    plot: Annotated[
-        Path | None,
-        typer.Option("--plot", help="Write the loss curves to FILE (.png, .svg or .pdf; needs nanscope\\[plot])."),
-    ] = None,
-) -> None:
+def _compare_clipping(spec, options):
     """Train the same model from the same weights under each clipping strategy and pick one."""
-    from nanscope.commands import compare_clipping as command
+    from nanscope.commands import compare_clipping
 
-    run_command(lambda: command.run(spec, steps=steps, strategies=strategies, lr=lr, batch_size=batch_size,
-                                    seed=seed, json_out=json_out, plot=plot))
+    return compare_clipping.run(spec, options)
 
 
-@app.command("report", cls=Command)
-def report(
-    trace: Annotated[Path, typer.Argument(help="A JSON-lines trace written by trace-steps.")],
-    json_out: JsonOpt = None,
-    strict: StrictOpt = False,
-    show_all: AllOpt = False,
-) -> None:
+def _report(trace, options):
     """Redraw a trace-steps report from its trace file, without rerunning training."""
-    from nanscope.commands import report as command
+    from nanscope.commands import report
 
-    run_command(lambda: command.run(trace, json_out=json_out, strict=strict, show_all=show_all))
+    return report.run(trace, options)
+
+
+register("trace-steps", TraceOptions, "spec", SpecArg, _trace_steps)
+register("replay", ReplayOptions, "directory", Annotated[Path, typer.Argument(
+    help="A folder written by `trace-steps --save-repro DIR` or by `NanScope(repro=DIR)` in fit.")], _replay)
+register("check-data", CheckDataOptions, "source", Annotated[Path, typer.Argument(
+    help="A run spec (its data section) or a data file (.npz, .npy, .csv, .tfrecord).")], _check_data)
+register("compare-clipping", CompareClippingOptions, "spec", SpecArg, _compare_clipping)
+register("report", ReportOptions, "trace", Annotated[Path, typer.Argument(
+    help="A JSON-lines trace written by trace-steps.")], _report)
 
 
 def main():

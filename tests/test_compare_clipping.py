@@ -180,7 +180,7 @@ def test_plot_writes_the_loss_curves_and_the_json_still(tmp_path):
 
 def test_a_long_experiment_keeps_a_bounded_set_of_full_rows():
     """A run's result holds every step's scalars in float32 columns and full rows for a bounded set of steps."""
-    from nanscope.store.history import DEFAULT_KEEP, DEFAULT_SAMPLE
+    from nanscope.spec.options import DEFAULT_KEEP, DEFAULT_SAMPLE
 
     session = open_session(load_spec(REPO / "tests" / "specs" / "healthy.yaml"))
     results = {steps: run_experiment(session, Change("none"), steps=steps) for steps in (1_200, 4_000)}

@@ -17,7 +17,8 @@ import yaml
 from nanscope.errors import SpecError
 from nanscope.run.session import open_session
 from nanscope.spec.load import parse_spec
-from nanscope.run.trace import TraceOptions, run_trace
+from nanscope.run.trace import run_trace
+from nanscope.spec.options import TraceOptions
 
 SPECS = Path(__file__).parent / "specs" / "distribute"
 

@@ -18,7 +18,8 @@ from nanscope.forensics.replay import state_variables
 from nanscope.replay import replay_repro
 from nanscope.run.session import open_session
 from nanscope.spec.load import load_spec
-from nanscope.run.trace import TraceOptions, run_trace
+from nanscope.run.trace import run_trace
+from nanscope.spec.options import TraceOptions
 
 SPECS = Path(__file__).parent / "specs"
 

@@ -11,7 +11,8 @@ import pytest
 
 from nanscope.guard import GuardOptions
 from nanscope.spec.load import parse_spec
-from nanscope.run.trace import TraceOptions, run_trace
+from nanscope.run.trace import run_trace
+from nanscope.spec.options import TraceOptions
 
 SPECS = Path(__file__).parent / "specs"
 sys.path.insert(0, str(SPECS))

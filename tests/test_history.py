@@ -19,7 +19,8 @@ from nanscope.engine.schema import LAYER, SCALARS, VARIABLE, StepLayout
 from nanscope.store.history import StepHistory
 from nanscope.report.model import load_trace
 from nanscope.spec.load import apply_overrides, load_spec
-from nanscope.run.trace import TraceOptions, run_trace
+from nanscope.run.trace import run_trace
+from nanscope.spec.options import TraceOptions
 
 SPECS = Path(__file__).parent / "specs"
 LAYOUT = StepLayout(outputs=0, layers=3, terms=4, variables=4)

@@ -16,7 +16,8 @@ from nanscope.rules.diagnose import SCALE_LIMIT
 from nanscope.runtime import tensorflow
 from nanscope.run.session import open_session
 from nanscope.spec.load import parse_spec
-from nanscope.run.trace import TraceOptions, run_trace
+from nanscope.run.trace import run_trace
+from nanscope.spec.options import TraceOptions
 from nanscope.run.verify import standardized_inputs
 
 tf, keras = tensorflow()

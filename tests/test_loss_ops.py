@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 
 from nanscope.cli import app
 from nanscope.spec.load import load_spec
-from nanscope.run.trace import TraceOptions, run_trace
+from nanscope.run.trace import run_trace
+from nanscope.spec.options import TraceOptions
 
 SPECS = Path(__file__).parent / "specs"
 sys.path.insert(0, str(SPECS))

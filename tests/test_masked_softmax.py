@@ -17,7 +17,8 @@ import pytest
 import tensorflow as tf
 
 from nanscope.spec.load import load_spec
-from nanscope.run.trace import TraceOptions, run_trace
+from nanscope.run.trace import run_trace
+from nanscope.spec.options import TraceOptions
 
 SPECS = Path(__file__).parent / "specs"
 sys.path.insert(0, str(SPECS))

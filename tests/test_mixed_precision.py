@@ -8,7 +8,8 @@ from rich.console import Console
 from nanscope.render.trace_report import render_trace_report
 from nanscope.runtime import tensorflow
 from nanscope.spec.load import parse_spec
-from nanscope.run.trace import TraceOptions, run_trace
+from nanscope.run.trace import run_trace
+from nanscope.spec.options import TraceOptions
 
 tf, keras = tensorflow()
 SPECS = Path(__file__).parent / "specs"

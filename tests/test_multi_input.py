@@ -16,7 +16,8 @@ from nanscope.cli import app
 from nanscope.runtime import tensorflow
 from nanscope.run.session import open_session
 from nanscope.spec.load import parse_spec
-from nanscope.run.trace import TraceOptions, run_trace
+from nanscope.run.trace import run_trace
+from nanscope.spec.options import TraceOptions
 
 tf, keras = tensorflow()
 MODELS = Path(__file__).parent / "specs" / "multi_input.py"

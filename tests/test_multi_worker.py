@@ -20,7 +20,8 @@ import yaml
 
 from nanscope.report.model import load_trace
 from nanscope.spec.load import parse_spec
-from nanscope.run.trace import TraceOptions, run_trace
+from nanscope.run.trace import run_trace
+from nanscope.spec.options import TraceOptions
 
 SPECS = Path(__file__).parent / "specs" / "multi_worker"
 

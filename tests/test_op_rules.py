@@ -13,7 +13,8 @@ import pytest
 
 from nanscope.rules import domains
 from nanscope.spec.load import parse_spec
-from nanscope.run.trace import TraceOptions, run_trace
+from nanscope.run.trace import run_trace
+from nanscope.spec.options import TraceOptions
 
 HERE = Path(__file__).parent
 _spec = importlib.util.spec_from_file_location("realistic_cases", HERE / "realistic" / "cases.py")

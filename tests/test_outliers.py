@@ -10,7 +10,8 @@ from nanscope.model.factory import load_callable
 from nanscope.rules.outliers import EXTREME_Z, glitch_rows
 from nanscope.rules.trends import geometric_growth
 from nanscope.spec.load import parse_spec
-from nanscope.run.trace import TraceOptions, run_trace
+from nanscope.run.trace import run_trace
+from nanscope.spec.options import TraceOptions
 
 DATA = Path(__file__).parent / "specs" / "scaled_data.py"
 arrays = load_callable(f"{DATA}:arrays", DATA.parent, "test")

@@ -11,7 +11,8 @@ from nanscope.engine.variable_stats import any_nonfinite_count, variable_rows
 from nanscope.engine.probes import tensor_stats
 from nanscope.runtime import tensorflow
 from nanscope.spec.load import parse_spec
-from nanscope.run.trace import TraceOptions, run_trace
+from nanscope.run.trace import run_trace
+from nanscope.spec.options import TraceOptions
 
 tf, keras = tensorflow()
 SPECS = Path(__file__).parent / "specs"

@@ -50,7 +50,8 @@ def assert_readable(text, numbers, names=()):
 
 @pytest.fixture(scope="module")
 def exploding(tmp_path_factory):
-    from nanscope.run.trace import TraceOptions, run_trace
+    from nanscope.run.trace import run_trace
+    from nanscope.spec.options import TraceOptions
 
     spec = load_spec(CONFIGS / "exploding-regression.yaml")
     return run_trace(spec, TraceOptions(trace_path=tmp_path_factory.mktemp("t") / "t.jsonl"))
@@ -79,7 +80,8 @@ def test_the_trace_report_fits_80_columns(exploding):
 def test_the_float16_layer_table_fits_80_columns_with_its_dtype_column(tmp_path):
     """mixed_float16 adds a dtype column to the layer table: every column still shows, no number is split."""
     from nanscope.render.trace_report import render_trace_report
-    from nanscope.run.trace import TraceOptions, run_trace
+    from nanscope.run.trace import run_trace
+    from nanscope.spec.options import TraceOptions
 
     spec = parse_spec({
         "model": {"factory": f"{SPECS / 'precision_models.py'}:exp_late_overflow"},
@@ -99,7 +101,8 @@ def test_the_float16_layer_table_fits_80_columns_with_its_dtype_column(tmp_path)
 def test_the_verify_tables_fit_80_columns(tmp_path):
     """--verify puts a table of six columns under each recommendation, inside the panel: every loss whole."""
     from nanscope.render.trace_report import render_trace_report
-    from nanscope.run.trace import TraceOptions, run_trace
+    from nanscope.run.trace import run_trace
+    from nanscope.spec.options import TraceOptions
 
     spec = apply_overrides(load_spec(CONFIGS / "exploding-regression.yaml"), steps=12)
     report = run_trace(spec, TraceOptions(trace_path=tmp_path / "t.jsonl", verify=True))
@@ -244,7 +247,8 @@ def test_an_unnamed_loss_and_an_open_step_count_read_as_plain_text():
 
 def test_the_scale_finding_names_the_farthest_features_and_counts_the_rest(tmp_path):
     """Six far features, the farthest last in the array: the five named are the farthest, then "and 1 more"."""
-    from nanscope.run.trace import TraceOptions, run_trace
+    from nanscope.run.trace import run_trace
+    from nanscope.spec.options import TraceOptions
 
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((64, 6)) * np.array([20.0, 30.0, 40.0, 50.0, 60.0, 5000.0])).astype(np.float32)

@@ -10,7 +10,8 @@ import pytest
 
 from nanscope.rules.catalogue import RULES
 from nanscope.spec.load import load_spec
-from nanscope.run.trace import TraceOptions, run_trace
+from nanscope.run.trace import run_trace
+from nanscope.spec.options import TraceOptions
 
 SPECS = Path(__file__).parent / "specs"
 MODELS = "tests/specs/models.py"

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from nanscope.spec.load import load_spec, parse_spec
-from nanscope.run.trace import TraceOptions, run_trace
+from nanscope.run.trace import run_trace
+from nanscope.spec.options import TraceOptions
 
 SPECS = Path(__file__).parent / "specs"
 CONFIGS = Path(__file__).parent.parent / "configs"

@@ -16,7 +16,8 @@ import numpy as np
 import tensorflow as tf
 
 from nanscope.spec.load import parse_spec
-from nanscope.run.trace import TraceOptions, run_trace
+from nanscope.run.trace import run_trace
+from nanscope.spec.options import TraceOptions
 
 SPECS = Path(__file__).parent / "specs"
 sys.path.insert(0, str(SPECS))

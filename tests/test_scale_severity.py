@@ -10,7 +10,8 @@ import numpy as np
 from nanscope.model.factory import load_callable
 from nanscope.rules.diagnose import EXTREME_SCALE, SCALE_LIMIT
 from nanscope.spec.load import parse_spec
-from nanscope.run.trace import TraceOptions, run_trace
+from nanscope.run.trace import run_trace
+from nanscope.spec.options import TraceOptions
 
 MODELS = Path(__file__).parent / "specs" / "id_models.py"
 tokens = load_callable(f"{MODELS}:tokens", MODELS.parent, "test")

@@ -12,7 +12,8 @@ from rich.console import Console
 from nanscope.keras import NanScope
 from nanscope.runtime import tensorflow
 from nanscope.spec.load import load_spec
-from nanscope.run.trace import TraceOptions, run_trace
+from nanscope.run.trace import run_trace
+from nanscope.spec.options import TraceOptions
 
 tf, keras = tensorflow()
 CONFIGS = Path(__file__).parent.parent / "configs"

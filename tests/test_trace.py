@@ -12,7 +12,8 @@ from nanscope.run.losses import Loss
 from nanscope.model.models import from_keras
 from nanscope.runtime import tensorflow
 from nanscope.spec.load import load_spec, parse_spec
-from nanscope.run.trace import TraceOptions, run_trace
+from nanscope.run.trace import run_trace
+from nanscope.spec.options import TraceOptions
 from nanscope.store.tracefile import read_trace
 
 tf, keras = tensorflow()

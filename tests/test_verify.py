@@ -7,7 +7,8 @@ os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 from pathlib import Path
 
 from nanscope.spec.load import load_spec, parse_spec
-from nanscope.run.trace import TraceOptions, run_trace
+from nanscope.run.trace import run_trace
+from nanscope.spec.options import TraceOptions
 
 SPECS = Path(__file__).parent / "specs"
 

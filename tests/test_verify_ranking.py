@@ -4,7 +4,8 @@ from pathlib import Path
 
 from nanscope.rules.catalogue import recommend
 from nanscope.spec.load import parse_spec
-from nanscope.run.trace import TraceOptions, run_trace
+from nanscope.run.trace import run_trace
+from nanscope.spec.options import TraceOptions
 from nanscope.run.verify import ranked_by_verification
 
 DATA = Path(__file__).parent / "specs" / "scaled_data.py"

@@ -4,16 +4,17 @@ import os
 
 from nanscope.commands.output import deliver
 from nanscope.commands.outpaths import check_output_paths
+from nanscope.spec.options import CheckDataOptions
 
 
-def run(source: str | os.PathLike[str], *, json_out: str | None = None, target: str | None = None,
-        loss: str | None = None, classes: int | None = None, sample: int | None = None, show_all: bool = False) -> int:
+def run(source: str | os.PathLike[str], options: CheckDataOptions) -> int:
     """Scan `source` (a run spec or a data file); return the exit code."""
     from nanscope.checkdata import scan_data
     from nanscope.render.data_report import render_data_report, scan_progress
 
-    check_output_paths(files=[("--json", json_out)])
+    check_output_paths(files=[("--json", options.json_out)])
     with scan_progress() as on_progress:
-        scan = scan_data(source, target=target, loss=loss, classes=classes, sample=sample, on_progress=on_progress)
-    return deliver(lambda console: render_data_report(scan, console, show_all), scan.to_json, json_out,
+        scan = scan_data(source, target=options.target, loss=options.loss, classes=options.classes,
+                         sample=options.sample, on_progress=on_progress)
+    return deliver(lambda console: render_data_report(scan, console, options.show_all), scan.to_json, options.json_out,
                    scan.exit_code())

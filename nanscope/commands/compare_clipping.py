@@ -8,22 +8,22 @@ from typing import TYPE_CHECKING
 from nanscope.commands.output import deliver, outcome
 from nanscope.commands.outpaths import check_output_paths
 from nanscope.model.specpaths import check_spec_paths
+from nanscope.spec.options import CompareClippingOptions
 
 if TYPE_CHECKING:
     from nanscope.run.clipping.compare import ClippingReport
 
 
-def run(spec: str | os.PathLike[str], *, steps: int | None = None, strategies: str | None = None,
-        lr: float | None = None, batch_size: int | None = None, seed: int | None = None, json_out: str | None = None,
-        plot: str | os.PathLike[str] | None = None) -> int:
-    """Compare the clipping strategies named in `strategies` on the spec file `spec`; return the exit code."""
+def run(spec: str | os.PathLike[str], options: CompareClippingOptions) -> int:
+    """Compare the clipping strategies `options` names on the spec file `spec`; return the exit code."""
     from nanscope.run.clipping import compare_clipping, parse_strategies
     from nanscope.run.clipping.compare import stopped_before_training
     from nanscope.report.plotting import require_matplotlib
     from nanscope.render.clipping_report import clipping_progress, render_clipping_report
     from nanscope.spec.load import apply_overrides, load_spec
 
-    chosen = parse_strategies(strategies)
+    chosen = parse_strategies(options.strategies)
+    json_out, plot = options.json_out, options.plot
     if plot is not None:
         require_matplotlib()
 
@@ -31,7 +31,7 @@ def run(spec: str | os.PathLike[str], *, steps: int | None = None, strategies: s
         check_output_paths(files=[("--json", json_out)], images=[("--plot", plot)])
 
     def work() -> ClippingReport:
-        run_spec = apply_overrides(load_spec(spec), steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed)
+        run_spec = apply_overrides(load_spec(spec), **options.overrides)
         check_spec_paths(run_spec)  # before TensorFlow loads: a missing file is reported at once
         with clipping_progress() as on_progress:
             return compare_clipping(run_spec, chosen, on_progress=on_progress)

@@ -4,15 +4,15 @@ import os
 
 from nanscope.commands.output import deliver
 from nanscope.commands.outpaths import check_output_paths
+from nanscope.spec.options import ReportOptions
 
 
-def run(trace: str | os.PathLike[str], *, json_out: str | None = None, strict: bool = False,
-        show_all: bool = False) -> int:
+def run(trace: str | os.PathLike[str], options: ReportOptions) -> int:
     """Rebuild the report of the trace file `trace`; return the exit code."""
     from nanscope.render.trace_report import render_trace_report
     from nanscope.report.model import load_trace
 
-    check_output_paths(files=[("--json", json_out)])
+    check_output_paths(files=[("--json", options.json_out)])
     rebuilt = load_trace(trace)
-    return deliver(lambda console: render_trace_report(rebuilt, console, show_all), rebuilt.to_json, json_out,
-                   rebuilt.exit_code(strict=strict))
+    return deliver(lambda console: render_trace_report(rebuilt, console, options.show_all), rebuilt.to_json,
+                   options.json_out, rebuilt.exit_code(strict=options.strict))

@@ -1,20 +1,23 @@
 """`nanscope trace-steps`: run instrumented steps, then report where the first NaN/Inf appeared and why."""
 
+import os
 import sys
+from dataclasses import replace
 
 from nanscope.commands.output import deliver, outcome
 from nanscope.commands.outpaths import check_output_paths
 from nanscope.model.specpaths import check_spec_paths
+from nanscope.spec.options import TraceOptions
 
 
-def run(spec, *, steps=None, lr=None, batch_size=None, seed=None, json_out=None, trace=None, keep_going=False,
-        strict=False, show_all=False, save_repro=None, verify=False, tensorboard=None, plot=None, unsafe=False,
-        keep_steps=500, sample_steps=500, trace_full=False, on_nonfinite=None, mode="full"):
+def run(spec: str | os.PathLike[str], options: TraceOptions) -> int:
     """Run trace-steps on the spec file `spec` with the command's options; return the exit code."""
-    keep_going, guard = guard_choices(on_nonfinite, mode, keep_going)
+    keep_going, guard = guard_choices(options.on_nonfinite, options.mode, options.keep_going)
+    options = replace(options, keep_going=keep_going, guard=guard)
+    json_out, trace, plot, strict = options.json_out, options.trace_path, options.plot, options.strict
     from nanscope.render.trace_report import render_trace_report
     from nanscope.spec.load import apply_overrides, load_spec
-    from nanscope.run.trace import TraceOptions, run_trace, stopped_before_training
+    from nanscope.run.trace import run_trace, stopped_before_training
 
     if plot is not None:
         from nanscope.report.plotting import require_matplotlib
@@ -23,18 +26,15 @@ def run(spec, *, steps=None, lr=None, batch_size=None, seed=None, json_out=None,
 
     def check():
         check_output_paths(files=[("--json", json_out), ("--trace", trace)], images=[("--plot", plot)],
-                           folders=[("--save-repro", save_repro), ("--tensorboard", tensorboard)])
+                           folders=[("--save-repro", options.save_repro), ("--tensorboard", options.tensorboard)])
 
     loaded = []
 
     def work():
-        run_spec = apply_overrides(load_spec(spec), steps=steps, learning_rate=lr, batch_size=batch_size, seed=seed)
+        run_spec = apply_overrides(load_spec(spec), **options.overrides)
         loaded.append(run_spec)
         check_spec_paths(run_spec)  # before TensorFlow loads: a missing file is reported at once
-        return run_trace(run_spec, TraceOptions(trace_path=trace, keep_going=keep_going, save_repro=save_repro,
-                                                verify=verify, tensorboard=tensorboard, plot=plot, unsafe=unsafe,
-                                                keep_steps=keep_steps, sample_steps=sample_steps,
-                                                trace_full=trace_full, guard=guard))
+        return run_trace(run_spec, options)
 
     report = outcome(check, work, lambda: stopped_before_training(spec))
     if report.cluster is not None and not report.cluster.is_chief:
@@ -43,7 +43,7 @@ def run(spec, *, steps=None, lr=None, batch_size=None, seed=None, json_out=None,
         print("nanscope: interrupted during start-up; only the chief (worker task 0) writes a report",
               file=sys.stderr)
         return report.exit_code(strict=strict)
-    code = deliver(lambda console: render_trace_report(report, console, show_all), report.to_json, json_out,
+    code = deliver(lambda console: render_trace_report(report, console, options.show_all), report.to_json, json_out,
                    report.exit_code(strict=strict))
     if report.stopped:
         print(f"nanscope: error: {report.stopped}; the report covers the steps before it", file=sys.stderr)

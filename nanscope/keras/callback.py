@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from nanscope.errors import first_line
 from nanscope.guard.options import GuardOptions, guard_options, resolve_on_nonfinite
-from nanscope.store.history import DEFAULT_KEEP, DEFAULT_SAMPLE
+from nanscope.spec.options import DEFAULT_KEEP, DEFAULT_SAMPLE
 from nanscope.keras.recorder import GuestOptions
 from nanscope.runtime import tensorflow
 

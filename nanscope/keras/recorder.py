@@ -15,7 +15,8 @@ from nanscope.run.attribution import attribute_from_record
 from nanscope.engine.loss_scale import LossScaleWatch
 from nanscope.engine.records import expected_layer_indices
 from nanscope.guard.options import GuardOptions
-from nanscope.store.history import DEFAULT_KEEP, DEFAULT_SAMPLE, StepHistory
+from nanscope.spec.options import DEFAULT_KEEP, DEFAULT_SAMPLE
+from nanscope.store.history import StepHistory
 from nanscope.keras.workers import WorkerRole
 from nanscope.report.model import TraceReport
 

@@ -18,10 +18,8 @@ import numpy as np
 from nanscope.engine.records import LayerStats, OutputStats, VariableStats
 from nanscope.engine.schema import PHASES
 from nanscope.errors import EXIT_HEALTHY, EXIT_INTERRUPTED, EXIT_PROBLEM
-from nanscope.store.history import (
-    DEFAULT_KEEP, DEFAULT_SAMPLE, LayerAggregate, OutputAggregate, StepHistory, VariableAggregate,
-    scalar_row,
-)
+from nanscope.spec.options import DEFAULT_KEEP, DEFAULT_SAMPLE
+from nanscope.store.history import LayerAggregate, OutputAggregate, StepHistory, VariableAggregate, scalar_row
 from nanscope.jsonio import decode_float, jsonable
 from nanscope.rules.catalogue import Recommendation
 from nanscope.store.series import TraceColumns

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,7 +27,7 @@ from nanscope.errors import SpecError
 from nanscope.finishing import optional_part
 from nanscope.guard.trace_sentinel import trace_sentinel
 from nanscope.run.guard_state import prepare_guard, trace_guard
-from nanscope.store.history import DEFAULT_KEEP, DEFAULT_SAMPLE, StepHistory
+from nanscope.store.history import StepHistory
 from nanscope.model.learning_rate import LearningRateView, settle_learning_rate
 from nanscope.model.optimizers import optimizer_settings
 from nanscope.report.model import TraceReport, run_header
@@ -35,6 +35,7 @@ from nanscope.rules.diagnose import diagnose
 from nanscope.rules.evidence import evidence_from_session
 from nanscope.runtime import tensorflow
 from nanscope.run.session import open_session, start_up_failures
+from nanscope.spec.options import TraceOptions
 from nanscope.store.tracefile import TraceWriter, summary_line
 
 if TYPE_CHECKING:
@@ -47,43 +48,6 @@ DEFAULT_RUNS_DIR = Path("nanscope-runs")
 # (2-vCPU CPU, configs/exploding-regression.yaml at 200-800 steps; bench/README.md).
 CHUNK_MIN_STEPS = 500
 STOPPED_BEFORE_TRAINING = "interrupted during start-up (loading the spec, the data or the model): no step ran"
-
-
-@dataclass
-class TraceOptions:
-    """How to run trace-steps.
-
-    Args:
-        trace_path: Path, optional. The JSON-lines trace (default: nanscope-runs/<spec name>/trace.jsonl).
-        keep_going: bool, default False. Continue past the first non-finite step to the step limit.
-        unsafe: bool, default False. Allow `.keras` files that need unsafe deserialization.
-        on_step: callable(StepRecord), optional. Called after each step (progress display).
-        forensics: bool, default True. Replay the first non-finite step eagerly to find the producing op.
-        save_repro: Path, optional. Write what a replay of the first non-finite step needs to this folder.
-        verify: bool, default False. Re-run training with each applicable fix and mark recommendations verified.
-        tensorboard: Path, optional. Write every step's scalars to this TensorBoard log folder as it is made.
-        plot: Path, optional. Draw loss, gradient norm and the worst layers over steps to this image (matplotlib).
-        keep_steps: int, default DEFAULT_KEEP. Full rows (every layer and variable) kept of the first steps,
-            of the last steps and of the steps around an event.
-        sample_steps: int, default DEFAULT_SAMPLE. Full rows kept of an even sample of the steps in between.
-        trace_full: bool, default False. Write every step's full row to the trace, not only the kept ones.
-        guard: GuardOptions, optional. What a non-finite step does beyond stop or continue (`skip`, `rollback`;
-            docs/guard.md); None: `keep_going` decides.
-    """
-
-    trace_path: Path | None = None
-    keep_going: bool = False
-    unsafe: bool = False
-    on_step: object | None = None
-    forensics: bool = True
-    save_repro: Path | None = None
-    verify: bool = False
-    tensorboard: Path | None = None
-    plot: Path | None = None
-    keep_steps: int = DEFAULT_KEEP
-    sample_steps: int = DEFAULT_SAMPLE
-    trace_full: bool = False
-    guard: object | None = None
 
 
 def run_trace(spec: RunSpec, options: TraceOptions | None = None) -> TraceReport:

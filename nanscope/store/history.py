@@ -36,11 +36,9 @@ from nanscope.engine.records import LayerStats, OutputStats
 from nanscope.engine.schema import OUTPUT, PHASES, SCALARS, Columns
 from nanscope.engine.limits import SPIKE_FACTOR, SPIKE_WINDOW, activation_limit
 from nanscope.store.series import OVERVIEW_WIDTH, ScalarColumns
+from nanscope.spec.options import DEFAULT_KEEP, DEFAULT_SAMPLE
 
-# Full rows kept at the start, at the end, and around each event; steps in the even sample.
-DEFAULT_KEEP = 500
-DEFAULT_SAMPLE = 500
-# Events beyond this many add no rows (each costs up to 2 * keep rows).
+# Events beyond this many add no rows (each costs up to 2 * keep rows; keep: DEFAULT_KEEP).
 MAX_EVENTS = 8
 # Healthy steps whose per-layer max |x| is kept for the rules' trend fits (rules.bounded_activation). A
 # least-squares slope over n points whose log values span D is at most 1.5 * D / n; log

@@ -27,7 +27,8 @@ from nanscope.keras import NanScope
 from nanscope.runtime import tensorflow
 from nanscope.run.session import dtype_policy
 from nanscope.spec.load import parse_spec
-from nanscope.run.trace import TraceOptions, run_trace
+from nanscope.run.trace import run_trace
+from nanscope.spec.options import TraceOptions
 
 tf, keras = tensorflow()
 HERE = Path(__file__).parent
