@@ -17,7 +17,7 @@ from nanscope.cli import app
 from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import LAYER, SCALARS, VARIABLE, StepLayout
 from nanscope.store.history import StepHistory
-from nanscope.report.model import load_trace
+from nanscope.report.redraw import load_trace
 from nanscope.spec.load import apply_overrides, load_spec
 from nanscope.run.trace import run_trace
 from nanscope.spec.options import TraceOptions
@@ -74,7 +74,7 @@ def test_warning_onsets_keep_their_neighbours_rows():
 def test_a_float16_layer_past_its_own_activation_bound_is_an_event(tmp_path):
     # The bounded-activation rule warns at a hundredth of 65504 for a float16 layer (engine.limits), so
     # that layer's first step past it keeps its neighbours' rows; for a float32 layer 1000 is nothing.
-    from nanscope.report.model import aggregates_json
+    from nanscope.report.redraw import aggregates_json
     from nanscope.store.tracefile import TraceWriter
 
     dtypes = ["float32", "float16", "float32"]
@@ -100,7 +100,7 @@ def test_a_float16_layer_past_its_own_activation_bound_is_an_event(tmp_path):
 
 @pytest.mark.parametrize("events", [{}, {"spike_at": 777, "skipped_at": (1900,)}, {"bound_at": 1234, "bad_from": 2500}])
 def test_a_long_run_redrawn_from_its_trace_keeps_the_runs_rows(events, tmp_path):
-    from nanscope.report.model import aggregates_json
+    from nanscope.report.redraw import aggregates_json
     from nanscope.store.tracefile import TraceWriter
 
     history = StepHistory(layers=3, variables=4, keep=5, sample=4)

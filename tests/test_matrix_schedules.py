@@ -20,7 +20,7 @@ import nanscope
 from nanscope.cli import app
 from nanscope.keras import NanScope
 from nanscope.model.learning_rate import lowered_learning_rate_fix, scaled_schedule
-from nanscope.report.model import load_trace
+from nanscope.report.redraw import load_trace
 from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()

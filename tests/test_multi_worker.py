@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nanscope.report.model import load_trace
+from nanscope.report.redraw import load_trace
 from nanscope.spec.load import parse_spec
 from nanscope.run.trace import run_trace
 from nanscope.spec.options import TraceOptions

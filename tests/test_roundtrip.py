@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from nanscope.engine.records import LayerStats, OutputStats, StepRecord, VariableStats, record_from_dict
 from nanscope.store.history import StepHistory
 from nanscope.jsonio import dumps, encode_float, jsonable
-from nanscope.report.model import FirstNonfinite, TraceReport, load_trace
+from nanscope.report.model import FirstNonfinite, TraceReport
+from nanscope.report.redraw import load_trace
 from nanscope.rules.catalogue import recommend
 from nanscope.run.trace import finish_trace, keep
 from nanscope.store.tracefile import TraceWriter, step_line

@@ -14,7 +14,7 @@ from nanscope.engine.schema import LAYER, SCALARS, VARIABLE, StepLayout
 from nanscope.store.history import StepHistory, series_columns
 from nanscope.render.format import sparkline
 from nanscope.render.trace_report import render_trace_report
-from nanscope.report.model import aggregates_json, load_trace
+from nanscope.report.redraw import aggregates_json, load_trace
 from nanscope.store.series import OverviewFold, ScalarColumns
 from nanscope.store.tracefile import TraceWriter
 

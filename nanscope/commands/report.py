@@ -10,7 +10,7 @@ from nanscope.spec.options import ReportOptions
 def run(trace: str | os.PathLike[str], options: ReportOptions) -> int:
     """Rebuild the report of the trace file `trace`; return the exit code."""
     from nanscope.render.trace_report import render_trace_report
-    from nanscope.report.model import load_trace
+    from nanscope.report.redraw import load_trace
 
     check_output_paths(files=[("--json", options.json_out)])
     rebuilt = load_trace(trace)

@@ -234,7 +234,7 @@ def keep(history, writer, record):
 
 def finish_trace(writer, report):
     """End the trace: the last steps' full rows, the exact aggregates, the summary."""
-    from nanscope.report.model import aggregates_json
+    from nanscope.report.redraw import aggregates_json
 
     writer.rows(report.history.unwritten())
     writer.write(aggregates_json(report.history))

@@ -212,7 +212,7 @@ def _parsed(path, number, text, last, first):
 def read_trace(path):
     """(header, list of full step dicts, list of other lines but the scalars) of a whole trace file, in memory.
 
-    `report.load_trace` streams instead; this is for a short trace's lines as they are.
+    `nanscope.report.redraw.load_trace` streams instead; this is for a short trace's lines as they are.
     """
     lines = trace_lines(path)
     header = next(lines)[1]
