@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 
 from nanscope.guard import GuardOptions
-from nanscope.spec import parse_spec
-from nanscope.run.trace import TraceOptions, run_trace
+from nanscope.spec.load import parse_spec
+from nanscope.spec.options import TraceOptions
+from nanscope.run.trace import run_trace
 
 SPECS = Path(__file__).parent / "specs"
 sys.path.insert(0, str(SPECS))
