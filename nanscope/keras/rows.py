@@ -2,10 +2,12 @@
 
 One row per step of an execution (so `steps_per_execution > 1` keeps every step), a
 step counter, and under tf.distribute an on-read copy per replica with a replica axis
-(the host reads replica 0's copy and merges the rows with `combine_replicas`). A row is HEAD
+(the host merges the replicas' rows with `combine_replicas`). A row is HEAD
 (step, batch rows), then the step's outputs joined as `engine/schema.py` lays them out,
 plus under tf.distribute the replica's own gradients' non-finite count.
 """
+
+import numpy as np
 
 from nanscope.engine.distributed import combine_replicas
 from nanscope.engine.records import StepRecord
@@ -40,9 +42,15 @@ class RowBuffer:
         else:
             on_read = {"trainable": False, "synchronization": tf.VariableSynchronization.ON_READ,
                        "aggregation": tf.VariableAggregation.ONLY_FIRST_REPLICA}
-            # A row per replica, each one column wider: its own gradients' non-finite count.
+            # Every execution of a cross-replica collective keeps ~1.5 KB in TensorFlow (an all-gather
+            # twice that), for good: where every replica's copy is on this host, each replica writes
+            # only its own row and the host reads every copy. A worker of a MultiWorkerMirroredStrategy
+            # holds its own replicas' copies only, so there each copy holds every replica's row.
+            self.gathered = len(strategy.extended.worker_devices) < self.replicas
+            held = self.replicas if self.gathered else 1
+            # Rows one column wider than on one device: the replica's own gradients' non-finite count.
             with strategy.scope():
-                self.buffer = tf.Variable(tf.fill([per_execution, self.replicas, self.width + 1], -1.0),
+                self.buffer = tf.Variable(tf.fill([per_execution, held, self.width + 1], -1.0),
                                           name="nanscope_rows", **on_read)
                 self.counter = tf.Variable(tf.constant(0, tf.int64), name="nanscope_step", **on_read)
         self.next_step = 0  # the first step not read yet
@@ -55,10 +63,16 @@ class RowBuffer:
         self.buffer.scatter_nd_update(slot, row[None])
 
     def write_replicas(self, context, row):
-        """In a replica function: gather every replica's row and write them all into this replica's copy."""
-        rows = context.all_gather(row[None], axis=0)
+        """In a replica function: write this replica's row into its own copy (on a multi-worker cluster, every
+        replica's row, each in its own slot of a zero matrix summed over the replicas: one collective, where an
+        all-gather takes two)."""
+        rows = row[None]
+        if self.gathered:
+            replica = int(tf.get_static_value(context.replica_id_in_sync_group))
+            slotted = tf.scatter_nd([[replica]], rows, [self.replicas, row.shape[0]])
+            rows = context.all_reduce(tf.distribute.ReduceOp.SUM, slotted)
         step = self.counter.assign_add(1) - 1
-        rows = tf.concat([tf.fill([self.replicas, 1], tf.cast(step, tf.float32)), rows], axis=1)
+        rows = tf.concat([tf.fill([rows.shape[0], 1], tf.cast(step, tf.float32)), rows], axis=1)
         slot = tf.reshape(step % self.per_execution, [1, 1])
         # On-read variables take whole assignments only (no scatter) in a replica.
         self.buffer.assign(tf.tensor_scatter_nd_update(tf.convert_to_tensor(self.buffer), slot, rows[None]))
@@ -66,8 +80,14 @@ class RowBuffer:
     def read(self):
         """(step, row) pairs of the steps finished since the last read, in step order."""
         # `value()` is one read; `numpy()` on the variable adds an identity op, which costs as
-        # much again on every step. Under tf.distribute, `numpy()` reads replica 0's copy.
-        rows = self.buffer.value().numpy() if self.replicas == 1 else self.buffer.numpy()
+        # much again on every step.
+        if self.replicas == 1:
+            rows = self.buffer.value().numpy()
+        elif self.gathered:
+            rows = self.buffer.numpy()  # replica 0's copy, which holds every replica's row
+        else:
+            rows = np.concatenate([copy.value().numpy() for copy in self.strategy.experimental_local_results(
+                self.buffer)], axis=1)
         fresh = sorted(((int(row.flat[0]), row) for row in rows if row.flat[0] >= self.next_step),
                        key=lambda pair: pair[0])
         if fresh:
