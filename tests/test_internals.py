@@ -200,6 +200,37 @@ def test_canary_clip_gradients_is_where_the_optimizer_clips():
     canary(f"optimizer.{internals.CLIP_GRADIENTS}", check)
 
 
+def test_canary_all_reduce_sum_gradients_gets_the_gradients_apply_was_handed():
+    variable = tf.Variable([0.0, 0.0])
+    optimizer = keras.optimizers.SGD(1.0)
+    optimizer.build([variable])
+    grad = tf.constant([3.0, 4.0])
+    seen = []
+
+    def wrap(reduce):
+        def watched(grads_and_vars):
+            grads_and_vars = list(grads_and_vars)
+            reduced = reduce(grads_and_vars)
+            seen.append(([g is grad for g, _ in grads_and_vars], [s.numpy().tolist() for s, _ in reduced]))
+            return reduced
+
+        return watched
+
+    def check():
+        hooks = internals.all_reduce_gradients_hooks(optimizer, wrap)
+        if [(owner, name) for owner, name, _ in hooks] != [(optimizer, internals.ALL_REDUCE_GRADIENTS)]:
+            return f"the optimizer has no {internals.ALL_REDUCE_GRADIENTS}"
+        with internals.overridden(hooks):
+            optimizer.apply([grad], [variable])
+        if seen != [([True], [[3.0, 4.0]])]:
+            return f"the wrapped method saw (the handed gradient?, the sums) {seen}"
+        if not np.allclose(variable.numpy(), [-3.0, -4.0]):
+            return f"the update was {variable.numpy().tolist()}"
+        return None
+
+    canary(f"optimizer.{internals.ALL_REDUCE_GRADIENTS}", check)
+
+
 def test_canary_op_callbacks_and_the_gradient_function_frame():
     seen, differentiated = [], []
 

@@ -4,9 +4,9 @@ nanscope reads and wraps a few things that are not public API; each is reached o
 through a function here, in the module of the library it belongs to:
 
 - `internals.keras`: Keras' CompileLoss, `Layer._flatten_layers` and `_get_own_losses`,
-  the optimizer's `_clip_gradients`, `_learning_rate` and `_iterations`, the functional
-  graph, the global SeedGenerator, the compile config, and the surgery on a model's train
-  step (`train_step`, `train_function`, `make_train_function(force=True)`);
+  the optimizer's `_clip_gradients`, `_all_reduce_sum_gradients`, `_learning_rate` and
+  `_iterations`, the functional graph, the global SeedGenerator, the compile config, and the
+  surgery on a model's train step (`train_step`, `train_function`, `make_train_function(force=True)`);
 - `internals.tensorflow`: op callbacks, the `_gradient_function` frame of the gradient
   tape, a tf.function's `_jit_compile`, the eager context's function library and op
   execution, and the collective runtime of a multi-worker run;
@@ -19,7 +19,8 @@ surface. No module here imports TensorFlow at import time.
 """
 
 from nanscope.internals.keras import (
-    CLIP_GRADIENTS, LEARNING_RATE, RAW_ITERATIONS, clip_gradients_hook, compile_config, compile_loss,
+    ALL_REDUCE_GRADIENTS, CLIP_GRADIENTS, LEARNING_RATE, RAW_ITERATIONS, all_reduce_gradients_hooks,
+    clip_gradients_hook, compile_config, compile_loss,
     compile_metrics_built, compiled_loss_weights, compiled_output_losses, compiled_structures, flatten_layers,
     given_learning_rate, inbound_tensors, inputs_struct, keras_global_seed_generator, overridden, override,
     own_losses, raw_iterations, rebuild_train_function, replace_train_step, restore, set_keras_global_seed_generator,
@@ -33,8 +34,9 @@ from nanscope.internals.tensorflow import (
 from nanscope.internals.typer import usage_error
 
 __all__ = [
-    "CLIP_GRADIENTS", "GRADIENT_FUNCTION", "INITIALIZE_LOCAL_DEVICES", "JIT_COMPILE", "LEARNING_RATE",
-    "RAW_ITERATIONS", "abort_collective_ops", "clip_gradients_hook", "compile_config", "compile_loss",
+    "ALL_REDUCE_GRADIENTS", "CLIP_GRADIENTS", "GRADIENT_FUNCTION", "INITIALIZE_LOCAL_DEVICES", "JIT_COMPILE",
+    "LEARNING_RATE", "RAW_ITERATIONS", "abort_collective_ops", "all_reduce_gradients_hooks", "clip_gradients_hook",
+    "compile_config", "compile_loss",
     "compile_metrics_built", "compiled_loss_weights", "compiled_output_losses", "compiled_structures",
     "configure_coordination", "differentiated_op", "execute_op", "flatten_layers", "function_graph",
     "get_config_key_value", "given_learning_rate", "inbound_tensors", "inputs_struct", "jit_compile_of",

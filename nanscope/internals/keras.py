@@ -118,6 +118,20 @@ def clip_gradients_hook(optimizer, wrap):
     return optimizer, CLIP_GRADIENTS, wrap
 
 
+# The TensorFlow backend optimizer's sum of every replica's gradients under tf.distribute
+# (keras/src/backend/tensorflow/optimizer.py: a list of (grad, variable) pairs in, the pairs with the
+# summed gradients out); the callback takes the sums Keras makes instead of summing the same
+# gradients once more.
+ALL_REDUCE_GRADIENTS = "_all_reduce_sum_gradients"
+
+
+def all_reduce_gradients_hooks(optimizer, wrap):
+    """The `overridden` entries that wrap the optimizer's all-reduce of the replicas' gradients with `wrap`:
+    none for an optimizer without one."""
+    own = callable(getattr(optimizer, ALL_REDUCE_GRADIENTS, None))
+    return [(optimizer, ALL_REDUCE_GRADIENTS, wrap)] if own else []
+
+
 # The optimizer's learning rate as given (a float variable, a LearningRateSchedule or a callable) and
 # its raw step counter (keras/src/optimizers/base_optimizer.py): the public `learning_rate` is only
 # the value now, and the public `iterations` is divided by `gradient_accumulation_steps`, while a

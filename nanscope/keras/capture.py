@@ -10,6 +10,12 @@ the update and its scale before and after.
 
 Only tensors of the step's own graph are kept: a call from inside a nested graph
 (a `cond` branch under gradient accumulation) cannot hand its tensors out.
+
+Under tf.distribute the statistics are of the whole batch's gradients, summed over the
+replicas. Every execution of a cross-replica collective keeps ~1.5 KB in TensorFlow for
+good, so the sums are taken from the optimizer's own all-reduce where it summed the very
+gradients the statistics are of (no clipping, no scaling in between), and only the rest
+are summed here, in one all-reduce, when the row is built.
 """
 
 import contextlib
@@ -19,7 +25,7 @@ import threading
 from nanscope.engine.variable_stats import any_nonfinite_count, variable_rows
 from nanscope.engine.schema import LAYER, OUTPUT, SCALARS, VARIABLE
 from nanscope.engine.step import is_loss_scale_optimizer, layer_loss_terms
-from nanscope.internals import clip_gradients_hook, overridden
+from nanscope.internals import all_reduce_gradients_hooks, clip_gradients_hook, overridden
 from nanscope.keras.outputs import output_terms
 from nanscope.runtime import tensorflow
 
@@ -49,6 +55,9 @@ class StepCapture:
         self.scale_before = self.scale_after = None
         self.skipped = []
         self.grads, self.before, self.after = {}, {}, {}
+        # Under tf.distribute: what the optimizers were handed, summed in `_sum_replicas` (see the module's doc).
+        self._unsummed, self._clipped = [], []  # ([grads], [variables], scale); [clipped grads]
+        self._reduced = {}  # id(gradient) -> (gradient, its sum) from the optimizers' own all-reduce
         self.graph = tf.compat.v1.get_default_graph()
 
     @contextlib.contextmanager
@@ -56,7 +65,8 @@ class StepCapture:
         targets = [(self.model, "compute_loss", self._on_compute_loss)] if self.model is not None else []
         for optimizer in self.optimizers:
             targets += [(optimizer, "apply", functools.partial(self._on_apply, optimizer)),
-                        clip_gradients_hook(getattr(optimizer, "inner_optimizer", optimizer), self._on_clip)]
+                        clip_gradients_hook(getattr(optimizer, "inner_optimizer", optimizer), self._on_clip),
+                        *all_reduce_gradients_hooks(optimizer, self._on_all_reduce)]
         with overridden(targets):
             yield self
 
@@ -117,23 +127,19 @@ class StepCapture:
                 self.scale_before = tf.cast(scale, tf.float32)
             finite = [tf.reduce_all(tf.math.is_finite(g)) for g in present]
             self.skipped.append(tf.logical_not(tf.reduce_all(tf.stack(finite))) if finite else tf.constant(False))
-        for g, v in zip(self._summed(grads), variables):
+        for v in variables:
+            self.before[id(v)] = tf.convert_to_tensor(v)
+        if self.replica_context is not None:
+            # The replica's own non-finite gradient entries; the sums wait for the optimizer's own all-reduce.
+            self.local_nonfinite = count_nonfinite(present)
+            self._unsummed.append((grads, variables, scale))
+            return
+        self._keep_grads(grads, variables, scale)
+
+    def _keep_grads(self, grads, variables, scale):
+        for g, v in zip(grads, variables):
             if g is not None:
                 self.grads[id(v)] = g if scale is None else g / tf.cast(scale, g.dtype)
-            self.before[id(v)] = tf.convert_to_tensor(v)
-
-    def _summed(self, grads):
-        """Under tf.distribute, the gradient of the whole batch (all replicas summed), for the statistics.
-
-        The replica's own non-finite gradient entries are counted first. The optimizer
-        still gets the replica's own gradients, and sums them itself.
-        """
-        if self.replica_context is None:
-            return grads
-        present = [g for g in grads if g is not None]
-        self.local_nonfinite = count_nonfinite(present)
-        summed = iter(self.replica_context.all_reduce(tf.distribute.ReduceOp.SUM, present) if present else [])
-        return [None if g is None else next(summed) for g in grads]
 
     def _on_clip(self, clip):
         @functools.wraps(clip)
@@ -141,10 +147,51 @@ class StepCapture:
             clipped = clip(grads)
             c = self._active()
             if c._here():
-                c.applied = (c.applied or []) + [g for g in c._summed(clipped) if g is not None]
+                present = [g for g in clipped if g is not None]
+                if c.replica_context is not None:
+                    c._clipped.append(present)
+                else:
+                    c.applied = (c.applied or []) + present
             return clipped
 
         return hooked
+
+    def _on_all_reduce(self, reduce):
+        @functools.wraps(reduce)
+        def hooked(grads_and_vars):
+            grads_and_vars = list(grads_and_vars)
+            reduced = reduce(grads_and_vars)
+            c = self._active()
+            if c._here() and c.replica_context is not None:
+                c._reduced.update({id(g): (g, total) for (g, _), (total, _) in zip(grads_and_vars, reduced)
+                                   if g is not None})
+            return reduced
+
+        return hooked
+
+    def _sum_replicas(self):
+        """Under tf.distribute: the whole batch's gradients (and clipped gradients) for the statistics.
+
+        A gradient the optimizer summed itself takes that sum; the others are summed here, in one all-reduce.
+        The optimizer still gets the replica's own gradients, and sums them itself.
+        """
+        if self.replica_context is None or not (self._unsummed or self._clipped):
+            return
+        handed = [g for grads, _, _ in self._unsummed for g in grads if g is not None] + [
+            g for clipped in self._clipped for g in clipped]
+        missing = [g for g in handed if self._reduced.get(id(g), (None,))[0] is not g]
+        if missing:
+            summed = self.replica_context.all_reduce(tf.distribute.ReduceOp.SUM, missing)
+            self._reduced.update({id(g): (g, total) for g, total in zip(missing, summed)})
+
+        def total(g):
+            return None if g is None else self._reduced[id(g)][1]
+
+        for grads, variables, scale in self._unsummed:
+            self._keep_grads([total(g) for g in grads], variables, scale)
+        for clipped in self._clipped:
+            self.applied = (self.applied or []) + [total(g) for g in clipped]
+        self._unsummed, self._clipped = [], []
 
     def values(self, x, y, loss, layers):
         """The SCALARS of this step by name, and the per-variable rows, from what the hooks caught.
@@ -157,6 +204,7 @@ class StepCapture:
         A step with no loss at all records `loss_missing`: NaN for the loss, which is then unknown, and no
         non-finite loss (that would be a finding about a value nobody saw).
         """
+        self._sum_replicas()
         flat_x = [t for t in tf.nest.flatten(x) if t is not None and tf.is_tensor(t)]
         var_rows, grad_norm, applied_norm = self._variable_rows()
         total = self.loss if loss is None else loss

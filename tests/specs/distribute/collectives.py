@@ -1,0 +1,60 @@
+"""The cross-replica collectives fit's step launches under MirroredStrategy, without and with NanScope; prints JSON.
+
+Counts the calls of `tf.distribute.ReplicaContext.all_reduce` and `all_gather` (each goes on to
+the real one) while each fit traces its step, per way to compile (argv[1:], default `plain`):
+`plain` (Adam), `clipnorm` (Adam with clipnorm=1: the optimizer sums the clipped gradients, not
+the ones the statistics are of). Run with NANSCOPE_CPU_REPLICAS=2.
+"""
+
+import collections
+import functools
+import json
+import sys
+
+import numpy as np
+from rich.console import Console
+
+from nanscope.keras import NanScope
+from nanscope.runtime import tensorflow
+
+tf, keras = tensorflow()
+calls = collections.Counter()
+
+
+def counted(name):
+    method = getattr(tf.distribute.ReplicaContext, name)
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        calls[name] += 1
+        return method(self, *args, **kwargs)
+
+    return call
+
+
+for method in ("all_reduce", "all_gather"):
+    setattr(tf.distribute.ReplicaContext, method, counted(method))
+
+strategy = tf.distribute.MirroredStrategy(devices=[d.name for d in tf.config.list_logical_devices("CPU")])
+x = np.random.default_rng(0).standard_normal((64, 4)).astype("float32")
+y = x.sum(axis=1, keepdims=True)
+
+
+def launched(optimizer, nanscope):
+    """The collectives one trace of fit's step launches, per method (`optimizer`: a function that makes one)."""
+    with strategy.scope():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+        model.compile(optimizer=optimizer(), loss="mse")
+    callbacks = [NanScope(console=Console(quiet=True), verbose=0)] if nanscope else []
+    calls.clear()
+    model.fit(x, y, batch_size=16, epochs=1, steps_per_epoch=2, callbacks=callbacks, verbose=0)
+    if nanscope:
+        assert callbacks[0].report.steps_run == 2, callbacks[0].report.notes
+    return dict(calls)
+
+
+optimizers = {"plain": lambda: keras.optimizers.Adam(1e-3),
+              "clipnorm": lambda: keras.optimizers.Adam(1e-3, clipnorm=1.0)}
+print(json.dumps({way: {"without": launched(optimizers[way], False), "with": launched(optimizers[way], True)}
+                  for way in sys.argv[1:] or ["plain"]}))
