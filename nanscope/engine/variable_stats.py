@@ -87,21 +87,29 @@ def variable_rows(grads, before, after, applied=None, updates=None):
 def summary_stats(grads, after, applied=None):
     """The sentinel's gradient and weight columns of SCALARS, over all variables at once (no per-variable rows).
 
-    The global gradient norm is one fused pass (`global_norm`); the gradients' and the
-    updated weights' non-finite entries are counted only when their norm, or the sum of the
-    weights, is not finite, so a healthy step costs two reductions over the gradients and one
-    over the weights (one more over `applied`, the gradients handed to the optimizer, when
-    they differ).
+    A healthy step costs one fused pass over the gradients (their sum of squares) and one
+    over the updated weights (their sum), and one `tf.cond`: only when either is not finite
+    does its other branch count the non-finite entries of both and take the gradients'
+    norm scaled by their largest entry (exact where the plain sum of squares overflows).
+    `applied`, the gradients handed to the optimizer when they differ, costs one more norm.
     """
     tf, _ = tensorflow()
-    grads = [g for g in grads if g is not None]
-    grad_norm = global_norm(grads)
+    grads = [_f32(g) for g in grads if g is not None]
     weights = [_f32(w) for w in after]
+    squares = tf.add_n([tf.nn.l2_loss(g) for g in grads]) * constant(2.0) if grads else constant(0.0)
     probe = tf.add_n([tf.reduce_sum(w) for w in weights]) if weights else constant(0.0)
+
+    def healthy():
+        return tf.sqrt(squares), tf.constant(0.0), tf.constant(0.0)
+
+    def exact():
+        return _scaled_norm(grads), _count(grads), _count(weights)
+
+    finite = tf.logical_and(tf.math.is_finite(squares), tf.math.is_finite(probe))
+    grad_norm, grad_bad, weight_bad = tf.cond(finite, healthy, exact)
     return {"grad_global_norm": grad_norm,
             "applied_grad_global_norm": grad_norm if applied is None else global_norm(applied),
-            "grad_nonfinite": _count_unless_finite(grad_norm, grads),
-            "weights_nonfinite": _count_unless_finite(probe, weights)}
+            "grad_nonfinite": grad_bad, "weights_nonfinite": weight_bad}
 
 
 def global_norm(tensors):
@@ -111,22 +119,24 @@ def global_norm(tensors):
     if not tensors:
         return constant(0.0)
     norm = tf.sqrt(tf.add_n([2.0 * tf.nn.l2_loss(t) for t in tensors]))
-
-    def scaled():
-        peak = tf.reduce_max(tf.stack([tf.reduce_max(tf.abs(t)) for t in tensors]))
-        safe = tf.where(peak > 0, peak, 1.0)
-        return peak * tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(t / safe)) for t in tensors]))
-
-    return tf.cond(tf.math.is_finite(norm), lambda: norm, scaled)
+    return tf.cond(tf.math.is_finite(norm), lambda: norm, lambda: _scaled_norm(tensors))
 
 
-def _count_unless_finite(probe, tensors):
-    """The tensors' non-finite entries, counted only when `probe` (their norm or sum) is not finite; else 0."""
+def _scaled_norm(tensors):
+    """The global L2 norm of float32 tensors, scaled by their largest |entry| so that it overflows only when the
+    norm does (NaN when an entry is not finite)."""
     tf, _ = tensorflow()
     if not tensors:
-        return constant(0.0)
-    return tf.cond(tf.math.is_finite(probe), lambda: tf.constant(0.0),
-                   lambda: tf.add_n([count_nonfinite(_f32(t)) for t in tensors]))
+        return tf.constant(0.0)
+    peak = tf.reduce_max(tf.stack([tf.reduce_max(tf.abs(t)) for t in tensors]))
+    safe = tf.where(peak > 0, peak, 1.0)
+    return peak * tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(t / safe)) for t in tensors]))
+
+
+def _count(tensors):
+    """Non-finite entries of the tensors, as one float32 scalar."""
+    tf, _ = tensorflow()
+    return tf.add_n([count_nonfinite(t) for t in tensors]) if tensors else tf.constant(0.0)
 
 
 # Ops that use a variable's handle only to read it.
