@@ -15,7 +15,7 @@ CLIP_GRADIENTS = Rule(
     "train:\n  optimizer: {global_clipnorm: 1.0}",
 )
 RULES = (CLIP_GRADIENTS,)
-FIXTURES = Fixtures(fires=(), quiet=("tabular-regression-adam",))
+FIXTURES = Fixtures(fires=("sgd-momentum-exploding-regression",), quiet=("tabular-regression-adam",))
 
 # A gradient norm that grows by more than 20% per step, sustained over at least
 # GROWTH_MIN_STEPS steps and by GROWTH_MIN_TOTAL overall, is not noise: healthy

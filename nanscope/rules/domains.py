@@ -82,6 +82,15 @@ def producer(first, op, backward):
     return f"{first.op}{f' (gradient of {op})' if backward else ''}"
 
 
+def measured(first, inputs, op=None):
+    """(op, the producer as the evidence names it, the operand against the domain in words) for the op that
+    produced the first non-finite value: "outside ...'s domain ..." when min and max show it, else "domain ..." of the
+    pass it failed in (the gradient's on the backward pass). `op` defaults to the op the replay measured."""
+    op = op or inputs.get("op") or first.op
+    backward = first.phase == "backward"
+    return op, producer(first, op, backward), outside(op, inputs, backward) or f"domain {domain_text(op, backward)}"
+
+
 def outside(op, inputs, backward):
     """How the measured operand `inputs` falls outside op's (gradient's) domain, in words; None if min and max
     do not show it (the operand then looks in range, and the result overflowed)."""

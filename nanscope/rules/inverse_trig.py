@@ -1,7 +1,7 @@
 """`clamp-inverse-trig`: acos, asin or atanh fed values outside (-1, 1), as angular-margin losses (ArcFace,
 CosFace) do when a cosine rounds to 1.0000001 or reaches exactly 1 (the gradient -1/sqrt(1 - x^2) is infinite)."""
 
-from nanscope.rules.domains import domain_text, outside, producer
+from nanscope.rules.domains import measured
 from nanscope.rules.operand import finding_data, operand, source_fix
 from nanscope.rules.rule import Fixtures, Rule
 
@@ -27,11 +27,9 @@ def matches(first, inputs, op):
 def finding(facts, first, where, inputs):
     """The Recommendation for an inverse-trigonometric op outside (-1, 1)."""
     del facts  # Unused
-    op = inputs.get("op") or first.op
-    backward = first.phase == "backward"
-    domain = outside(op, inputs, backward) or f"domain {domain_text(op, backward)}"
+    op, name, domain = measured(first, inputs)
     extremes = f" (min {inputs.get('min', float('nan')):.9g}, max {inputs.get('max', float('nan')):.9g})"
-    evidence = [f"{where}: {producer(first, op, backward)} fed {operand(inputs)}{extremes}; "
+    evidence = [f"{where}: {name} fed {operand(inputs)}{extremes}; "
                 f"{domain}: "
                 "a cosine computed from normalised vectors can round past 1, and reaches exactly 1 when an "
                 "embedding lines up with its class centre"]

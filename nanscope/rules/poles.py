@@ -1,7 +1,7 @@
 """`avoid-poles`: lgamma, digamma, xlogy or log1p at a pole, as Poisson, negative-binomial, Beta and Dirichlet
 losses reach when a rate or a concentration comes straight from a relu (0), or log1p gets a prediction below -1."""
 
-from nanscope.rules.domains import domain_text, outside, producer
+from nanscope.rules.domains import measured
 from nanscope.rules.operand import finding_data, operand, source_fix
 from nanscope.rules.rule import Fixtures, Rule
 
@@ -42,9 +42,6 @@ def matches(first, inputs, op):
 def finding(facts, first, where, inputs):
     """The Recommendation for an op at one of its poles."""
     del facts  # Unused
-    op = inputs.get("op") or first.op
-    backward = first.phase == "backward"
-    domain = outside(op, inputs, backward) or f"domain {domain_text(op, backward)}"
-    evidence = [f"{where}: {producer(first, op, backward)} fed {operand(inputs)}; "
-                f"{WHY[op]} ({domain})"]
+    op, name, domain = measured(first, inputs)
+    evidence = [f"{where}: {name} fed {operand(inputs)}; {WHY[op]} ({domain})"]
     return AVOID_POLES.recommend("error", evidence, source_fix(first, SNIPPETS[op]), finding_data(first, inputs))

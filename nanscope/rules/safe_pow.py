@@ -3,7 +3,7 @@ exponent, or in the backward pass a zero base with an exponent below 1 (its grad
 
 import math
 
-from nanscope.rules.domains import domain_text, outside, producer
+from nanscope.rules.domains import measured
 from nanscope.rules.operand import finding_data, operand, source_fix
 from nanscope.rules.rule import Fixtures, Rule
 
@@ -41,8 +41,8 @@ def finding(facts, first, where, inputs):
         why = "0 to a negative power is inf"
     else:
         why = "the power overflows the dtype"
-    domain = outside("Pow", inputs, backward) or f"domain {domain_text('Pow', backward)}"
-    evidence = [f"{where}: {producer(first, 'Pow', backward)} fed base {operand(inputs)}"
+    _, name, domain = measured(first, inputs, "Pow")
+    evidence = [f"{where}: {name} fed base {operand(inputs)}"
                 + (f"; exponent {said}" if said else "") + f"; {why} ({domain})"]
     snippet = ("tf.pow(tf.maximum(x, 1e-6), y)  # floor the base: the gradient stays finite (y * 1e-6^(y-1))"
                if backward else "tf.pow(tf.maximum(x, 1e-6), y)  # the base floored above 0\n"

@@ -90,6 +90,12 @@ BUGGY = {
     "attention-pooling-plus-inf-fill": (spec("filled_pooling", "padded"), "finite-logits"),
     "mape-over-zero-counts": (spec("linear_head", "counts", f"{LOSSES}:mape"), "safe-division"),
     "compound-growth-product": (spec("compound_growth", "tabular"), "guard-op"),
+    # The classic exploding-gradient regression (Brownlee): targets with a std near 180, SGD with momentum 0.9; the
+    # gradient norm grows geometrically for 5 steps before the loss overflows.
+    "sgd-momentum-exploding-regression": (spec("mlp", "tabular", optimizer={"name": "sgd", "learning_rate": 0.01,
+                                                                           "momentum": 0.9}, steps=100,
+                                               model_args={"features": 20, "units": 25},
+                                               data_args={"features": 20, "y_scale": 180.0}), "clip-gradients"),
 }
 
 # case: where its printed top fix goes when `fixing.py` applies it: a `train:` YAML block, numpy on the data, a
@@ -105,6 +111,7 @@ TOP_FIX_SITES = {
     "gem-pooling-without-clamp": "model", "focal-loss-gamma-half": "loss", "arcface-2d-unclamped": "model",
     "negative-binomial-relu-dispersion": "loss", "poisson-relu-rate": "loss", "rmsle-linear-head": "loss",
     "attention-pooling-plus-inf-fill": "model", "mape-over-zero-counts": "loss", "compound-growth-product": "model",
+    "sgd-momentum-exploding-regression": "train",
 }
 
 # Models that override `train_step` (keras-io's VAE and GAN, `generative.py`), watched by the NanScope callback in

@@ -7,13 +7,20 @@ users copy it. Fed raw pixel values (`images(scale=255)`, or 1000 for a sensor's
 both go non-finite in their first step; fed 0-1 values, both train.
 """
 
+from pathlib import Path
+
 import numpy as np
 
+from nanscope.model.factory import load_callable
 from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()
 layers, ops = keras.layers, keras.ops
 LATENT = 2
+# keras-io's DCGAN discriminator and generator on 8x8 images, as the specs' generative models build them.
+SPECS = Path(__file__).parents[1] / "specs" / "generative.py"
+discriminator, generator = (load_callable(f"{SPECS}:{name}", SPECS.parent, "test")
+                            for name in ("discriminator", "generator"))
 
 
 def images(rows=64, seed=0, scale=1.0):
@@ -78,19 +85,6 @@ def bce(labels, logits):
     """Binary cross-entropy written by hand on sigmoid outputs: log(0) once a logit saturates the sigmoid."""
     p = ops.sigmoid(logits)
     return -ops.mean(labels * ops.log(p) + (1.0 - labels) * ops.log(1.0 - p))
-
-
-def discriminator():
-    inputs = keras.Input((8, 8, 1))
-    h = layers.LeakyReLU(0.2)(layers.Conv2D(8, 3, strides=2, padding="same")(inputs))
-    return keras.Model(inputs, layers.Dense(1)(layers.GlobalMaxPooling2D()(h)), name="discriminator")
-
-
-def generator():
-    inputs = keras.Input((LATENT,))
-    h = layers.Reshape((4, 4, 8))(layers.LeakyReLU(0.2)(layers.Dense(4 * 4 * 8)(inputs)))
-    h = layers.LeakyReLU(0.2)(layers.Conv2DTranspose(8, 4, strides=2, padding="same")(h))
-    return keras.Model(inputs, layers.Conv2D(1, 3, padding="same", activation="sigmoid")(h), name="generator")
 
 
 class GAN(keras.Model):
