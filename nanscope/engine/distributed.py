@@ -6,9 +6,11 @@ with `strategy.run`. Each replica takes its share of the batch (rows
 `[n * r // R, n * (r + 1) // R)`), weights its mean loss by that share and sums the
 gradients of all replicas with one all-reduce, so every replica sees the gradient
 of the whole batch: statistics, `grad_transform` and the optimizer's own clipping
-act on it exactly as on one device. Only replica 0 hands that gradient to the
-optimizer (the others hand zeros), because Keras' optimizer sums the replicas'
-gradients once more. Each replica returns its own reductions; `combine_replicas`
+act on it exactly as on one device. Every replica hands that gradient to the
+optimizer, whose own all-reduce of the replicas' gradients is skipped: every execution
+of a cross-replica collective keeps ~1.5 KB in TensorFlow for good, so the step runs
+one. (An optimizer without that all-reduce to skip gets the gradient from replica 0 and
+zeros from the others, which it sums.) Each replica returns its own reductions; `combine_replicas`
 merges them into one `StepRecord` on the host and keeps, per replica, how many
 non-finite values its batch, its outputs and its own gradients held.
 
@@ -30,6 +32,7 @@ from nanscope.engine.variable_stats import any_nonfinite_count
 from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import LAYER, LAYER_MAXED, OUTPUT, SCALARS, output_offsets
 from nanscope.engine.step import InstrumentedStep, layer_loss_terms
+from nanscope.internals import all_reduce_gradients_hooks, overridden
 from nanscope.runtime import tensorflow
 
 
@@ -84,12 +87,15 @@ class DistributedStep(InstrumentedStep):
         with strategy.scope():
             super().__init__(model, loss, optimizer, sample_x, sample_y, jit_compile=False,
                              grad_transform=grad_transform, source=source)
+        # The optimizer's own sum of the replicas' gradients, replaced by the gradients as handed (the whole batch's).
+        self._keras_sum_skipped = all_reduce_gradients_hooks(self.optimizer, _as_handed)
 
     def _step(self, x, y):
         tf, _ = tensorflow()
         self._recorder.begin()
         self._snapshot.take()
-        per_replica = self.strategy.run(self._replica_step, args=(x, y))
+        with overridden(self._keras_sum_skipped):
+            per_replica = self.strategy.run(self._replica_step, args=(x, y))
         if self.workers > 1:  # every replica holds the gathered rows: this worker's first one's are enough
             return tuple(self.strategy.experimental_local_results(part)[0] for part in per_replica)
         return tuple(tf.stack(self.strategy.experimental_local_results(part)) for part in per_replica)
@@ -138,7 +144,7 @@ class DistributedStep(InstrumentedStep):
         else:
             grads = context.all_reduce(tf.distribute.ReduceOp.SUM, local)
         applied = self.grad_transform(grads) if self.grad_transform is not None else grads
-        handed = applied if replica == 0 else [tf.zeros_like(g) for g in applied]
+        handed = applied if replica == 0 or self._keras_sum_skipped else [tf.zeros_like(g) for g in applied]
         with self.raised_by("train.optimizer"):
             self.optimizer.apply_gradients(zip(handed, self.trainable))
         # Replica threads take turns only inside the all-reduce and the optimizer: set here, read by _outputs.
@@ -186,6 +192,12 @@ class DistributedStep(InstrumentedStep):
         record.worker_nonfinite = [int(sum(record.replica_nonfinite[part])) for part in per_worker]
         self.stop_requested_by = [w for w, part in enumerate(per_worker) if stops[part].any()]
         return record
+
+
+def _as_handed(reduce):
+    """In place of the optimizer's all-reduce of the replicas' gradients: the (gradient, variable) pairs as handed."""
+    del reduce  # Unused
+    return list
 
 
 # Non-finite counts of a replica's own share of the step: its batch and its model outputs.

@@ -3,7 +3,8 @@
 Counts the calls of `tf.distribute.ReplicaContext.all_reduce` and `all_gather` (each goes on to
 the real one) while each fit traces its step, per way to compile (argv[1:], default `plain`):
 `plain` (Adam), `clipnorm` (Adam with clipnorm=1: the optimizer sums the clipped gradients, not
-the ones the statistics are of). Run with NANSCOPE_CPU_REPLICAS=2.
+the ones the statistics are of); and `trace`: trace-steps under `distribute: mirrored` (tests/specs/healthy.yaml,
+2 steps), whose step is nanscope's own. Run with NANSCOPE_CPU_REPLICAS=2.
 """
 
 import collections
@@ -54,7 +55,27 @@ def launched(optimizer, nanscope):
     return dict(calls)
 
 
+def traced():
+    """The collectives trace-steps' step launches (its traces, every replica's)."""
+    from pathlib import Path
+
+    import yaml
+
+    from nanscope.run.trace import TraceOptions, run_trace
+    from nanscope.spec.load import parse_spec
+
+    path = Path(__file__).resolve().parent.parent / "healthy.yaml"
+    document = yaml.safe_load(path.read_text())
+    document["train"].update(steps=2, distribute="mirrored")
+    calls.clear()
+    report = run_trace(parse_spec(document, source=str(path)), TraceOptions())
+    assert report.steps_run == 2
+    return dict(calls)
+
+
 optimizers = {"plain": lambda: keras.optimizers.Adam(1e-3),
               "clipnorm": lambda: keras.optimizers.Adam(1e-3, clipnorm=1.0)}
-print(json.dumps({way: {"without": launched(optimizers[way], False), "with": launched(optimizers[way], True)}
-                  for way in sys.argv[1:] or ["plain"]}))
+ways = sys.argv[1:] or ["plain"]
+launches = {way: traced() if way == "trace" else {"without": launched(optimizers[way], False),
+                                                  "with": launched(optimizers[way], True)} for way in ways}
+print(json.dumps(launches))
