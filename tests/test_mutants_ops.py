@@ -6,6 +6,7 @@ bounded-activation gives per dtype.
 Minimal one-step reports, no training (docs/mutation.md lists what each test here was written to catch)."""
 
 import math
+from types import SimpleNamespace
 
 import keras
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 from boundary_runs import fired, first_at, report_of, step, up
 from nanscope.engine.limits import ACTIVATION_LIMIT
 from nanscope.rules.evidence import RunEvidence
+from nanscope.rules.operand import where
 
 CRASH = [step(0, loss=math.inf, loss_nonfinite=True)]
 SAYS = "step 0, {phase} pass, layer hidden: "
@@ -132,3 +134,13 @@ def test_bounded_activation_computes_a_half_precision_linear_layer_in_float32_an
     report = report_of([step(0, layer_max=(1.0, up(ACTIVATION_LIMIT[dtype])))])
     rec = fired(report, RunEvidence(keras_model=model(dtype)))["bounded-activation"]
     assert rec.fix == fix and rec.data["relu"] is False
+
+
+def test_an_exp_without_a_measured_max_is_not_stable_exps():
+    found_here = found(gradient_of("Exp", "forward", min=0.0))
+    assert "stable-exp" not in found_here and "guard-op" in found_here
+
+
+def test_where_names_only_what_a_bare_first_value_holds():
+    bare = SimpleNamespace(step=3, phase="forward", layer=None, source=None)  # no loss, output or context
+    assert where(bare) == "step 3, forward pass"

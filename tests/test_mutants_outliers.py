@@ -124,3 +124,40 @@ def test_target_scales_skip_targets_that_are_not_numbers():
 ])
 def test_a_loss_spike_is_over_100x_the_median_of_the_20_finite_losses_before_it(loss, before, spike):
     assert _spike(loss, before) == spike
+
+
+def test_the_low_side_is_walked_from_the_bulk_outward():
+    # -11 first (a gap of 10: not apart), then -30 (a gap of 19: apart). Walked from -30 inward, both would be.
+    assert detached({-11.0: 1, -30.0: 1}, -1.0, 1.0, 1.0) == {-30.0: 1}
+
+
+@pytest.mark.parametrize("values, cell", [
+    pytest.param([v + 100.0 for v in BULK] + [CODE], (CODE, (CODE - 100.0) / 1.4826, 100.0, 1.4826),
+                 id="z-from-a-median-of-100"),
+    pytest.param([v * 0.1 for v in BULK] + [999.9], (999.9, 999.9 / 0.14826, 0.0, 0.14826), id="a-scale-below-1"),
+])
+def test_the_z_score_is_the_distance_from_the_median_in_robust_std(values, cell):
+    found = glitch_rows(np.array(values).reshape(-1, 1))
+    assert found.keys() == {99} and found[99][0][0] == 0
+    assert found[99][0][1:] == pytest.approx(cell, rel=1e-12)
+
+
+def test_a_float32_column_has_glitches_too_but_an_infinite_value_is_not_one():
+    assert glitch_rows(with_code().astype(np.float32).reshape(-1, 1)) == {99: [(0, *GLITCH_CELL)]}
+    assert glitch_rows(np.array([*BULK, math.inf]).reshape(-1, 1)) == {}  # clean-input-data's, not a glitch
+
+
+def test_every_column_with_a_far_value_is_checked_for_detachment():
+    tail = float(np.nextafter(10 * 1.4826, math.inf))  # z just over 10, but 13.8 from the bulk's edge: a tail
+    assert glitch_rows(np.stack([np.array([*BULK, 0.0]), np.array([*BULK, tail])], axis=1)) == {}
+
+
+def test_feature_scales_measure_float32_inputs_in_float64_and_every_float_input():
+    line = np.linspace(0.0, 1.0, 100, dtype=np.float32)
+    wide, wide3 = line.astype(np.float64), (3 * line).astype(np.float64)
+    # float32 sums would be off in the 8th digit
+    found = feature_scales(np.stack([line, 3 * line], axis=1))
+    assert [v for f in found for v in (f.std, f.mean_abs)] == pytest.approx(
+        [np.std(wide), np.mean(wide), np.std(wide3), np.mean(wide3)], rel=1e-13)
+    several = {"tok": line.reshape(-1, 1), "a": line.reshape(-1, 1), "b": line.reshape(-1, 1)}
+    assert [f.name for f in feature_scales(several, ids=("x['tok']",))] == ["x['a'][0]", "x['b'][0]"]

@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 
 from boundary_runs import LAYERS, fired, first_at, report_of, step
-from nanscope.run.attribution import StepNames, attribute_from_record
+from nanscope.run.attribution import StepNames, attribute_from_record, bad_values_line, describe_bad_batch
 from nanscope.engine.records import LayerStats, OutputStats, StepRecord, VariableStats
 from nanscope.rules.catalogue import recommend
+from nanscope.rules.diagnose import calibrated
+from nanscope.rules.rule import Recommendation
 from nanscope.rules.evidence import RunEvidence
 from nanscope.rules.learning_rate import loss_falling
 from nanscope.rules.registry import verify_fixers
@@ -207,3 +209,72 @@ def test_optimizer_epsilon_without_step_rows_has_no_bad_gradient_to_blame():
     # A report whose history holds no step (nothing to look a bad gradient up in) still gets the epsilon finding.
     assert epsilon_rule(records=[], first=first_at(0, "update")).evidence == [
         "step 0, update pass: the gradients were finite but the update was not", "optimizer epsilon 1e-07"]
+
+
+# The bad batch's words (run/attribution.py): which columns and which rows of each float array hold NaN/Inf.
+BATCH_ROWS = np.array([10, 11, 12, 13])
+
+
+def bad_batch():
+    x = np.zeros((4, 3))
+    x[1, 2], x[3, 0] = math.nan, math.inf
+    y = np.zeros((4, 1))
+    y[2, 0] = math.nan
+    return x, y
+
+
+def test_a_bad_batch_names_its_columns_by_name_where_known_and_its_dataset_rows():
+    x, y = bad_batch()
+    assert describe_bad_batch(x, y, BATCH_ROWS, ["a"], ["price"]) == [
+        "x: 2 non-finite value(s) in feature(s) a, x[2]; dataset rows 11, 13",
+        "y: 1 non-finite value(s) in target(s) price; dataset rows 12"]
+    assert describe_bad_batch(x, (y, y), BATCH_ROWS) == [
+        "x: 2 non-finite value(s) in feature(s) x[0], x[2]; dataset rows 11, 13",
+        "y0: 1 non-finite value(s) in target(s) y0[0]; dataset rows 12",
+        "y1: 1 non-finite value(s) in target(s) y1[0]; dataset rows 12"]
+    several = {"a": x, "ids": np.zeros((4, 2), np.int32)}  # integer inputs hold no NaN
+    assert describe_bad_batch(several, (y, np.zeros((4, 1))), BATCH_ROWS, ["unused"], output_names=["p", "q"]) == [
+        "x['a']: 2 non-finite value(s) in feature(s) x['a'][0], x['a'][2]; dataset rows 11, 13",
+        "p: 1 non-finite value(s) in target(s) p[0]; dataset rows 12"]
+
+
+def test_a_bad_values_line_shows_8_columns_and_rows_then_an_ellipsis():
+    shown = ", ".join(f"w[{i}]" for i in range(8))
+    assert bad_values_line("w", np.full((8, 8), math.nan), np.arange(8), rows_are="batch rows") == (
+        f"w: 64 non-finite value(s) in value(s) {shown}; batch rows 0, 1, 2, 3, 4, 5, 6, 7")
+    assert bad_values_line("w", np.full((9, 9), math.nan), np.arange(9), rows_are="batch rows") == (
+        f"w: 81 non-finite value(s) in value(s) {shown} ...; batch rows 0, 1, 2, 3, 4, 5, 6, 7 ...")
+    assert bad_values_line("w", np.full((2, 2, 2), math.nan), np.arange(2)) == (
+        "w: 8 non-finite value(s) in value(s) w[0], w[1], w[2], w[3]; dataset rows 0, 1")  # flat after the rows
+
+
+def test_a_bad_values_line_is_none_for_finite_integer_or_scalar_arrays():
+    assert bad_values_line("x", np.zeros((3, 2)), np.arange(3)) is None
+    assert bad_values_line("x", np.array(math.nan), np.arange(1)) is None
+    assert bad_values_line("x", np.array([[1]]), np.arange(1)) is None
+
+
+def rec(rule_id, severity, evidence=("measured",)):
+    return Recommendation(rule_id, rule_id, severity, list(evidence), "fix")
+
+
+def test_a_trajectory_error_becomes_a_warning_secondary_to_the_first_error_that_names_the_producer():
+    ordered = [rec("lower-learning-rate", "error"), rec("stable-exp", "error"), rec("safe-sqrt", "error"),
+               rec("clip-gradients", "error"), rec("weight-constraint", "warning"), rec("bounded-activation", "info")]
+    assert calibrated(ordered) is ordered
+    assert [(r.id, r.severity) for r in ordered] == [
+        ("lower-learning-rate", "warning"), ("stable-exp", "error"), ("safe-sqrt", "error"),
+        ("clip-gradients", "warning"), ("weight-constraint", "warning"), ("bounded-activation", "info")]
+    secondary = ("secondary, so a warning: stable-exp names what produced the first non-finite value; this fix acts "
+                 "on the run's trajectory, not on that producer")
+    assert ordered[0].evidence == ["measured", secondary] and ordered[0].data == {"secondary_to": "stable-exp"}
+    assert ordered[3].evidence == ["measured", secondary] and ordered[3].data == {"secondary_to": "stable-exp"}
+    assert ordered[4].evidence == ["measured"] and ordered[4].data == {}  # only errors are lowered
+    assert ordered[1].evidence == ["measured"] and ordered[1].data == {}
+
+
+def test_trajectory_errors_stay_errors_without_a_producers_error():
+    ordered = [rec("clip-gradients", "error"), rec("stable-exp", "warning"), rec("lower-learning-rate", "error")]
+    calibrated(ordered)
+    assert [r.severity for r in ordered] == ["error", "warning", "error"]
+    assert all(r.evidence == ["measured"] and r.data == {} for r in ordered)

@@ -4,10 +4,18 @@ offsets of a step row, splitting and joining one, and what the bounded history a
 Plain arrays and hand-made records, no training (docs/mutation.md lists what each test here was written to
 catch)."""
 
+import math
+import os
+
 import numpy as np
 import pytest
 
+from boundary_runs import step
+from nanscope.engine.records import OutputStats, expected_layer_indices, output_stats_of
 from nanscope.engine.schema import LAYER, OUTPUT, SCALARS, VARIABLE, Columns, StepLayout, join, output_offsets
+from nanscope.jsonio import new_file_mode, write_json, write_text_atomic
+from nanscope.store.history import StepHistory, series_columns
+from nanscope.store.series import TraceColumns
 
 
 def test_columns_are_found_by_name_and_packed_in_row_order():
@@ -49,3 +57,59 @@ def test_a_step_row_splits_back_into_its_parts_and_joins_again():
     assert np.array_equal(np.asarray(join(layout.split(rows[0]))), rows[0])
     with pytest.raises(ValueError, match=r"a step row has 37 columns for this layout. Received: 36"):
         layout.split(rows[:, :-1])
+    with pytest.raises(ValueError, match=r"a step row has 37 columns for this layout. Received: 36"):
+        layout.split(rows[:, :-1].reshape(2, 1, 36))  # the last axis counts, however many lead it
+
+
+def test_the_history_finds_a_kept_row_at_the_start_in_the_sample_around_an_event_and_at_the_end():
+    history = StepHistory(2, 1, keep=2, sample=2)
+    for number in range(40):
+        history.add(step(number, loss=1e6 if number == 20 else 1.0))  # step 20's loss spikes: an event
+    assert [r.step for r in history.kept()] == [0, 1, 16, 18, 19, 20, 21, 22, 32, 38, 39]
+    for number in (0, 1, 16, 20, 22, 32, 39):
+        assert history.record_at(number).step == number
+    for number in (2, 30, 40):
+        assert history.record_at(number) is None
+
+
+def test_a_trace_columns_row_appended_is_counted_and_folded():
+    columns = series_columns(0)
+    appended = TraceColumns("unused.jsonl", columns, rows=None, lines=None)
+    extended = TraceColumns("unused.jsonl", columns, rows=None, lines=None)
+    row = np.arange(len(columns), dtype=np.float32)
+    for number in range(3):
+        appended.append(number, row + number)
+    extended.extend(np.arange(3, dtype=np.int64), np.stack([row + n for n in range(3)]))
+    assert appended.count == extended.count == 3
+    assert appended.overview() == extended.overview()
+
+
+def test_an_output_row_and_the_expected_layers_are_read_by_name():
+    assert output_stats_of({"loss": 2.5, "target_nonfinite": 3.0, "prediction_nonfinite": 1.0}) == OutputStats(
+        2.5, 3, 1)
+    names = ["attn1/mask", "attn1/dense", "head", "Head"]
+    assert expected_layer_indices(["attn*/mask", "head"], names) == [0, 2]  # case matters
+    assert expected_layer_indices(None, names) == []
+
+
+def test_write_json_writes_the_encoded_value_atomically_with_an_ordinary_files_mode(tmp_path, capsys):
+    target = tmp_path / "new" / "report.json"  # its folder does not exist yet
+    write_json(target, {"loss": math.nan, "rows": (1, 2)})
+    assert target.read_text() == '{\n  "loss": "nan",\n  "rows": [\n    1,\n    2\n  ]\n}\n'
+    assert target.stat().st_mode & 0o777 == new_file_mode()
+    assert sorted(p.name for p in target.parent.iterdir()) == ["report.json"]  # no temporary file left
+    write_json("-", [math.inf])
+    assert capsys.readouterr().out == '[\n  "inf"\n]\n'
+    umask = os.umask(0o027)
+    try:
+        assert new_file_mode() == 0o640
+    finally:
+        os.umask(umask)
+
+
+def test_a_write_that_fails_leaves_the_old_file_and_no_temporary_one(tmp_path):
+    target = tmp_path / "report.json"
+    write_text_atomic(target, "old\n")
+    with pytest.raises(TypeError):
+        write_text_atomic(target, b"not text")  # type: ignore[arg-type]
+    assert target.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["report.json"]
