@@ -41,6 +41,10 @@ def test_sentinel_trains_as_full_mode_and_samples_the_full_rows(tmp_path):
     np.testing.assert_allclose([r.grad_global_norm for r in sentinel.records],
                                [r.grad_global_norm for r in full.records], rtol=1e-5)
     assert [r.step for r in sentinel.records if r.layers] == [0, 5, 10]
+    # The light steps measure |w| and |dw|/|w| over all weights too: the rules read them on every step.
+    for column in ("weight_norm", "update_ratio"):
+        np.testing.assert_allclose(sentinel.history.column(column), full.history.column(column), rtol=1e-5)
+    assert sentinel.history.column("update_ratio").min() > 0
     assert [r.step for r in sentinel.records if r.variables] == [0, 5, 10]
     assert sentinel.first_nonfinite is None and sentinel.interventions == []
     assert ("mode=sentinel: full statistics on every 5th step and the 16 after an event; 9 step(s) recorded the "
@@ -79,5 +83,10 @@ def test_cli_sentinel_names_the_first_nan_as_full_mode_does(tmp_path):
     assert (s["step"], s["phase"], s["op"]) == (8, "loss", "Square")
     assert [step["loss"] for step in sentinel["steps"]] == [step["loss"] for step in full["steps"]]
     assert sentinel["steps_run"] == full["steps_run"] == 9
+    # The rules see every step's loss, gradient norm, weight norm and update ratio as in full mode; only the layer
+    # outputs' growth over the steps (bounded-activation's trend) needs the layer rows that light steps leave out.
+    full_ids = [r["id"] for r in full["recommendations"]]
+    assert [r["id"] for r in sentinel["recommendations"]] == [i for i in full_ids if i != "bounded-activation"]
+    assert {"lower-learning-rate", "weight-constraint", "bounded-activation"} <= set(full_ids)
     assert any(note.startswith("mode=sentinel: full statistics on every 100th step") for note in sentinel["notes"])
     assert not any(note.startswith("mode=sentinel") for note in full["notes"])

@@ -88,6 +88,8 @@ class StepRecord:
             its replicas' `replica_nonfinite`. Empty otherwise.
         outputs: list of OutputStats. Per output of a multi-output model, in output order; empty
             for a single-output model, whose `data_loss` is its output's loss.
+        overall_norms: (float, float) or None. The norm of all trainable weights after the update and of
+            the update, as a sentinel step measures them without per-variable rows; None: from `variables`.
     """
 
     step: int
@@ -114,6 +116,7 @@ class StepRecord:
     replica_nonfinite: list = field(default_factory=list)
     worker_nonfinite: list = field(default_factory=list)
     outputs: list = field(default_factory=list)
+    overall_norms: tuple | None = None
 
     @classmethod
     def from_arrays(cls, step, batch_rows, scalars, layer_stats, layer_terms, var_stats):

@@ -20,8 +20,8 @@ import numpy as np
 
 from nanscope.data import inputs
 from nanscope.engine.failures import raised_while_tracing
-from nanscope.engine.variable_stats import (Snapshot, any_nonfinite_count, applied_updates, graph_position,
-                                            summary_stats, variable_rows)
+from nanscope.engine.variable_stats import (Snapshot, any_nonfinite_count, applied_updates, global_norm,
+                                            graph_position, summary_stats, variable_rows)
 from nanscope.model.models import build_model
 from nanscope.engine.probes import LayerRecorder
 from nanscope.engine.records import StepRecord
@@ -179,9 +179,14 @@ class InstrumentedStep:
     def _light_step(self, x, y):
         """The sentinel's step: the same training without the layer probes or the per-variable rows; only the
         scalars, with the gradients and weights reduced over all variables at once (`summary_stats`)."""
-        y_pred, total, data_loss, grads, applied, scale, output_losses, _ = self._train(x, y)
-        measured = summary_stats(grads, self.trainable, None if applied is grads else applied)
-        return self._scalars(x, y, y_pred, total, data_loss, applied, scale, output_losses, measured)
+        tf, _ = tensorflow()
+        y_pred, total, data_loss, grads, applied, scale, output_losses, updates = self._train(x, y)
+        measured, weight_norm = summary_stats(grads, self.trainable, None if applied is grads else applied)
+        scalars = self._scalars(x, y, y_pred, total, data_loss, applied, scale, output_losses, measured)
+        # |w| and |dw| over all weights, for the rules that read every step's (the update ratio, the weights' growth).
+        changes = [_f32(v) - _f32(c) if d is None else _f32(d)
+                   for d, v, c in zip(updates, self.trainable, self._snapshot.copies)]
+        return scalars, tf.stack([weight_norm, global_norm(changes)])
 
     def _train(self, x, y):
         """Copy the state, then forward, loss, backward and the update, in the graph being traced; the tensors the
@@ -279,7 +284,10 @@ class InstrumentedStep:
             tf, _ = tensorflow()
             self._light = tf.function(self._light_step, input_signature=self._compiled.input_signature,
                                       jit_compile=self.jit_compile, autograph=False).get_concrete_function()
-        return StepRecord.from_arrays(step, inputs.rows(x), self._light(x, y).numpy(), [], [], [])
+        scalars, norms = self._light(x, y)
+        record = StepRecord.from_arrays(step, inputs.rows(x), scalars.numpy(), [], [], [])
+        record.overall_norms = tuple(float(n) for n in norms.numpy())
+        return record
 
     def rerun_in_full(self, step, x, y):
         """The full StepRecord of the last step, re-run on its batch from the state before it (the optimizer's
@@ -331,6 +339,12 @@ class InstrumentedStep:
         """The snapshots' own copies (a re-run through the step overwrites them)."""
         extra = self._optimizer_snapshot.copies if self._optimizer_snapshot is not None else []
         return list(self._snapshot.copies) + list(extra)
+
+
+def _f32(tensor):
+    tf, _ = tensorflow()
+    tensor = tf.convert_to_tensor(tensor)
+    return tensor if tensor.dtype == tf.float32 else tf.cast(tensor, tf.float32)
 
 
 def _total(counts):

@@ -87,17 +87,20 @@ def variable_rows(grads, before, after, applied=None, updates=None):
 def summary_stats(grads, after, applied=None):
     """The sentinel's gradient and weight columns of SCALARS, over all variables at once (no per-variable rows).
 
-    A healthy step costs one fused pass over the gradients (their sum of squares) and one
-    over the updated weights (their sum), and one `tf.cond`: only when either is not finite
+    A healthy step costs one fused pass over the gradients and one over the updated weights
+    (their sums of squares), and one `tf.cond`: only when either is not finite
     does its other branch count the non-finite entries of both and take the gradients'
     norm scaled by their largest entry (exact where the plain sum of squares overflows).
     `applied`, the gradients handed to the optimizer when they differ, costs one more norm.
+
+    Returns:
+        (the SCALARS columns by name, the updated weights' global norm).
     """
     tf, _ = tensorflow()
     grads = [_f32(g) for g in grads if g is not None]
     weights = [_f32(w) for w in after]
     squares = tf.add_n([tf.nn.l2_loss(g) for g in grads]) * constant(2.0) if grads else constant(0.0)
-    probe = tf.add_n([tf.reduce_sum(w) for w in weights]) if weights else constant(0.0)
+    probe = tf.add_n([tf.nn.l2_loss(w) for w in weights]) * constant(2.0) if weights else constant(0.0)
 
     def healthy():
         return tf.sqrt(squares), tf.constant(0.0), tf.constant(0.0)
@@ -109,7 +112,7 @@ def summary_stats(grads, after, applied=None):
     grad_norm, grad_bad, weight_bad = tf.cond(finite, healthy, exact)
     return {"grad_global_norm": grad_norm,
             "applied_grad_global_norm": grad_norm if applied is None else global_norm(applied),
-            "grad_nonfinite": grad_bad, "weights_nonfinite": weight_bad}
+            "grad_nonfinite": grad_bad, "weights_nonfinite": weight_bad}, tf.sqrt(probe)
 
 
 def global_norm(tensors):

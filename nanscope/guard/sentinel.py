@@ -32,7 +32,7 @@ class SentinelCapture(StepCapture):
     def _variable_rows(self):
         grads = [self.grads[id(v)] for v in self.trainable if id(v) in self.grads]
         after = [self.after.get(id(v), v) for v in self.trainable]
-        measured = summary_stats(grads, after, self.applied)
+        measured, _ = summary_stats(grads, after, self.applied)
         grad_norm = measured["grad_global_norm"]
         row = VARIABLE.pack({"grad_norm": grad_norm, "grad_nonfinite": measured["grad_nonfinite"],
                              "weight_norm": tf.constant(0.0), "update_norm": tf.constant(0.0),

@@ -70,13 +70,21 @@ def global_update_ratio(record):
     return updates / weights if weights > 0 else 0.0
 
 
+def overall_norms(record):
+    """(|w|, |dw|/|w|) over all trainable weights: from the per-variable rows, or a sentinel step's own pair."""
+    if record.overall_norms is not None and not record.variables:
+        weights, update = record.overall_norms
+        return weights, (update / weights if weights > 0 else 0.0)
+    return math.hypot(*(v.weight_norm for v in record.variables)), global_update_ratio(record)
+
+
 def scalar_row(record):
     """The SERIES values of one record, in column order (without the step), each put by its column's name."""
     # The two norms taken here, in float64, are kept as float32 like the step's own values: capped at its max.
-    weight_norm = min(math.hypot(*(v.weight_norm for v in record.variables)), FLOAT32_MAX)
+    weight_norm, update_ratio = overall_norms(record)
     values = {
-        "batch_rows": record.batch_rows, "phase": PHASES.index(record.phase), "weight_norm": weight_norm,
-        "update_ratio": min(global_update_ratio(record), FLOAT32_MAX),
+        "batch_rows": record.batch_rows, "phase": PHASES.index(record.phase),
+        "weight_norm": min(weight_norm, FLOAT32_MAX), "update_ratio": min(update_ratio, FLOAT32_MAX),
         "loss": record.loss, "data_loss": record.data_loss, "x_nonfinite": record.x_nonfinite,
         "y_nonfinite": record.y_nonfinite, "output_nonfinite": record.output_nonfinite,
         "loss_nonfinite": float(record.loss_nonfinite), "grad_global_norm": record.grad_global_norm,
