@@ -141,7 +141,8 @@ def first_batch_gradients_finite(doc):
 
 
 # A NaN gradient that plain `fit` does not show in its loss (it stayed finite here on TF 2.21's CPU
-# kernels) is established with a plain GradientTape step.
+# kernels: the tf.where drops the NaN branch's value, and a relu of the NaN weights gives 0, so the norm
+# of relu activations ends flat at the targets' variance) is established with a plain GradientTape step.
 GRADIENT_BUGS = {"tf-where-gradient-trap", "norm-of-zero-activations"}
 
 
@@ -209,7 +210,8 @@ def test_precision_and_recall_over_the_corpus(reports, fit_runs, capsys):
 
 @pytest.fixture(scope="module")
 def top_fixes(reports):
-    """{buggy case: (its top fix's rule id, the code run, fixing.outcome)}, each case's fix applied when first asked."""
+    """{buggy case: (its top fix's rule id, the fix as printed, the code run, fixing.outcome)}, each case's fix
+    applied when first asked."""
     found = {}
 
     def top_fix(name):
@@ -218,7 +220,7 @@ def top_fixes(reports):
             top = next(r for r in reports[name].recommendations if r.severity in ALARMS)
             code = fixing.first_alternative(top.fix)
             run = fixing.apply(fixing.Run(doc, _call, _loss), cases.TOP_FIX_SITES[name], code)
-            found[name] = top.id, code, fixing.outcome(run)
+            found[name] = top.id, top.fix, code, fixing.outcome(run)
         return found[name]
 
     return top_fix
@@ -230,13 +232,16 @@ def test_every_buggy_case_says_where_its_top_fix_goes():
 
 @pytest.mark.parametrize("name", sorted(cases.BUGGY))
 def test_a_buggy_cases_printed_top_fix_trains(name, top_fixes):
-    rule, code, outcome = top_fixes(name)
+    rule, fix, code, outcome = top_fixes(name)
     assert rule == cases.BUGGY[name][1], rule  # the fix of the rule the case plants
+    site = cases.TOP_FIX_SITES[name]
+    if site in ("model", "loss"):  # it is applied at the line the fix names: in the case's layer or its loss file
+        assert {"model": "models.py:", "loss": "losses.py:"}[site] in fix.splitlines()[0], fix
     assert outcome["finite"] and outcome["trains"], (rule, code, outcome)
 
 
 def test_share_of_buggy_cases_whose_top_fix_trains(top_fixes, fit_runs, capsys):
-    trained = sorted(name for name in cases.BUGGY if top_fixes(name)[2]["trains"])
+    trained = sorted(name for name in cases.BUGGY if top_fixes(name)[3]["trains"])
     # The train_step cases' top fix (normalize-inputs) applied as the images brought to 0-1: their healthy twins.
     fit_trained = [name for name in cases.FIT_BUGGY
                    if (lambda losses: losses[-1] < losses[0])(next(iter(fit_runs[cases.FIT_FIXED[name]][0].values())))]
