@@ -301,7 +301,7 @@ def test_norms_past_the_square_root_of_the_float64_max_are_capped_not_raised():
     """Weight norms of 2e154 (a float64 model's, or a float32 norm times a huge update ratio): their squares
     overflow a Python float, and `sqrt(sum(x ** 2))` raised OverflowError inside the user's training."""
     from nanscope.engine.records import StepRecord, VariableStats
-    from nanscope.store.history import FLOAT32_MAX, global_update_ratio, scalar_row, series_columns
+    from nanscope.store.rows import FLOAT32_MAX, global_update_ratio, scalar_row, series_columns
 
     variables = [VariableStats(grad_norm=1.0, grad_nonfinite=0, weight_norm=2e154, update_ratio=0.5,
                                weight_nonfinite=0) for _ in range(2)]

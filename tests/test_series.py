@@ -11,7 +11,8 @@ from rich.console import Console
 
 from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import LAYER, SCALARS, VARIABLE, StepLayout
-from nanscope.store.history import StepHistory, series_columns
+from nanscope.store.history import StepHistory
+from nanscope.store.rows import series_columns
 from nanscope.render.format import sparkline
 from nanscope.render.trace_report import render_trace_report
 from nanscope.report.redraw import aggregates_json, load_trace

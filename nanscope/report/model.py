@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 
 from nanscope.errors import EXIT_HEALTHY, EXIT_INTERRUPTED, EXIT_PROBLEM
-from nanscope.store.history import LayerAggregate, StepHistory, VariableAggregate
+from nanscope.store.aggregates import LayerAggregate, VariableAggregate
+from nanscope.store.history import StepHistory
 from nanscope.jsonio import jsonable
 
 SCHEMA = "nanscope.trace/1"

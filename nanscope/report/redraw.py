@@ -9,7 +9,9 @@ import numpy as np
 from nanscope.engine.records import LayerStats, OutputStats, VariableStats
 from nanscope.engine.schema import PHASES
 from nanscope.spec.options import DEFAULT_KEEP, DEFAULT_SAMPLE
-from nanscope.store.history import LayerAggregate, OutputAggregate, StepHistory, VariableAggregate, scalar_row
+from nanscope.store.aggregates import LayerAggregate, OutputAggregate, VariableAggregate
+from nanscope.store.history import StepHistory
+from nanscope.store.rows import scalar_row
 from nanscope.jsonio import decode_float, jsonable
 from nanscope.rules.catalogue import Recommendation
 from nanscope.store.series import TraceColumns

@@ -13,7 +13,8 @@ step's full row (every layer and every variable). `StepHistory` keeps:
   mid-run (the first loss spike, and the first layer output past its dtype's
   activation bound, engine.limits: ~1.8e19 for float32, 655 for float16);
 - per layer, variable and output, running aggregates (largest, smallest, last, number
-  of non-finite steps, first and last non-finite step), exact over the whole run.
+  of non-finite steps, first and last non-finite step), exact over the whole run
+  (`nanscope.store.aggregates`).
 
 Tables and rules read the aggregates and the scalar columns; the kept rows are the
 evidence shown step by step. A run shorter than `2 * keep` steps keeps every row.
@@ -26,15 +27,14 @@ Example:
 """
 
 import collections
-import functools
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from nanscope.engine.records import LayerStats, OutputStats
-from nanscope.engine.schema import OUTPUT, PHASES, SCALARS, Columns
 from nanscope.engine.limits import SPIKE_FACTOR, SPIKE_WINDOW, activation_limit
+from nanscope.store.aggregates import LayerAggregate, OutputAggregate, VariableAggregate
+from nanscope.store.rows import scalar_row, series_columns
 from nanscope.store.series import OVERVIEW_WIDTH, ScalarColumns
 from nanscope.spec.options import DEFAULT_KEEP, DEFAULT_SAMPLE
 
@@ -46,155 +46,10 @@ MAX_EVENTS = 8
 # step (slope ln 1.5) spans at most 708 points: a fit reaching back further never
 # qualifies, and this window gives the fits over every step exactly.
 TREND_WINDOW = 1024
-FLOAT32_MAX = float(np.finfo(np.float32).max)
 # The warning onsets that are events (engine.limits). A loss spike is rules.outliers' (the loss SPIKE_FACTOR
 # times the median of the SPIKE_WINDOW finite losses before it); a layer's activation bound is
 # rules.bounded_activation's for its dtype (an output whose square overflows float32, a hundredth of float16's
 # max).
-# The columns kept for every step, before SCALARS (and the per-output columns).
-HEAD = ("batch_rows", "phase", "weight_norm", "update_ratio")
-
-
-@functools.cache
-def series_columns(outputs):
-    """The per-step scalar columns for a model with `outputs` outputs (0: one output)."""
-    per_output = [f"output{i}/{name}" for i in range(outputs) for name in OUTPUT]
-    return Columns(*HEAD, *SCALARS, *per_output)
-
-
-def global_update_ratio(record):
-    """|dw|/|w| over all trainable weights together (small bias vectors alone would dominate a per-variable max)."""
-    # hypot, not sqrt(sum(x ** 2)): a float ** 2 past 1.3e154 raises OverflowError, hypot returns inf.
-    weights = math.hypot(*(v.weight_norm for v in record.variables))
-    updates = math.hypot(*(v.update_ratio * v.weight_norm for v in record.variables if math.isfinite(v.update_ratio)))
-    return updates / weights if weights > 0 else 0.0
-
-
-def overall_norms(record):
-    """(|w|, |dw|/|w|) over all trainable weights: from the per-variable rows, or a sentinel step's own pair."""
-    if record.overall_norms is not None and not record.variables:
-        weights, update = record.overall_norms
-        return weights, (update / weights if weights > 0 else 0.0)
-    return math.hypot(*(v.weight_norm for v in record.variables)), global_update_ratio(record)
-
-
-def scalar_row(record):
-    """The SERIES values of one record, in column order (without the step), each put by its column's name."""
-    # The two norms taken here, in float64, are kept as float32 like the step's own values: capped at its max.
-    weight_norm, update_ratio = overall_norms(record)
-    values = {
-        "batch_rows": record.batch_rows, "phase": PHASES.index(record.phase),
-        "weight_norm": min(weight_norm, FLOAT32_MAX), "update_ratio": min(update_ratio, FLOAT32_MAX),
-        "loss": record.loss, "data_loss": record.data_loss, "x_nonfinite": record.x_nonfinite,
-        "y_nonfinite": record.y_nonfinite, "output_nonfinite": record.output_nonfinite,
-        "loss_nonfinite": float(record.loss_nonfinite), "grad_global_norm": record.grad_global_norm,
-        "grad_nonfinite": record.grad_nonfinite, "weights_nonfinite": record.weights_nonfinite,
-        "applied_grad_global_norm": record.applied_grad_global_norm,
-        # 0 is "no loss scaling" (a StepRecord's None), as the step writes it.
-        "loss_scale": record.loss_scale or 0.0, "update_skipped": float(record.update_skipped),
-        "loss_scale_before": record.loss_scale_before or 0.0, "loss_missing": float(record.loss_missing),
-    }
-    for index, output in enumerate(record.outputs):
-        values.update({f"output{index}/loss": output.loss, f"output{index}/target_nonfinite": output.target_nonfinite,
-                       f"output{index}/prediction_nonfinite": output.prediction_nonfinite})
-    return series_columns(len(record.outputs)).pack(values)
-
-
-@dataclass
-class LayerAggregate:
-    """One layer over the whole run: extremes and last values of its called steps, its non-finite steps."""
-
-    called_steps: int = 0
-    max_abs: float = 0.0
-    min_abs: float | None = None
-    max_abs_healthy: float | None = None
-    underflow_max: float = 0.0
-    last: LayerStats | None = None
-    zero_fraction_last: float | None = None
-    nonfinite_steps: int = 0
-    first_nonfinite_step: int | None = None
-    last_nonfinite_step: int | None = None
-
-    def add(self, step, stats, healthy):
-        if stats.called:
-            self.called_steps += 1
-            self.max_abs = max(self.max_abs, stats.max_abs)
-            self.min_abs = stats.max_abs if self.min_abs is None else min(self.min_abs, stats.max_abs)
-            if healthy:
-                self.max_abs_healthy = _max(self.max_abs_healthy, stats.max_abs)
-            self.underflow_max = max(self.underflow_max, stats.underflow_fraction)
-            self.last = stats
-            if stats.zero_fraction is not None:
-                self.zero_fraction_last = stats.zero_fraction
-        if stats.nonfinite:
-            self.nonfinite_steps += 1
-            self.first_nonfinite_step = step if self.first_nonfinite_step is None else self.first_nonfinite_step
-            self.last_nonfinite_step = step
-
-
-@dataclass
-class VariableAggregate:
-    """One variable over the whole run: finite extremes of its gradient norm and update ratio, its last row."""
-
-    steps: int = 0
-    max_grad_norm: float | None = None
-    min_grad_norm: float | None = None
-    first_update_ratio: float | None = None
-    max_update_ratio_after_first: float | None = None
-    last: object | None = None
-    nonfinite_steps: int = 0
-    first_nonfinite_step: int | None = None
-    last_nonfinite_step: int | None = None
-
-    def add(self, step, stats, absorbed=False):
-        if math.isfinite(stats.grad_norm):
-            self.max_grad_norm = _max(self.max_grad_norm, stats.grad_norm)
-            self.min_grad_norm = stats.grad_norm if self.min_grad_norm is None else min(self.min_grad_norm,
-                                                                                        stats.grad_norm)
-        ratio = stats.update_ratio if math.isfinite(stats.update_ratio) else None
-        if self.steps == 0:
-            self.first_update_ratio = ratio
-        elif ratio is not None:
-            self.max_update_ratio_after_first = _max(self.max_update_ratio_after_first, ratio)
-        self.steps += 1
-        self.last = stats
-        if (stats.grad_nonfinite and not absorbed) or stats.weight_nonfinite:
-            self.nonfinite_steps += 1
-            self.first_nonfinite_step = step if self.first_nonfinite_step is None else self.first_nonfinite_step
-            self.last_nonfinite_step = step
-
-    @property
-    def max_update_ratio(self):
-        """The largest finite |dw|/|w| after the first step (the first one's, for a one-step run)."""
-        return self.max_update_ratio_after_first if self.steps > 1 else self.first_update_ratio
-
-
-@dataclass
-class OutputAggregate:
-    """One output of a multi-output model over the whole run: first, last and largest finite loss, non-finite steps."""
-
-    first: OutputStats | None = None
-    last: OutputStats | None = None
-    max_loss: float | None = None
-    min_loss: float | None = None
-    nonfinite_steps: int = 0
-    first_nonfinite_step: int | None = None
-    last_nonfinite_step: int | None = None
-
-    def add(self, step, stats):
-        self.first = self.first or stats
-        self.last = stats
-        if math.isfinite(stats.loss):
-            self.max_loss = _max(self.max_loss, stats.loss)
-            self.min_loss = stats.loss if self.min_loss is None else min(self.min_loss, stats.loss)
-        if not math.isfinite(stats.loss) or stats.target_nonfinite or stats.prediction_nonfinite:
-            self.nonfinite_steps += 1
-            self.first_nonfinite_step = step if self.first_nonfinite_step is None else self.first_nonfinite_step
-            self.last_nonfinite_step = step
-
-
-def _max(current, value):
-    return value if current is None else max(current, value)
 
 
 @dataclass

@@ -21,7 +21,7 @@ import numpy as np
 
 from nanscope.errors import NanscopeError
 from nanscope.engine.schema import PHASES
-from nanscope.store.history import scalar_row
+from nanscope.store.rows import scalar_row
 from nanscope.jsonio import dumps, encode_float, jsonable
 
 TRACE_SCHEMA = "nanscope.trace-lines/1"
