@@ -16,7 +16,8 @@ import time
 import numpy as np
 
 from nanscope.forensics.replay import Localization
-from nanscope.forensics.watch import OpEvent, OpWatch
+from nanscope.forensics.events import OpEvent
+from nanscope.forensics.watch import OpWatch
 from nanscope.internals import overridden
 from nanscope.runtime import tensorflow
 

@@ -13,7 +13,8 @@ import numpy as np
 
 from nanscope.engine.step import probed_layers
 from nanscope.forensics.random_state import random_state_kept
-from nanscope.forensics.watch import OpEvent, OpWatch
+from nanscope.forensics.events import OpEvent
+from nanscope.forensics.watch import OpWatch
 from nanscope.runtime import tensorflow
 
 

@@ -15,144 +15,24 @@ model keeps nothing.
 import contextlib
 import functools
 import sys
-from dataclasses import dataclass, field
 
-import numpy as np
-
+from nanscope.forensics.events import (
+    SECOND_OPERAND,
+    SELECT_OPS,
+    ForwardOp,
+    OpEvent,
+    where_trap,
+    all_finite,
+    exponent_stats,
+    flat_tensors,
+    introduces_nonfinite,
+    is_float_tensor,
+    operand_stats,
+)
 from nanscope.forensics.functions import is_function_call, localize_in_function
 from nanscope.forensics.masks import masked_rows
 from nanscope.forensics.sources import keras_loss_source, library_dirs, user_source
 from nanscope.internals import differentiated_op, op_callback, overridden
-from nanscope.runtime import tensorflow
-
-# For these ops the second input is the denominator: that is the operand to describe.
-DENOMINATOR_OPS = {"RealDiv", "Div", "DivNoNan", "FloorDiv", "TruncateDiv", "Xdivy"}
-# For these the second input is the argument of the log (x * log(y)): the operand to describe.
-LOG_ARGUMENT_OPS = {"Xlogy", "Xlog1py"}
-# The name of the described second operand, by op.
-SECOND_OPERAND = {**{op: "denominator" for op in DENOMINATOR_OPS}, **{op: "log argument" for op in LOG_ARGUMENT_OPS}}
-# Ops whose second input is an exponent: its range is kept beside the base's statistics.
-EXPONENT_OPS = {"Pow"}
-# tf.where: the op that picks between two branches and throws the other away.
-SELECT_OPS = {"Select", "SelectV2"}
-
-
-@dataclass
-class OpEvent:
-    """The producing op: what it was, where it ran, and what it was fed.
-
-    Args:
-        op: str. TF op type ("Log", "Exp", "RealDiv"; for the backward pass "SqrtGrad" etc.).
-        forward_op: str or None. For a gradient op, the forward op it differentiates.
-        phase: str. forward | loss | backward | update.
-        layer: str or None. Innermost Keras layer running when the (forward) op ran.
-        layer_class: str or None.
-        source: str or None. `file:line` of the user code that created the (forward) op.
-        inputs: dict. min, max, zero_fraction, negative_fraction of the operand.
-        operand: str. Which input `inputs` describes ("input", "denominator").
-        dtype: str. The op output's dtype.
-        introduced: bool, default True. The op made the non-finite values (False: it passed on a non-finite
-            operand, such as an intended -inf mask fill).
-        forward_phase: str or None. For a gradient op, the phase its forward op ran in (forward | loss).
-        context: dict. What the replay found around the op: fully masked softmax rows (`masked_rows`,
-            `softmax_rows`, `batch_rows`), the tf.where that threw the op's forward value away (`discarded_by`).
-    """
-
-    op: str
-    phase: str
-    forward_op: str | None = None
-    layer: str | None = None
-    layer_class: str | None = None
-    source: str | None = None
-    inputs: dict = field(default_factory=dict)
-    operand: str = "input"
-    dtype: str = "float32"
-    introduced: bool = True
-    forward_phase: str | None = None
-    context: dict = field(default_factory=dict)
-
-
-@dataclass(eq=False)
-class ForwardOp:
-    """One op of the forward pass or the loss, kept for attributing its gradient and tracing values back.
-
-    Args:
-        op: str. TF op type.
-        phase: str. forward | loss.
-        layer: keras.Layer or None. Innermost layer running when it ran.
-        source: str or None. `file:line` behind it.
-        inputs, outputs: list of tensors. Held so their ids stay theirs for the replay's length.
-        event: OpEvent or None. The candidate producer this op was, if it made non-finite values.
-        discarded_by: dict or None. The tf.where (`op`, `source`) that took this op's output as a branch.
-    """
-
-    op: str
-    phase: str
-    layer: object
-    source: str | None
-    inputs: list
-    outputs: list
-    event: OpEvent | None = None
-    discarded_by: dict | None = None
-
-
-def operand_stats(value):
-    """min, max, fraction of exact zeros, fraction of negatives of a float array (finite entries for min/max)."""
-    array = np.asarray(value, dtype=np.float64).reshape(-1)
-    if array.size == 0:
-        return {}
-    finite = array[np.isfinite(array)]
-    return {
-        "min": float(finite.min()) if finite.size else float("nan"),
-        "max": float(finite.max()) if finite.size else float("nan"),
-        "zero_fraction": float(np.mean(array == 0.0)),
-        "negative_fraction": float(np.mean(array < 0.0)),
-        "nonfinite": int(array.size - finite.size),
-    }
-
-
-def exponent_stats(op, operands):
-    """{"exponent_min", "exponent_max"} of a Pow's exponent (a float array or tensor), else {}."""
-    if op not in EXPONENT_OPS or len(operands) < 2 or operands[1] is None:
-        return {}
-    value = operands[1].numpy() if hasattr(operands[1], "numpy") else operands[1]
-    stats = operand_stats(value)
-    return {"exponent_min": stats["min"], "exponent_max": stats["max"]} if stats else {}
-
-
-def _introduces(inputs, outputs):
-    """Whether an op made non-finite values its operands did not hold: NaN from no NaN, or Inf from finite values."""
-    operands = [t.numpy() for t in inputs if _is_float(t) and hasattr(t, "numpy")]
-    results = [t.numpy() for t in outputs if _is_float(t)]
-    if any(np.isnan(r).any() for r in results) and not any(np.isnan(o).any() for o in operands):
-        return True
-    return all(np.isfinite(o).all() for o in operands)
-
-
-def _trap(record):
-    """The tf.where gradient trap: the where that threw away the forward value of the op being differentiated."""
-    where = record.discarded_by or (record.event.context.get("discarded_by") if record.event is not None else None)
-    if where is None:
-        return {}
-    nonfinite = sum(int(np.size(t.numpy()) - np.isfinite(t.numpy()).sum()) for t in record.outputs if _is_float(t))
-    return {"discarded_by": where, "forward_nonfinite": nonfinite}
-
-
-def _flat(results):
-    tf, _ = tensorflow()
-    return [t for t in tf.nest.flatten(results) if hasattr(t, "numpy")]
-
-
-def _is_float(tensor):
-    dtype = getattr(tensor, "dtype", None)
-    return dtype is not None and getattr(dtype, "is_floating", False)
-
-
-def _all_finite(tensors):
-    for tensor in tensors:
-        if _is_float(tensor) and hasattr(tensor, "numpy") and not np.isfinite(tensor.numpy()).all():
-            return False
-    return True
 
 
 class OpWatch:
@@ -207,7 +87,7 @@ class OpWatch:
         With `loss`, `results` is the loss: an event whose values reached it says so in its context
         (`reached_loss`), so that no line claims a tf.where threw those values away.
         """
-        for tensor in _flat(results):
+        for tensor in flat_tensors(results):
             event = self._origin.get(id(tensor))
             if event is not None:
                 self._reached.add(id(event))
@@ -247,7 +127,7 @@ class OpWatch:
     def _observe(self, op_type, inputs, outputs):
         if self.phase in ("forward", "loss"):
             self._observe_forward(op_type, inputs, outputs)
-        elif not _all_finite(outputs):
+        elif not all_finite(outputs):
             self._late = self._event(op_type, inputs, outputs)
 
     def _observe_forward(self, op_type, inputs, outputs):
@@ -255,13 +135,13 @@ class OpWatch:
         origins = [self._origin[id(t)] for t in inputs if id(t) in self._origin]
         if op_type in SELECT_OPS:
             self._note_discards(record, inputs, origins, outputs)
-        bad = [t for t in outputs if not _all_finite([t])]
+        bad = [t for t in outputs if not all_finite([t])]
         if not bad:
             return
         # A value an earlier op made stays that op's (log(0) = -inf, then 0 * -inf = NaN: the Log made it);
         # only an operand no op made from finite values (an intended -inf fill) hands the blame on.
         made = next((event for event in origins if event.introduced), None)
-        introduced = made is None and _introduces(inputs, outputs)
+        introduced = made is None and introduces_nonfinite(inputs, outputs)
         if made is None and (introduced or not origins):
             event = self._event(op_type, inputs, outputs)
             event.introduced = introduced
@@ -279,7 +159,7 @@ class OpWatch:
             producer = self._forward.get(id(tensor))
             if producer is not None and producer.discarded_by is None:
                 producer.discarded_by = where
-        if _all_finite(outputs):
+        if all_finite(outputs):
             for event in origins:
                 event.context.setdefault("discarded_by", where)
 
@@ -304,8 +184,9 @@ class OpWatch:
             return self._gradient_event(op_type, outputs)
         layer = self._stack[-1] if self._stack else None
         index = 1 if op_type in SECOND_OPERAND and len(inputs) > 1 else 0
-        floats = [t for t in inputs if _is_float(t) and hasattr(t, "numpy")]
-        operand = inputs[index] if index < len(inputs) and _is_float(inputs[index]) else (floats[0] if floats else None)
+        floats = [t for t in inputs if is_float_tensor(t) and hasattr(t, "numpy")]
+        operand = (inputs[index] if index < len(inputs) and is_float_tensor(inputs[index])
+                   else (floats[0] if floats else None))
         event = OpEvent(
             op=op_type, phase=self.phase, layer=layer.name if layer is not None else None,
             layer_class=type(layer).__name__ if layer is not None else None, source=self.source(),
@@ -347,9 +228,9 @@ class OpWatch:
             event.layer = known.layer.name if known.layer is not None else None
             event.layer_class = type(known.layer).__name__ if known.layer is not None else None
             event.source, event.forward_phase = known.source, known.phase
-            event.context.update(_trap(known))
+            event.context.update(where_trap(known))
         index = 1 if forward_op in SECOND_OPERAND and len(forward_inputs) > 1 else 0
-        if index < len(forward_inputs) and _is_float(forward_inputs[index]):
+        if index < len(forward_inputs) and is_float_tensor(forward_inputs[index]):
             event.inputs = {**operand_stats(forward_inputs[index].numpy()),
                             **exponent_stats(forward_op, forward_inputs)}
             event.operand = SECOND_OPERAND[forward_op] if index == 1 else "input"
