@@ -30,7 +30,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np
 
 from nanscope.checkdata import scan_data
-from nanscope.checkdata.scan import CHUNK_BYTES
+from nanscope.checkdata.sampling import CHUNK_BYTES
 
 
 def write_npy(path, rows, columns, seed=0):

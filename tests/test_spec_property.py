@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 from nanscope.errors import NanscopeError
 from nanscope.spec.load import load_spec
-
 from nanscope.spec.sections import RunSpec
+
+
 VALID = {
     "model": {"factory": "models.py:build", "args": {"units": 4}},
     "data": {"synthetic": {"kind": "regression", "samples": 64, "features": 4}, "batch_size": 8,

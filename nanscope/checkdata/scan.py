@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from nanscope.checkdata.sampling import Sampler, sampled_chunks
 from nanscope.checkdata.findings import column_scale, recommendations
 from nanscope.checkdata.labels import LABEL_KINDS, LabelTally, label_kind
 from nanscope.checkdata.model_width import output_widths
@@ -29,10 +30,9 @@ from nanscope.rules.outliers import EXTREME_Z, MAX_FRACTION, missing_value_codes
 from nanscope.data.inputs import id_inputs
 from nanscope.errors import DataError, SpecError
 from nanscope.spec.load import load_spec
-
 from nanscope.spec.sections import DataSpec
-CHUNK_BYTES = 4 << 20
-STREAM_CHUNK_ROWS = 16384
+
+
 CLASS_HINTS = ("classes", "num_classes", "n_classes")
 # Loss kinds whose label check needs the number of classes.
 CLASS_KINDS = ("sparse", "onehot")
@@ -62,14 +62,14 @@ def scan_data(source: str | os.PathLike, target: str | None = None, loss: str | 
     """
     path = Path(source)
     stream, settings = _open(path, target, loss, classes)
-    sampler = _Sampler(sample, stream.rows)
+    sampler = Sampler(sample, stream.rows)
     arrays = _ArrayScans(stream)
     tallies = {
         name: LabelTally(s.loss, s.kind, s.classes, output=stream.outputs.get(name), array=name)
         for name, s in settings.items() if s.kind in LABEL_KINDS
     }
     rows = 0
-    for chunk, chosen, start, rows in _sampled_chunks(stream, sampler, chunk_rows):
+    for chunk, chosen, start, rows in sampled_chunks(stream, sampler, chunk_rows):
         picked = {name: a[chosen - start] if sampler.active else a for name, a in chunk.items()}
         arrays.update(picked, chosen)
         for name, tally in tallies.items():
@@ -97,26 +97,14 @@ def scan_data(source: str | os.PathLike, target: str | None = None, loss: str | 
 def _count_outliers(path, target, loss, classes, sample, chunk_rows, suspects):
     """{array: OutlierCount} from a second pass over the same rows, for the suspect columns only."""
     stream, _ = _open(path, target, loss, classes)
-    sampler = _Sampler(sample, stream.rows)
+    sampler = Sampler(sample, stream.rows)
     counts = {name: OutlierCount(columns, median, scale) for name, (median, scale, columns) in suspects.items()}
-    for chunk, chosen, start, _ in _sampled_chunks(stream, sampler, chunk_rows):
+    for chunk, chosen, start, _ in sampled_chunks(stream, sampler, chunk_rows):
         for name, count in counts.items():
             array = np.asarray(chunk[name])
             array = array[chosen - start] if sampler.active else array
             count.update(array.reshape(len(array), -1), chosen)
     return counts
-
-
-def _sampled_chunks(stream, sampler, chunk_rows):
-    """(chunk, its sampled rows, its first row, the row after it) for each chunk the sampler still wants."""
-    rows = 0
-    for chunk in stream.chunks(chunk_rows or _chunk_rows(stream)):
-        n = _chunk_length(chunk, stream)
-        chosen = sampler.rows(rows, n)
-        if chosen is None:
-            return
-        yield chunk, chosen, rows, rows + n
-        rows += n
 
 
 class _LabelSettings(NamedTuple):
@@ -171,46 +159,6 @@ def _classes_for(hint, output):
     if isinstance(hint, dict):
         return hint.get(output) if isinstance(output, str) else None
     return hint
-
-
-def _chunk_rows(stream):
-    if not stream.row_bytes:
-        return STREAM_CHUNK_ROWS
-    return max(1, CHUNK_BYTES // stream.row_bytes)
-
-
-def _chunk_length(chunk, stream):
-    lengths = {name: len(a) for name, a in chunk.items()}
-    if len(set(lengths.values())) > 1:
-        listed = ", ".join(f"{name} has {n}" for name, n in lengths.items())
-        raise DataError(f"{stream.origin}: {stream.field}: x and y rows differ in one chunk: {listed}")
-    return next(iter(lengths.values()), 0)
-
-
-class _Sampler:
-    """Which rows of each chunk to scan: all, a uniform sample (length known), or the first N."""
-
-    def __init__(self, sample, total):
-        self.active = sample is not None and (total is None or sample < total)
-        self.scanned = 0
-        self.limit = sample
-        self.picks = None
-        if self.active and total is not None:
-            self.picks = np.sort(np.random.default_rng(0).choice(total, size=sample, replace=False))
-
-    def rows(self, start, n):
-        """The data rows to scan in [start, start + n), or None to stop reading."""
-        if not self.active:
-            return np.arange(start, start + n)
-        if self.picks is None:
-            if self.scanned >= self.limit:
-                return None
-            take = min(n, self.limit - self.scanned)
-            self.scanned += take
-            return np.arange(start, start + take)
-        lo, hi = np.searchsorted(self.picks, [start, start + n])
-        self.scanned += hi - lo
-        return self.picks[lo:hi]
 
 
 class _ArrayScans:
