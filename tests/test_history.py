@@ -74,7 +74,7 @@ def test_warning_onsets_keep_their_neighbours_rows():
 def test_a_float16_layer_past_its_own_activation_bound_is_an_event(tmp_path):
     # The bounded-activation rule warns at a hundredth of 65504 for a float16 layer (engine.limits), so
     # that layer's first step past it keeps its neighbours' rows; for a float32 layer 1000 is nothing.
-    from nanscope.report.redraw import aggregates_json
+    from nanscope.store.lines import AggregatesLine
     from nanscope.store.tracefile import TraceWriter
 
     dtypes = ["float32", "float16", "float32"]
@@ -88,7 +88,7 @@ def test_a_float16_layer_past_its_own_activation_bound_is_an_event(tmp_path):
             plain.add(record)
             writer.flush_steps()
         writer.rows(mixed.unwritten())
-        writer.write(aggregates_json(mixed))
+        writer.write(AggregatesLine.of(mixed))
     assert (mixed.first_bound_step, plain.first_bound_step) == (1501, None)
     kept = [r.step for r in mixed.kept()]
     assert set(range(1496, 1507)) <= set(kept) and 1501 not in {r.step for r in plain.kept()}
@@ -100,7 +100,7 @@ def test_a_float16_layer_past_its_own_activation_bound_is_an_event(tmp_path):
 
 @pytest.mark.parametrize("events", [{}, {"spike_at": 777, "skipped_at": (1900,)}, {"bound_at": 1234, "bad_from": 2500}])
 def test_a_long_run_redrawn_from_its_trace_keeps_the_runs_rows(events, tmp_path):
-    from nanscope.report.redraw import aggregates_json
+    from nanscope.store.lines import AggregatesLine
     from nanscope.store.tracefile import TraceWriter
 
     history = StepHistory(layers=3, variables=4, keep=5, sample=4)
@@ -111,7 +111,7 @@ def test_a_long_run_redrawn_from_its_trace_keeps_the_runs_rows(events, tmp_path)
             writer.step(record, history.add(record))
             writer.flush_steps()
         writer.rows(history.unwritten())
-        writer.write(aggregates_json(history))
+        writer.write(AggregatesLine.of(history))
     redrawn = load_trace(tmp_path / "t.jsonl").history
     assert [r.step for r in redrawn.kept()] == [r.step for r in history.kept()]
     assert redrawn.sampling_note() == history.sampling_note() and redrawn.count == 3000

@@ -26,7 +26,8 @@ from nanscope.report.model import FirstNonfinite, TraceReport
 from nanscope.report.redraw import load_trace
 from nanscope.rules.catalogue import recommend
 from nanscope.run.trace import finish_trace, keep
-from nanscope.store.tracefile import TraceWriter, step_line
+from nanscope.store.lines import StepLine
+from nanscope.store.tracefile import TraceWriter
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 # Non-finite values, signed zeros, the smallest float32 and float64 denormals, the smallest normals, the largest.
@@ -113,7 +114,7 @@ def records(draw, layers=2, variables=2, outputs=0, step=STEPS):
 @settings(deadline=None)
 @given(records(outputs=2))
 def test_a_step_line_reads_back_as_its_record(record):
-    line = json.loads(dumps(step_line(record), indent=None))
+    line = json.loads(dumps(StepLine(record).to_json(), indent=None))
     assert line["kind"] == "step" and line["phase"] == record.phase
     same_fields(record_from_dict(line), record)
 

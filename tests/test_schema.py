@@ -199,7 +199,7 @@ def test_the_keras_callback_decodes_to_the_reference(session, tmp_path):
 def test_the_history_row_puts_every_value_in_the_column_of_its_name():
     """Distinct values in every field of a record: a history row that swapped two columns fails here."""
     from nanscope.engine.records import OutputStats, VariableStats
-    from nanscope.store.history import PHASES
+    from nanscope.engine.schema import PHASES
     from nanscope.store.rows import scalar_row, series_columns
 
     record = StepRecord(step=3, batch_rows=8, loss=1.5, data_loss=2.5, grad_global_norm=3.5,

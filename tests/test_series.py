@@ -15,7 +15,8 @@ from nanscope.store.history import StepHistory
 from nanscope.store.rows import series_columns
 from nanscope.render.format import sparkline
 from nanscope.render.trace_report import render_trace_report
-from nanscope.report.redraw import aggregates_json, load_trace
+from nanscope.report.redraw import load_trace
+from nanscope.store.lines import AggregatesLine, ScalarsLine, SummaryLine
 from nanscope.store.series import OverviewFold, ScalarColumns
 from nanscope.store.tracefile import TraceWriter
 
@@ -88,10 +89,10 @@ def synthetic_trace(path, steps, real=64):
         for start in range(real, steps, 32):
             rows = [[step, *template[:loss], 1.0 + (step % 13), *template[loss + 1:]]
                     for step in range(start, min(start + 32, steps))]
-            writer.write({"kind": "scalars", "rows": rows})
+            writer.write(ScalarsLine(rows))
         writer.rows(history.unwritten())
-        writer.write(aggregates_json(history))
-        writer.write({"kind": "summary", "first_nonfinite": None, "recommendations": [], "interrupted": False})
+        writer.write(AggregatesLine.of(history))
+        writer.write(SummaryLine())
 
 
 def redraw_peak(path):

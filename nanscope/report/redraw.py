@@ -1,22 +1,20 @@
 """A report redrawn from its trace file, streaming, in bounded memory and without TensorFlow (`nanscope report`).
 
-The trace's `aggregates` line, which the redraw reads back exactly, is written from here too (`aggregates_json`).
+Each line is read through its class in `nanscope.store.lines`.
 """
 
 import os
-from typing import Any
+
 import numpy as np
-from nanscope.engine.records import LayerStats, OutputStats, VariableStats
+
 from nanscope.engine.schema import PHASES
-from nanscope.spec.options import DEFAULT_KEEP, DEFAULT_SAMPLE
-from nanscope.store.aggregates import LayerAggregate, OutputAggregate, VariableAggregate
-from nanscope.store.history import StepHistory
-from nanscope.store.rows import scalar_row
-from nanscope.jsonio import decode_float, jsonable
+from nanscope.report.model import FirstNonfinite, TraceReport
 from nanscope.rules.catalogue import Recommendation
+from nanscope.store.history import StepHistory
+from nanscope.store.lines import AggregatesLine, ErrorLine, HeaderLine, ScalarsLine, StepLine, SummaryLine
+from nanscope.store.rows import scalar_row
 from nanscope.store.series import TraceColumns
 from nanscope.store.tracefile import step_record, trace_lines
-from nanscope.report.model import FirstNonfinite, TraceReport
 
 
 def load_trace(path: str | os.PathLike) -> TraceReport:
@@ -26,39 +24,41 @@ def load_trace(path: str | os.PathLike) -> TraceReport:
         NanscopeError: the file is not a readable trace (see tracefile.trace_lines).
     """
     lines = trace_lines(path)
-    header = next(lines)[1]
+    header = HeaderLine.from_json(next(lines)[1])
     reader = _TraceReader(header, path)
-    others = []
+    summary, errors = None, []
     for number, line in lines:
         kind = line.get("kind")
-        if kind == "step":
+        if kind == StepLine.KIND:
             reader.step(step_record(path, number, line), line.get("kept"))
-        elif kind == "scalars":
+        elif kind == ScalarsLine.KIND:
             reader.scalars(path, number, line)
-        elif kind == "aggregates":
-            reader.aggregates(line)
-        else:
-            others.append(line)
-    summary: dict[str, Any] = next((line for line in reversed(others) if line.get("kind") == "summary"), {})
-    first = summary.get("first_nonfinite")
+        elif kind == AggregatesLine.KIND:
+            reader.aggregates(AggregatesLine.from_json(line))
+        elif kind == SummaryLine.KIND:
+            summary = SummaryLine.from_json(line)  # the last one counts
+        elif kind == ErrorLine.KIND:
+            errors.append(ErrorLine.from_json(line))
+    ended = summary or SummaryLine(interrupted=True)  # no summary: the run was killed mid-way
+    first = ended.first_nonfinite
     history = reader.finished()
     report = TraceReport(
-        run={**header.get("run", {}), **summary.get("run", {})},
-        layers=[tuple(pair) for pair in header.get("layers", [])],
-        layer_order=header.get("layer_order", []),
-        variables=header.get("variables", []),
+        run={**header.run, **ended.run},
+        layers=[tuple(pair) for pair in header.layers],
+        layer_order=header.layer_order,
+        variables=header.variables,
         history=history,
         first_nonfinite=FirstNonfinite(**first) if first else None,
-        recommendations=[Recommendation(**r) for r in summary.get("recommendations", [])],
-        validation_loss=summary.get("validation_loss"),
-        interrupted=bool(summary.get("interrupted", not summary)),  # no summary: the run was killed mid-way
-        stopped=summary.get("stopped"),
-        notes=summary.get("notes", []) + _trace_end_notes(summary, others) + reader.notes(),
+        recommendations=[Recommendation(**r) for r in ended.recommendations],
+        validation_loss=ended.validation_loss,
+        interrupted=bool(ended.interrupted),
+        stopped=ended.stopped,
+        notes=ended.notes + _trace_end_notes(summary, errors) + reader.notes(),
         trace_path=str(path),
-        interventions=summary.get("interventions", []),
-        spikes=summary.get("spikes", []),
+        interventions=ended.interventions,
+        spikes=ended.spikes,
     )
-    if first is None and not summary:
+    if first is None and summary is None:
         report.first_nonfinite = _first_bad(history)
     return report
 
@@ -82,19 +82,19 @@ class _TraceReader:
 
         self.path = path
         # A trace written before scalars lines existed has a full step line for every step.
-        self.full = header.get("rows", "full") == "full"
-        self.series = header.get("series")
+        self.full = header.rows == "full"
+        self.series = header.series
         if not self.full and not (isinstance(self.series, list) and self.series[:1] == ["step"]
                                   and all(isinstance(n, str) for n in self.series)):
             raise NanscopeError(f"{path}: line 1: series: expected the names of the scalars columns, "
                                 f"starting with 'step'. Received: {self.series!r}")
-        self.keep, self.sample = header.get("keep", DEFAULT_KEEP), header.get("sample", DEFAULT_SAMPLE)
-        self.layers, self.variables = len(header.get("layers", [])), len(header.get("variables", []))
-        run = header.get("run")
+        self.keep, self.sample = header.keep, header.sample
+        self.layers, self.variables = len(header.layers), len(header.variables)
+        run = header.run
         dtypes = run.get("layer_dtypes") if isinstance(run, dict) else None
         dtypes = dtypes if isinstance(dtypes, dict) else {}
         self.dtypes = [dtypes.get(pair[0]) if isinstance(pair, list) and pair else None
-                       for pair in header.get("layers", [])]
+                       for pair in header.layers]
         self.history, self.exact = None, False
         if not self.full:
             outputs = sum(1 for name in self.series if name.endswith("/loss"))
@@ -145,11 +145,8 @@ class _TraceReader:
         history = self.history
         if history is None:
             return
-        history.layers = [_aggregate(LayerAggregate, row, LayerStats) for row in line.get("layers", [])]
-        history.variables = [_aggregate(VariableAggregate, row, VariableStats) for row in line.get("variables", [])]
-        history.outputs = [_aggregate(OutputAggregate, row, OutputStats, ("first", "last"))
-                           for row in line.get("outputs", [])]
-        history.thin_sample(line.get("sample_stride"))
+        history.layers, history.variables, history.outputs = line.layers, line.variables, line.outputs
+        history.thin_sample(line.sample_stride)
         self.exact = True
 
     def finished(self):
@@ -187,26 +184,9 @@ def _scalar_array(path, number, rows, series):
     return array
 
 
-def _aggregate(cls, row, stats_cls, stats_fields=("last",)):
-    values = {k: decode_float(v) for k, v in row.items()}
-    for name in stats_fields:
-        if values.get(name) is not None:
-            values[name] = stats_cls(**{k: decode_float(v) for k, v in values[name].items()})
-    return cls(**values)
-
-
-
-def aggregates_json(history):
-    """The trace's `aggregates` line: the history's exact per-layer, per-variable and per-output aggregates, and
-    the sample's last stride (which the redraw takes, so it keeps the run's rows)."""
-    return jsonable({"kind": "aggregates", "layers": history.layers, "variables": history.variables,
-                     "outputs": history.outputs, "sample_stride": history.sample_stride})
-
-
-def _trace_end_notes(summary, other_lines):
+def _trace_end_notes(summary, errors):
     """What a trace without a summary line says about how its run ended."""
-    notes = [f"the run stopped on an error: {line.get('message', '')}"
-             for line in other_lines if line.get("kind") == "error"]
-    if not summary and not notes:
+    notes = [f"the run stopped on an error: {line.message}" for line in errors]
+    if summary is None and not notes:
         notes.append("the run ended before writing its summary (killed?): the report covers the steps in the trace")
     return notes

@@ -36,7 +36,8 @@ from nanscope.rules.evidence import evidence_from_session
 from nanscope.runtime import tensorflow
 from nanscope.run.session import open_session, start_up_failures
 from nanscope.spec.options import TraceOptions
-from nanscope.store.tracefile import TraceWriter, summary_line
+from nanscope.store.lines import AggregatesLine, ErrorLine, SummaryLine
+from nanscope.store.tracefile import TraceWriter
 
 if TYPE_CHECKING:
     from nanscope.spec.sections import RunSpec
@@ -191,7 +192,7 @@ def _run_step_loop(session, engine, runner, report, writer, options, expected, b
                                                 report.first_nonfinite is None or every_bad_step)
         if failure is not None and cluster is not None and is_collective_failure(failure):
             report.stopped = collective_failure_message(cluster, failure, step)
-            writer.write({"kind": "error", "step": step, "message": report.stopped})
+            writer.write(ErrorLine(step, report.stopped))
             return
         with interrupt.deferred():  # a step is in the history and the trace whole, or not at all
             for index, record in enumerate(records):
@@ -234,11 +235,9 @@ def keep(history, writer, record):
 
 def finish_trace(writer, report):
     """End the trace: the last steps' full rows, the exact aggregates, the summary."""
-    from nanscope.report.redraw import aggregates_json
-
     writer.rows(report.history.unwritten())
-    writer.write(aggregates_json(report.history))
-    writer.write(summary_line(report))
+    writer.write(AggregatesLine.of(report.history))
+    writer.write(SummaryLine.of(report))
 
 
 def _raise_step_failure(exc, step, spec, writer):
@@ -249,7 +248,7 @@ def _raise_step_failure(exc, step, spec, writer):
     error = step_failure(exc, step, spec.source, spec.train.jit_compile)
     if error is None:
         raise exc
-    writer.write({"kind": "error", "step": step, "message": str(error)})
+    writer.write(ErrorLine(step, str(error)))
     if step and writer.path is not None:  # a worker other than the chief keeps no trace
         error.message += f"; steps 0-{step - 1} are kept in {writer.path}"
     raise error from exc

@@ -20,11 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from nanscope.errors import NanscopeError
-from nanscope.engine.schema import PHASES
+from nanscope.jsonio import dumps, encode_float
+from nanscope.store.lines import HeaderLine, ScalarsLine, StepLine
 from nanscope.store.rows import scalar_row
-from nanscope.jsonio import dumps, encode_float, jsonable
-
-TRACE_SCHEMA = "nanscope.trace-lines/1"
 
 
 class TraceWriter:
@@ -51,14 +49,12 @@ class TraceWriter:
         self._pending, self._rows = [], []
         # The writer owns the handle until close() (or the end of a `with` block).
         self._handle = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
-        layout = {"rows": "full"} if self.full else {
-            "rows": "kept", "series": ["step", *history.series.columns], "phases": list(PHASES),
-            "keep": history.keep, "sample": history.sample_size}
-        self.write({"kind": "header", "schema": TRACE_SCHEMA, **header, **layout})
+        self.write(HeaderLine.for_run(header, history, self.full))
 
     def write(self, line):
+        """Write one line (a `nanscope.store.lines` class) after the steps added so far."""
         self.flush_steps()
-        self._handle.write(dumps(line, indent=None) + "\n")
+        self._handle.write(dumps(line.to_json(), indent=None) + "\n")
         self._handle.flush()
 
     def step(self, record, kept):
@@ -83,7 +79,7 @@ class TraceWriter:
     def flush_steps(self):
         """Write the steps added since the last flush: one line of scalars, then the full rows."""
         if self._pending:
-            self._handle.write('{"kind":"scalars","rows":[' + ",".join(self._pending) + "]}\n")
+            self._handle.write(ScalarsLine.text(self._pending) + "\n")
             self._pending = []
         if self._rows:
             self._handle.write("".join(self._rows))
@@ -104,51 +100,9 @@ class TraceWriter:
         self.close()
 
 
-def step_fields(record):
-    """A StepRecord's fields as its trace line holds them (made JSON-safe by the writer)."""
-    return {**vars(record), "phase": record.phase}
-
-
-def step_line(record):
-    """The trace line of one step."""
-    return {"kind": "step", **step_fields(record)}
-
-
-def summary_fields(report):
-    """What a TraceReport found, as the trace's last line holds it (JSON-safe)."""
-    return jsonable({
-        "first_nonfinite": report.first_nonfinite,
-        "interventions": getattr(report, "interventions", []),
-        "spikes": getattr(report, "spikes", []),
-        "recommendations": report.recommendations,
-        "validation_loss": report.validation_loss,
-        "interrupted": report.interrupted,
-        "notes": report.notes,
-        **({"stopped": report.stopped} if getattr(report, "stopped", None) else {}),
-        **_settled_run(report.run),
-    })
-
-
-def _settled_run(run):
-    """What the run header learns only when the run ends (a schedule's rate at the reported step), for the summary:
-    the header line was written when the run started."""
-    if not (run or {}).get("learning_rate_schedule"):
-        return {}
-    return {"run": {"optimizer_config": run.get("optimizer_config"),
-                    "learning_rate_schedule": run["learning_rate_schedule"]}}
-
-
-def summary_line(report):
-    """The trace's last line: the first non-finite step, the findings and how the run ended."""
-    return {"kind": "summary", **summary_fields(report)}
-
-
 def _full_line(record, kept=None):
     """A step line; `kept` (a trace of the kept rows only) says why the run kept the row (StepHistory.why_kept)."""
-    line = step_line(record)
-    if kept is not None:
-        line["kept"] = kept
-    return dumps(line, indent=None) + "\n"
+    return dumps(StepLine(record, kept).to_json(), indent=None) + "\n"
 
 
 def _number(value):
@@ -228,9 +182,7 @@ def read_trace(path):
 
 def step_record(path, number, line):
     """The StepRecord of a step line; a tampered one is bad input, not a crash."""
-    from nanscope.engine.records import record_from_dict
-
     try:
-        return record_from_dict(line)
+        return StepLine.from_json(line).record
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise NanscopeError(f"{path}: line {number}: not a step record written by trace-steps ({exc})") from None
