@@ -14,7 +14,8 @@ from boundary_runs import step
 from nanscope.engine.records import OutputStats, expected_layer_indices, output_stats_of
 from nanscope.engine.schema import LAYER, OUTPUT, SCALARS, VARIABLE, Columns, StepLayout, join, output_offsets
 from nanscope.jsonio import new_file_mode, write_json, write_text_atomic
-from nanscope.store.history import StepHistory, series_columns
+from nanscope.store.history import StepHistory
+from nanscope.store.rows import series_columns
 from nanscope.store.series import TraceColumns
 
 
