@@ -61,7 +61,9 @@ def traced():
 
     import yaml
 
-    from nanscope.run.trace import TraceOptions, run_trace
+    from nanscope.spec.options import TraceOptions
+
+    from nanscope.run.trace import run_trace
     from nanscope.spec.load import parse_spec
 
     path = Path(__file__).resolve().parent.parent / "healthy.yaml"
