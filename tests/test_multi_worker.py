@@ -24,6 +24,19 @@ from nanscope.run.trace import run_trace
 from nanscope.spec.options import TraceOptions
 
 SPECS = Path(__file__).parent / "specs" / "multi_worker"
+STARTED = []  # every worker process start_workers started, killed after its test
+
+
+@pytest.fixture(autouse=True)
+def no_worker_outlives_its_test():
+    """Kill the workers a test leaves running: one that fails or times out (a `communicate` past its timeout
+    raises) would leave them training on, orphaned, for the rest of the suite and after it."""
+    yield
+    while STARTED:
+        process = STARTED.pop()
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
 
 
 def free_ports(count):
@@ -50,6 +63,7 @@ def start_workers(args, folder, ports, tasks=None, replicas=1):
         command = [sys.executable, *[a.format(task=task) for a in args]]
         processes.append(subprocess.Popen(command, cwd=folder, env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True))
+        STARTED.append(processes[-1])
     return processes
 
 
