@@ -116,3 +116,9 @@ def test_a_compiled_models_optimizer_gets_a_snippet_not_a_crash():
     decide(report)
     assert (report.recommendations[0]["yaml"], report.recommendations[0]["code"]) == (
         "train:\n  optimizer: {clipnorm: 1}", "optimizer = keras.optimizers.SGD(clipnorm=1)")
+
+
+def test_a_snippet_drops_every_clipping_argument_of_the_spec_and_knows_rmsprop_by_its_lower_case_name():
+    spec_optimizer = {"name": "rmsprop", "global_clipnorm": 3.0, "clipnorm": 2.0, "clipvalue": 1.0, "rho": 0.8}
+    assert fix_snippets(Strategy("clipvalue", 0.5, "given"), spec_optimizer)[1] == (
+        "optimizer = keras.optimizers.RMSprop(rho=0.8, clipvalue=0.5)")

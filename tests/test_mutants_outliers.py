@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from nanscope.rules.drop_outlier_rows import _spike
+from nanscope.rules.drop_outlier_rows import _row_line, _spike
 from nanscope.rules.evidence import feature_scales, finite_spread, target_scales, without_glitches
 from nanscope.rules.outliers import detached, glitch_rows, glitches_in, missing_value_codes, robust_scale
 
@@ -161,3 +161,8 @@ def test_feature_scales_measure_float32_inputs_in_float64_and_every_float_input(
         [np.std(wide), np.mean(wide), np.std(wide3), np.mean(wide3)], rel=1e-13)
     several = {"tok": line.reshape(-1, 1), "a": line.reshape(-1, 1), "b": line.reshape(-1, 1)}
     assert [f.name for f in feature_scales(several, ids=("x['tok']",))] == ["x['a'][0]", "x['b'][0]"]
+
+
+def test_a_glitch_rows_line_quotes_its_cell_with_the_largest_z():
+    cells = [(0, 9999.0, 6744.2, 0.0, 1.4826), (1, 50.0, 33.7, 0.0, 1.4826)]  # column 1 first by number, not by z
+    assert _row_line("y", 7, cells) == "row 7: y[0] = 9999 (robust z 6.74e+03; median 0, robust std 1.48)"
