@@ -4,31 +4,15 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from nanscope.guard import GuardOptions
-from nanscope.spec.load import parse_spec
-from nanscope.run.trace import run_trace
-from nanscope.spec.options import TraceOptions
 
-SPECS = Path(__file__).parent / "specs"
-sys.path.insert(0, str(SPECS))
-from data_factories import arrays  # noqa: E402
-
-BATCH = 16
-
-
-def trace(tmp_path, x, y, steps, **options):
-    np.savez(tmp_path / "d.npz", x=x, y=y)
-    document = {"model": {"factory": f"{SPECS / 'phase_models.py'}:dense"},
-                "data": {"path": "d.npz", "batch_size": BATCH, "shuffle": False},
-                "train": {"loss": "mse", "optimizer": {"name": "adam", "learning_rate": 0.01}, "steps": steps,
-                          "seed": 0}}
-    spec = parse_spec(document, source=str(tmp_path / "spec.yaml"))
-    return run_trace(spec, TraceOptions(trace_path=tmp_path / "trace.jsonl", **options))
+from dense_runs import BATCH
+from dense_runs import trace_dense as trace
+from data_factories import arrays
 
 
 def test_skip_leaves_out_the_poisoned_batch_and_trains_as_the_run_without_it(tmp_path):
@@ -89,16 +73,12 @@ def test_trace_steps_rolls_back_a_diverging_run_and_applies_the_fix_proven_on_th
 
 def test_rollback_lowers_the_learning_rate_without_apply_fix_or_a_proven_fix(tmp_path):
     x, y = arrays(rows=64, target_scale=10.0)
-    np.savez(tmp_path / "d.npz", x=x, y=y)
-    document = {"model": {"factory": f"{SPECS / 'phase_models.py'}:dense"},
-                "data": {"path": "d.npz", "batch_size": BATCH, "shuffle": False},
-                "train": {"loss": "mse", "optimizer": {"name": "sgd", "learning_rate": 0.3}, "steps": 12, "seed": 0}}
-    spec = parse_spec(document, source=str(tmp_path / "spec.yaml"))
 
     def rollback(**guard):
-        options = TraceOptions(trace_path=tmp_path / "t.jsonl", keep_going=True,
-                               guard=GuardOptions(on_nonfinite="rollback", **guard))
-        return next(i for i in run_trace(spec, options).interventions if i["action"] == "rollback")
+        report = trace(tmp_path, x, y, 12, optimizer={"name": "sgd", "learning_rate": 0.3},
+                       trace_path=tmp_path / "t.jsonl", keep_going=True,
+                       guard=GuardOptions(on_nonfinite="rollback", **guard))
+        return next(i for i in report.interventions if i["action"] == "rollback")
 
     fixed, lowered = rollback(), rollback(apply_fix=False)
     assert (fixed["step"], fixed["restored_step"], fixed["fix"]["name"]) == (7, 0, "global_clipnorm=0.06")

@@ -3,32 +3,18 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 
 from nanscope.guard import GuardOptions
-from nanscope.spec.load import parse_spec
-from nanscope.spec.options import TraceOptions
-from nanscope.run.trace import run_trace
 
-SPECS = Path(__file__).parent / "specs"
-sys.path.insert(0, str(SPECS))
-from data_factories import arrays  # noqa: E402
-
-BATCH = 16
+from dense_runs import BATCH, trace_dense
+from data_factories import arrays
 
 
 def trace(tmp_path, x, y, steps, mode, on_nonfinite="continue", **guard):
-    np.savez(tmp_path / "d.npz", x=x, y=y)
-    document = {"model": {"factory": f"{SPECS / 'phase_models.py'}:dense"},
-                "data": {"path": "d.npz", "batch_size": BATCH, "shuffle": False},
-                "train": {"loss": "mse", "optimizer": {"name": "adam", "learning_rate": 0.01}, "steps": steps,
-                          "seed": 0}}
-    spec = parse_spec(document, source=str(tmp_path / "spec.yaml"))
-    options = TraceOptions(trace_path=tmp_path / f"{mode}.jsonl", keep_going=True,
-                           guard=GuardOptions(on_nonfinite=on_nonfinite, mode=mode, **guard))
-    return run_trace(spec, options)
+    return trace_dense(tmp_path, x, y, steps, trace_path=tmp_path / f"{mode}.jsonl", keep_going=True,
+                       guard=GuardOptions(on_nonfinite=on_nonfinite, mode=mode, **guard))
 
 
 def test_sentinel_trains_as_full_mode_and_samples_the_full_rows(tmp_path):
