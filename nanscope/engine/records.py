@@ -5,11 +5,16 @@ JSON line of the trace file, and a report can be redrawn from those lines withou
 rerunning training.
 """
 
+from __future__ import annotations
+
 import fnmatch
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+
 
 from nanscope.engine.schema import LAYER, OUTPUT, SCALARS, VARIABLE
 from nanscope.jsonio import decode_float
@@ -119,7 +124,8 @@ class StepRecord:
     overall_norms: tuple | None = None
 
     @classmethod
-    def from_arrays(cls, step, batch_rows, scalars, layer_stats, layer_terms, var_stats):
+    def from_arrays(cls, step: int, batch_rows: int, scalars: np.ndarray, layer_stats: np.ndarray,
+                    layer_terms: np.ndarray, var_stats: np.ndarray) -> StepRecord:
         """Build a record from the step function's four output arrays (laid out by engine/schema.py)."""
         # Python floats first: indexing numpy rows entry by entry costs several times more.
         scalars, layer_stats, layer_terms, var_stats = (
@@ -146,12 +152,12 @@ class StepRecord:
         )
 
     @property
-    def finite(self):
+    def finite(self) -> bool:
         """True when nothing in this step was non-finite."""
         return self.phase is None
 
     @property
-    def phase(self):
+    def phase(self) -> str | None:
         """The earliest phase of this step that saw a non-finite value, or None."""
         if self.x_nonfinite or self.y_nonfinite:
             return "data"
@@ -166,12 +172,12 @@ class StepRecord:
         return None
 
     @property
-    def absorbed(self):
+    def absorbed(self) -> bool:
         """True when loss scaling absorbed this step's non-finite gradients: the update was skipped, and the scale
         has not collapsed (Keras 3's scale has no floor: a skip at a scale below 1 is still loss scaling at work)."""
         return bool(self.update_skipped) and not self.scale_collapsed
 
-    def nonfinite_output(self, phase):
+    def nonfinite_output(self, phase: str | None) -> int | None:
         """Index of the first output of a multi-output model that shows `phase`'s non-finite value, or None.
 
         data: its targets; forward: its prediction; loss: its own loss.
@@ -182,18 +188,18 @@ class StepRecord:
                 return index
         return None
 
-    def unexpected_nonfinite_layers(self):
+    def unexpected_nonfinite_layers(self) -> list[int]:
         """Indices of layers with non-finite outputs that are not listed as expected."""
         expected = set(self.expected_nonfinite)
         return [i for i, layer in enumerate(self.layers) if layer.nonfinite and i not in expected]
 
-    def _expected_layers_nonfinite(self):
+    def _expected_layers_nonfinite(self) -> bool:
         # A model output that is non-finite only because an expected layer's output is
         # (the model ends in the masking layer) is expected too.
         return any(self.layers[i].nonfinite for i in self.expected_nonfinite if i < len(self.layers))
 
 
-def layer_stats_of(row, term):
+def layer_stats_of(row: Mapping[str, float], term: float) -> LayerStats:
     """LayerStats from a LAYER row (a mapping name -> value) and the layer's loss term."""
     size = row["size"]
     return LayerStats(
@@ -207,12 +213,12 @@ def layer_stats_of(row, term):
     )
 
 
-def output_stats_of(row):
+def output_stats_of(row: Mapping[str, float]) -> OutputStats:
     """OutputStats from an OUTPUT row (a mapping name -> value)."""
     return OutputStats(row["loss"], int(row["target_nonfinite"]), int(row["prediction_nonfinite"]))
 
 
-def variable_stats_of(row):
+def variable_stats_of(row: Mapping[str, float]) -> VariableStats:
     """VariableStats from a VARIABLE row (a mapping name -> value)."""
     return VariableStats(
         grad_norm=float(row["grad_norm"]),
@@ -223,33 +229,33 @@ def variable_stats_of(row):
     )
 
 
-def _ratio(numerator, denominator):
+def _ratio(numerator: float, denominator: float) -> float:
     numerator, denominator = float(numerator), float(denominator)
     if denominator == 0.0:
         return 0.0 if numerator == 0.0 else math.inf
     return numerator / denominator
 
 
-def expected_layer_indices(patterns, layer_names):
+def expected_layer_indices(patterns: Iterable[str] | None, layer_names: Sequence[str]) -> list[int]:
     """Indices of the layers whose name matches one of the fnmatch-style `patterns` ("attn*/mask")."""
     return [i for i, name in enumerate(layer_names) if any(fnmatch.fnmatchcase(name, p) for p in patterns or ())]
 
 
-def first_nonfinite_replica(record):
+def first_nonfinite_replica(record: StepRecord) -> int | None:
     """The lowest replica id whose batch, outputs or gradients held a non-finite value; None on one device."""
     return next((replica for replica, count in enumerate(record.replica_nonfinite) if count), None)
 
 
-def first_nonfinite_worker(record):
+def first_nonfinite_worker(record: StepRecord) -> int | None:
     """The lowest worker id whose replicas saw a non-finite value; None unless several workers trained."""
     return next((worker for worker, count in enumerate(record.worker_nonfinite) if count), None)
 
 
-def record_from_dict(line):
+def record_from_dict(line: Mapping[str, Any]) -> StepRecord:
     """A StepRecord from its JSON form (a trace line); "nan"/"inf" strings become floats again."""
     values = {k: decode_float(v) for k, v in line.items()
               if k not in ("kind", "kept", "layers", "variables", "phase", "outputs")}
-    rows = {name: [cls(**{k: decode_float(v) for k, v in row.items()}) for row in line.get(name, [])]
+    rows: dict[str, Any] = {name: [cls(**{k: decode_float(v) for k, v in row.items()}) for row in line.get(name, [])]
             for name, cls in (("layers", LayerStats), ("variables", VariableStats), ("outputs", OutputStats))}
     return StepRecord(**rows, **values)
 

@@ -20,9 +20,17 @@ Example:
     loss = scalars[..., SCALARS.at("loss")]
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 
 class Columns(tuple):
@@ -32,19 +40,19 @@ class Columns(tuple):
         *names: str. The column names, in row order.
     """
 
-    def __new__(cls, *names):
+    def __new__(cls, *names: str) -> Columns:
         if len(set(names)) != len(names):
             raise ValueError(f"column names must be unique. Received: {names}")
         return super().__new__(cls, names)
 
-    def at(self, name):
+    def at(self, name: str) -> int:
         """The offset of column `name`; a name not in the row is an error, not a silent wrong column."""
         try:
             return self.index(name)
         except ValueError:
             raise KeyError(f"no column {name!r}; the columns are {', '.join(self)}") from None
 
-    def pack(self, values, default=None):
+    def pack(self, values: Mapping[str, float], default: float | None = None) -> list[float | None]:
         """`values` (a mapping name -> value) as a list in column order.
 
         A name that is not a column is an error. A column without a value gets `default`,
@@ -59,7 +67,7 @@ class Columns(tuple):
                 raise KeyError(f"no value for column(s) {', '.join(missing)}")
         return [values.get(name, default) for name in self]
 
-    def named(self, row):
+    def named(self, row: Iterable[float]) -> dict[str, float]:
         """A mapping name -> value of one row (a sequence in column order)."""
         return dict(zip(self, row))
 
@@ -104,26 +112,26 @@ class StepLayout:
     variables: int
 
     @property
-    def scalar_width(self):
+    def scalar_width(self) -> int:
         """Length of the scalar vector: SCALARS, then OUTPUT per output."""
         return len(SCALARS) + len(OUTPUT) * self.outputs
 
     @property
-    def shapes(self):
+    def shapes(self) -> tuple[list[int], list[int], list[int], list[int]]:
         """Shapes of the four arrays a step returns: scalars, layer stats, layer terms, variable stats."""
         return ([self.scalar_width], [self.layers, len(LAYER)], [self.terms], [self.variables, len(VARIABLE)])
 
     @property
-    def widths(self):
+    def widths(self) -> list[int]:
         """Flattened length of each of the four arrays."""
         return [int(np.prod(shape)) for shape in self.shapes]
 
     @property
-    def width(self):
+    def width(self) -> int:
         """Length of the flattened row."""
         return sum(self.widths)
 
-    def split(self, rows):
+    def split(self, rows: npt.ArrayLike) -> tuple[np.ndarray, ...]:
         """(scalars, layer stats, layer terms, variable stats) of flattened rows `[..., width]`, shaped back."""
         rows = np.asarray(rows)
         if rows.shape[-1] != self.width:
@@ -131,7 +139,7 @@ class StepLayout:
         parts = np.split(rows, np.cumsum(self.widths)[:-1], axis=-1)
         return tuple(part.reshape(*rows.shape[:-1], *shape) for part, shape in zip(parts, self.shapes))
 
-def join(parts):
+def join(parts: Sequence[tf.Tensor]) -> tf.Tensor:
     """The output tensors of one step, in `StepLayout.shapes` order, joined into one flattened row tensor."""
     from nanscope.runtime import tensorflow
 
@@ -139,6 +147,6 @@ def join(parts):
     return tf.concat([tf.reshape(part, [-1]) for part in parts], axis=0)
 
 
-def output_offsets(name, outputs):
+def output_offsets(name: str, outputs: int) -> list[int]:
     """Offsets in the scalar vector of OUTPUT column `name`, one per output."""
     return [len(SCALARS) + i * len(OUTPUT) + OUTPUT.at(name) for i in range(outputs)]

@@ -260,7 +260,7 @@ class TraceReport:
                 return []
             rows.append({
                 **spec,
-                "first_loss": agg.first.loss, "last_loss": agg.last.loss, "max_loss": agg.max_loss,
+                "first_loss": agg.first.loss, "last_loss": agg.last.loss, "max_loss": agg.max_loss,  # type: ignore[union-attr]
                 "nonfinite_steps": agg.nonfinite_steps, "first_nonfinite_step": agg.first_nonfinite_step,
             })
         return rows

@@ -86,7 +86,8 @@ def run_trace(spec: RunSpec, options: TraceOptions | None = None) -> TraceReport
     report.notes.extend(session.model.notes + run_notes(spec) + _sentinel_notes(options.guard, sentinel))
     guard = trace_guard(options.guard, engine, session, report, expected)
     writes = session.cluster is None or session.cluster.is_chief
-    trace = (TraceWriter(report.trace_path, report.trace_header(), report.history, options.trace_full) if writes
+    trace = (TraceWriter(report.trace_path, report.trace_header(), report.history, options.trace_full)  # type: ignore[arg-type]
+             if writes
              else _NoTrace())
     with trace as writer:
         try:

@@ -1,10 +1,12 @@
 """A run's exact aggregates, per layer, variable and output: extremes, last values and non-finite steps over
 every step (`StepHistory` keeps one of each; the tables and the rules read them)."""
 
+from __future__ import annotations
+
 import math
 from dataclasses import dataclass
 
-from nanscope.engine.records import LayerStats, OutputStats
+from nanscope.engine.records import LayerStats, OutputStats, VariableStats
 
 
 @dataclass
@@ -22,7 +24,7 @@ class LayerAggregate:
     first_nonfinite_step: int | None = None
     last_nonfinite_step: int | None = None
 
-    def add(self, step, stats, healthy):
+    def add(self, step: int, stats: LayerStats, healthy: bool) -> None:
         if stats.called:
             self.called_steps += 1
             self.max_abs = max(self.max_abs, stats.max_abs)
@@ -48,12 +50,12 @@ class VariableAggregate:
     min_grad_norm: float | None = None
     first_update_ratio: float | None = None
     max_update_ratio_after_first: float | None = None
-    last: object | None = None
+    last: VariableStats | None = None
     nonfinite_steps: int = 0
     first_nonfinite_step: int | None = None
     last_nonfinite_step: int | None = None
 
-    def add(self, step, stats, absorbed=False):
+    def add(self, step: int, stats: VariableStats, absorbed: bool = False) -> None:
         if math.isfinite(stats.grad_norm):
             self.max_grad_norm = _max(self.max_grad_norm, stats.grad_norm)
             self.min_grad_norm = stats.grad_norm if self.min_grad_norm is None else min(self.min_grad_norm,
@@ -71,7 +73,7 @@ class VariableAggregate:
             self.last_nonfinite_step = step
 
     @property
-    def max_update_ratio(self):
+    def max_update_ratio(self) -> float | None:
         """The largest finite |dw|/|w| after the first step (the first one's, for a one-step run)."""
         return self.max_update_ratio_after_first if self.steps > 1 else self.first_update_ratio
 
@@ -88,7 +90,7 @@ class OutputAggregate:
     first_nonfinite_step: int | None = None
     last_nonfinite_step: int | None = None
 
-    def add(self, step, stats):
+    def add(self, step: int, stats: OutputStats) -> None:
         self.first = self.first or stats
         self.last = stats
         if math.isfinite(stats.loss):
@@ -100,5 +102,5 @@ class OutputAggregate:
             self.last_nonfinite_step = step
 
 
-def _max(current, value):
+def _max(current: float | None, value: float) -> float:
     return value if current is None else max(current, value)

@@ -26,16 +26,21 @@ Example:
     history.column("loss"), history.kept(), history.layers[0].max_abs
 """
 
+from __future__ import annotations
+
 import collections
+from collections.abc import Callable, Sequence
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from nanscope.engine.limits import SPIKE_FACTOR, SPIKE_WINDOW, activation_limit
+from nanscope.engine.records import StepRecord
+from nanscope.engine.schema import Columns
 from nanscope.store.aggregates import LayerAggregate, OutputAggregate, VariableAggregate
 from nanscope.store.rows import scalar_row, series_columns
-from nanscope.store.series import OVERVIEW_WIDTH, ScalarColumns
+from nanscope.store.series import OVERVIEW_WIDTH, Overview, ScalarColumns, TraceColumns
 from nanscope.spec.options import DEFAULT_KEEP, DEFAULT_SAMPLE
 
 # Events beyond this many add no rows (each costs up to 2 * keep rows; keep: DEFAULT_KEEP).
@@ -68,7 +73,7 @@ class Healthy:
     weight_norm: np.ndarray
     records: list = field(default_factory=list)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.steps)
 
 
@@ -87,8 +92,21 @@ class StepHistory:
             shorter list: float32), for the activation bound whose first crossing is an event.
     """
 
-    def __init__(self, layers, variables, outputs=0, keep=DEFAULT_KEEP, sample=DEFAULT_SAMPLE, series=None,
-                 layer_dtypes=None):
+    _head: list[StepRecord]
+    _ring: collections.deque[StepRecord]
+    _sample: dict[int, StepRecord]
+    _events: dict[int, StepRecord]
+    _persisted: dict[int, str]
+    _recent_losses: collections.deque[float]
+    _overview: tuple[tuple[int, int], Overview] | None
+    first_nonfinite_step: int | None
+    first_skipped_step: int | None
+    first_spike_step: int | None
+    first_bound_step: int | None
+
+    def __init__(self, layers: int, variables: int, outputs: int = 0, keep: int = DEFAULT_KEEP,
+                 sample: int = DEFAULT_SAMPLE, series: Callable[[Columns], ScalarColumns | TraceColumns] | None = None,
+                 layer_dtypes: Sequence[str | None] | None = None) -> None:
         if keep < 1 or sample < 2:
             raise ValueError(f"`keep` must be >= 1 and `sample` >= 2. Received: keep={keep}, sample={sample}")
         self.keep, self.sample_size = keep, sample
@@ -112,11 +130,11 @@ class StepHistory:
         self._recent_losses = collections.deque(maxlen=SPIKE_WINDOW)
 
     @property
-    def count(self):
+    def count(self) -> int:
         """Steps recorded."""
         return self.series.count
 
-    def add(self, record):
+    def add(self, record: StepRecord) -> list[StepRecord]:
         """Record one step: its scalars, its aggregates, and its full row where it is kept.
 
         Returns:
@@ -128,7 +146,7 @@ class StepHistory:
         self.aggregate(record)
         return self.keep_row(record)
 
-    def aggregate(self, record):
+    def aggregate(self, record: StepRecord) -> None:
         """Fold one record into the per-layer, per-variable and per-output aggregates."""
         healthy, step = record.phase is None, record.step
         for aggregate, stats in zip(self.layers, record.layers):
@@ -140,12 +158,12 @@ class StepHistory:
             self._trend_count += 1
         # A skipped update whose scaled gradients overflowed is loss scaling at work, not a non-finite step.
         absorbed = healthy and record.update_skipped
-        for aggregate, stats in zip(self.variables, record.variables):
-            aggregate.add(step, stats, absorbed)
-        for aggregate, stats in zip(self.outputs, record.outputs):
-            aggregate.add(step, stats)
+        for variable, stats in zip(self.variables, record.variables):
+            variable.add(step, stats, absorbed)
+        for output, stats in zip(self.outputs, record.outputs):
+            output.add(step, stats)
 
-    def keep_row(self, record):
+    def keep_row(self, record: StepRecord) -> list[StepRecord]:
         """Keep `record`'s full row where the policy says so; return the rows that became kept for good."""
         fresh, why = [], None
         if self._is_event(record):
@@ -167,11 +185,11 @@ class StepHistory:
         self._ring.append(record)
         return fresh
 
-    def why_kept(self, step):
+    def why_kept(self, step: int) -> str:
         """Why the row of `step` is kept: "head", "event" or "sample" for a row `add` handed out, else "last"."""
         return self._persisted.get(step, "last")
 
-    def keep_read_row(self, record, why):
+    def keep_read_row(self, record: StepRecord, why: str | None) -> None:
         """Keep a full row read back from a trace, by why the run kept it (`why_kept`), as the run did.
 
         The run wrote every row that entered its sample, and the trace's last `keep` rows are
@@ -187,17 +205,17 @@ class StepHistory:
         self._ring.append(record)
 
     @property
-    def sample_stride(self):
+    def sample_stride(self) -> int:
         """Every how many steps the even sample keeps a row now."""
         return self._stride
 
-    def thin_sample(self, stride):
+    def thin_sample(self, stride: object) -> None:
         """Take `stride` (a power of two, at least the sample's) as the sample's, and drop the rows it leaves out."""
         if isinstance(stride, int) and stride > self._stride:
             self._stride = stride
             self._sample = {step: r for step, r in self._sample.items() if step % stride == 0}
 
-    def _sampled(self, record):
+    def _sampled(self, record: StepRecord) -> bool:
         if record.step % self._stride:
             return False
         self._sample[record.step] = record
@@ -206,7 +224,7 @@ class StepHistory:
             self._sample = {step: r for step, r in self._sample.items() if step % self._stride == 0}
         return record.step in self._sample
 
-    def _is_event(self, record):
+    def _is_event(self, record: StepRecord) -> bool:
         """True for the first non-finite step, the first skipped update, the first loss spike and the first
         layer output past the activation bound."""
         event = False
@@ -223,7 +241,7 @@ class StepHistory:
             self.first_bound_step, event = record.step, True
         return event
 
-    def _spiked(self, loss):
+    def _spiked(self, loss: float) -> bool:
         before = self._recent_losses
         if not math.isfinite(loss):
             return False
@@ -235,11 +253,11 @@ class StepHistory:
         before.append(loss)
         return spiked
 
-    def unwritten(self):
+    def unwritten(self) -> list[StepRecord]:
         """Kept rows not yet handed out by `add`: the ring's, in step order."""
         return [r for r in self._ring if r.step not in self._persisted]
 
-    def layer_trend(self, index):
+    def layer_trend(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         """(steps, max |x|) of layer `index` over the last TREND_WINDOW healthy steps it was called on, in order."""
         filled = min(self._trend_count, TREND_WINDOW)
         order = np.argsort(self._trend_steps[:filled], kind="stable")
@@ -247,7 +265,7 @@ class StepHistory:
         called = ~np.isnan(values)
         return steps[called], values[called]
 
-    def kept(self):
+    def kept(self) -> list[StepRecord]:
         """Every kept full row, in step order, each once."""
         by_step = {r.step: r for r in self._head}
         by_step.update(self._sample)
@@ -255,38 +273,38 @@ class StepHistory:
         by_step.update((r.step, r) for r in self._ring)
         return [by_step[step] for step in sorted(by_step)]
 
-    def record_at(self, step):
+    def record_at(self, step: int) -> StepRecord | None:
         """The kept full row of `step`, or None."""
         found = next((r for r in self._ring if r.step == step), None)
         return found or self._events.get(step) or self._sample.get(step) or next(
             (r for r in self._head if r.step == step), None)
 
-    def steps(self):
+    def steps(self) -> np.ndarray:
         """Every step's number, int64."""
         return self.series.steps()
 
-    def column(self, name):
+    def column(self, name: str) -> np.ndarray:
         """Every step's value of SERIES column `name` (a SCALARS name, "phase", "weight_norm", ...), float64."""
         return self.series.column(name)
 
-    def overview(self, width=OVERVIEW_WIDTH):
+    def overview(self, width: int = OVERVIEW_WIDTH) -> Overview:
         """What a report shows of every step's scalars (series.Overview), in bounded size; cached until a new step."""
         if self._overview is None or self._overview[0] != (self.count, width):
             self._overview = ((self.count, width), self.series.overview(width))
         return self._overview[1]
 
-    def phases(self):
+    def phases(self) -> np.ndarray:
         """Every step's phase code (an index into PHASES; 0 is a finite step)."""
         return self.column("phase").astype(np.int64)
 
-    def healthy(self):
+    def healthy(self) -> Healthy:
         """The finite steps: their scalars, and their kept full rows."""
         mask = self.phases() == 0
         pick = {name: self.column(name)[mask] for name in ("loss", "grad_global_norm", "update_ratio", "weight_norm")}
         return Healthy(self.steps()[mask], pick["loss"], pick["grad_global_norm"], pick["update_ratio"],
                        pick["weight_norm"], [r for r in self.kept() if r.phase is None])
 
-    def sampling_note(self):
+    def sampling_note(self) -> str:
         """How the kept steps were chosen, for the report."""
         kept = len(self.kept())
         if kept == self.count:

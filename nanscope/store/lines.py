@@ -162,7 +162,8 @@ class AggregatesLine:
                    line.get("sample_stride"))
 
 
-def _aggregate(cls, row, stats_cls, stats_fields=("last",)):
+def _aggregate(cls: type[Any], row: dict[str, Any], stats_cls: type[Any],
+               stats_fields: tuple[str, ...] = ("last",)) -> Any:
     values = {k: decode_float(v) for k, v in row.items()}
     for name in stats_fields:
         if values.get(name) is not None:
@@ -221,7 +222,7 @@ class SummaryLine:
         return cls(**{name: line[name] for name in known if name in line})
 
 
-def _settled_run(run):
+def _settled_run(run: dict[str, Any]) -> dict[str, Any]:
     """What the run header learns only when the run ends (a schedule's rate at the reported step), for the summary:
     the header line was written when the run started."""
     if not (run or {}).get("learning_rate_schedule"):

@@ -1,10 +1,13 @@
 """A step's scalar row: the columns `StepHistory` keeps for every step and the trace's `scalars` lines hold."""
 
+from __future__ import annotations
+
 import functools
 import math
 
 import numpy as np
 
+from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import OUTPUT, PHASES, SCALARS, Columns
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -13,13 +16,13 @@ HEAD = ("batch_rows", "phase", "weight_norm", "update_ratio")
 
 
 @functools.cache
-def series_columns(outputs):
+def series_columns(outputs: int) -> Columns:
     """The per-step scalar columns for a model with `outputs` outputs (0: one output)."""
     per_output = [f"output{i}/{name}" for i in range(outputs) for name in OUTPUT]
     return Columns(*HEAD, *SCALARS, *per_output)
 
 
-def global_update_ratio(record):
+def global_update_ratio(record: StepRecord) -> float:
     """|dw|/|w| over all trainable weights together (small bias vectors alone would dominate a per-variable max)."""
     # hypot, not sqrt(sum(x ** 2)): a float ** 2 past 1.3e154 raises OverflowError, hypot returns inf.
     weights = math.hypot(*(v.weight_norm for v in record.variables))
@@ -27,7 +30,7 @@ def global_update_ratio(record):
     return updates / weights if weights > 0 else 0.0
 
 
-def overall_norms(record):
+def overall_norms(record: StepRecord) -> tuple[float, float]:
     """(|w|, |dw|/|w|) over all trainable weights: from the per-variable rows, or a sentinel step's own pair."""
     if record.overall_norms is not None and not record.variables:
         weights, update = record.overall_norms
@@ -35,7 +38,7 @@ def overall_norms(record):
     return math.hypot(*(v.weight_norm for v in record.variables)), global_update_ratio(record)
 
 
-def scalar_row(record):
+def scalar_row(record: StepRecord) -> list[float | None]:
     """The SERIES values of one record, in column order (without the step), each put by its column's name."""
     # The two norms taken here, in float64, are kept as float32 like the step's own values: capped at its max.
     weight_norm, update_ratio = overall_norms(record)

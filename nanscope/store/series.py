@@ -21,10 +21,16 @@ Example:
     columns.overview().curves["loss"].points      # at most 2 * OVERVIEW_WIDTH values
 """
 
+from __future__ import annotations
+
 import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from nanscope.engine.schema import Columns
 
@@ -47,14 +53,17 @@ class ScalarColumns:
             names them); a caller that reads a few columns holds a few.
     """
 
-    def __init__(self, columns, only=None):
+    _values: list[np.ndarray]
+    _steps: list[np.ndarray]
+
+    def __init__(self, columns: Columns, only: Sequence[str] | None = None) -> None:
         self._pick = [columns.at(name) for name in only] if only is not None else None
         self.columns = Columns(*only) if only is not None else columns
         self.count = 0
         self._values, self._steps = [], []
         self._at = self._size = 0  # rows filled in the last block, and its size
 
-    def append(self, step, row):
+    def append(self, step: int, row: Sequence[float | None]) -> None:
         if self._at == self._size:
             self._size = min(BLOCK_ROWS, max(FIRST_BLOCK_ROWS, self.count))
             self._values.append(np.empty((self._size, len(self.columns)), np.float32))
@@ -65,27 +74,27 @@ class ScalarColumns:
         self._at += 1
         self.count += 1
 
-    def chunks(self):
+    def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(steps int64, values float32 [rows, columns]) of every row, in blocks, in order."""
         for index, (steps, values) in enumerate(zip(self._steps, self._values)):
             rows = self._at if index == len(self._steps) - 1 else len(steps)
             yield steps[:rows], values[:rows]
 
-    def steps(self):
+    def steps(self) -> np.ndarray:
         """Every row's step, as an int64 array."""
         return _joined([steps for steps, _ in self.chunks()], np.int64)
 
-    def column(self, name):
+    def column(self, name: str) -> np.ndarray:
         """Every row's value of column `name`, as a float64 array."""
         index = self.columns.at(name)
         return _joined([values[:, index] for _, values in self.chunks()], np.float32).astype(np.float64)
 
-    def overview(self, width=OVERVIEW_WIDTH):
+    def overview(self, width: int = OVERVIEW_WIDTH) -> Overview:
         """The Overview of every row."""
         return fold_overview(self, width)
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         return sum(b.nbytes for b in self._values) + sum(b.nbytes for b in self._steps)
 
 
@@ -106,16 +115,20 @@ class TraceColumns:
             the trace file's, one layer up.
     """
 
-    def __init__(self, path, columns, rows, lines):
+    _pending: list[tuple[np.ndarray, np.ndarray]]
+
+    def __init__(self, path: Path, columns: Columns,
+                 rows: Callable[[Path, int, Mapping[str, Any]], tuple[np.ndarray, np.ndarray] | None],
+                 lines: Callable[[Path], Iterator[tuple[int, dict[str, Any]]]]) -> None:
         self.columns, self.count = columns, 0
         self._path, self._rows, self._lines = path, rows, lines
         self._fold, self._pending, self._held = OverviewFold(columns), [], 0
 
-    def append(self, step, row):
+    def append(self, step: int, row: Sequence[float | None]) -> None:
         """Add one row (a trace whose every step is a full row)."""
         self.extend(np.array([step], np.int64), np.array([row], np.float32))
 
-    def extend(self, steps, values):
+    def extend(self, steps: np.ndarray, values: np.ndarray) -> None:
         """Add the rows of one trace line: (steps int64, float32 values [rows, columns])."""
         self.count += len(steps)
         self._pending.append((steps, values))
@@ -123,19 +136,19 @@ class TraceColumns:
         if self._held >= READ_ROWS:
             self._flush()
 
-    def _flush(self):
+    def _flush(self) -> None:
         if self._pending:
             self._fold.add(np.concatenate([s for s, _ in self._pending]), np.concatenate([v for _, v in self._pending]))
             self._pending, self._held = [], 0
 
-    def overview(self, width=OVERVIEW_WIDTH):
+    def overview(self, width: int = OVERVIEW_WIDTH) -> Overview:
         """The Overview of the rows added so far (read back from the file for another width)."""
         if width != self._fold.width:
             return fold_overview(self, width)
         self._flush()
         return self._fold.overview()
 
-    def chunks(self):
+    def chunks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(steps int64, values float32 [rows, columns]) of the first `count` rows of the file, in order."""
         lines = self._lines(self._path)
         next(lines)
@@ -156,19 +169,19 @@ class TraceColumns:
         if held:
             yield np.concatenate(steps), np.concatenate(values)
 
-    def steps(self):
+    def steps(self) -> np.ndarray:
         return _joined([steps for steps, _ in self.chunks()], np.int64)
 
-    def column(self, name):
+    def column(self, name: str) -> np.ndarray:
         index = self.columns.at(name)
         return _joined([values[:, index] for _, values in self.chunks()], np.float32).astype(np.float64)
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         return 0
 
 
-def _joined(blocks, dtype):
+def _joined(blocks: Sequence[np.ndarray], dtype: npt.DTypeLike) -> np.ndarray:
     return np.concatenate(blocks) if blocks else np.empty(0, dtype)
 
 
@@ -211,7 +224,7 @@ class Overview:
     first_nonfinite: tuple | None = None
 
 
-def fold_overview(series, width=OVERVIEW_WIDTH):
+def fold_overview(series: ScalarColumns | TraceColumns, width: int = OVERVIEW_WIDTH) -> Overview:
     """The Overview of `series` (anything with `columns` and `chunks()`), in one pass over its chunks."""
     fold = OverviewFold(series.columns, width)
     for steps, values in series.chunks():
@@ -227,7 +240,11 @@ class OverviewFold:
         width: int, default OVERVIEW_WIDTH. The sparkline's width.
     """
 
-    def __init__(self, columns, width=OVERVIEW_WIDTH):
+    first_finite: float | None
+    first: float | None
+    last: float | None
+
+    def __init__(self, columns: Columns, width: int = OVERVIEW_WIDTH) -> None:
         self.width = width
         self._at = {name: columns.at(name) for name in ("loss_scale", "update_skipped", "phase")}
         self._curves = {name: _CurveFold(columns.at(name), 2 * width) for name in CURVES}
@@ -235,7 +252,7 @@ class OverviewFold:
         self._missing = columns.at("loss_missing") if "loss_missing" in columns else None
         self._result = Overview()
 
-    def add(self, steps, values):
+    def add(self, steps: np.ndarray, values: np.ndarray) -> None:
         """Fold (steps int64, values float32 [rows, columns])."""
         result = self._result
         for curve in self._curves.values():
@@ -252,7 +269,7 @@ class OverviewFold:
             result.first_nonfinite = (int(steps[bad[0]]), int(values[bad[0], self._at["phase"]]))
         result.steps += len(steps)
 
-    def overview(self):
+    def overview(self) -> Overview:
         """The Overview of the rows folded so far."""
         return Overview(self._result.steps, {name: curve.curve() for name, curve in self._curves.items()},
                         self._result.last_loss_scale, self._result.skipped_updates, self._result.loss_missing,
@@ -262,13 +279,13 @@ class OverviewFold:
 class _CurveFold:
     """One column's Curve: its values' largest |value| in `capacity` buckets whose size doubles as steps come."""
 
-    def __init__(self, index, capacity):
+    def __init__(self, index: int, capacity: int) -> None:
         self.index, self.capacity = index, capacity
         self.size, self.count = 1, 0
         self.peak, self.bad = np.zeros(capacity), np.zeros(capacity, bool)
         self.first_finite = self.first = self.last = None
 
-    def add(self, rows):
+    def add(self, rows: np.ndarray) -> None:
         values = rows[:, self.index].astype(np.float64)
         if not len(values):
             return
@@ -286,14 +303,14 @@ class _CurveFold:
         self.bad[at] |= np.logical_or.reduceat(~finite, starts)
         self.count += len(values)
 
-    def _halve(self):
+    def _halve(self) -> None:
         """Merge neighbouring buckets pairwise: twice the steps per bucket, half the buckets."""
         half = self.capacity // 2
         self.peak = np.r_[np.maximum(self.peak[0::2], self.peak[1::2]), np.zeros(half)]
         self.bad = np.r_[self.bad[0::2] | self.bad[1::2], np.zeros(half, bool)]
         self.size *= 2
 
-    def curve(self):
+    def curve(self) -> Curve:
         used = -(-self.count // self.size)
         first = self.first_finite if self.first_finite is not None else self.first
         return Curve(np.where(self.bad[:used], math.nan, self.peak[:used]).tolist(),

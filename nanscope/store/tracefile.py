@@ -12,16 +12,23 @@ the file and tolerates a torn last line. This module does not import TensorFlow,
 `nanscope report` can redraw a report from a trace without it.
 """
 
+from __future__ import annotations
+
 import json
 import math
 import os
+from collections.abc import Iterable, Iterator
+
+from typing import Any
 from pathlib import Path
 
 import numpy as np
 
 from nanscope.errors import NanscopeError
 from nanscope.jsonio import dumps, encode_float
-from nanscope.store.lines import HeaderLine, ScalarsLine, StepLine
+from nanscope.engine.records import StepRecord
+from nanscope.store.history import StepHistory
+from nanscope.store.lines import AggregatesLine, ErrorLine, HeaderLine, ScalarsLine, StepLine, SummaryLine
 from nanscope.store.rows import scalar_row
 
 
@@ -41,7 +48,11 @@ class TraceWriter:
         full: bool, default False. Write every step's full row, not only the kept ones.
     """
 
-    def __init__(self, path, header, history=None, full=False):
+    _pending: list[str]
+    _rows: list[str]
+
+    def __init__(self, path: str | os.PathLike[str], header: dict[str, Any], history: StepHistory | None = None,
+                 full: bool = False) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.full = full or history is None
@@ -51,13 +62,13 @@ class TraceWriter:
         self._handle = open(self.path, "w", encoding="utf-8")  # noqa: SIM115
         self.write(HeaderLine.for_run(header, history, self.full))
 
-    def write(self, line):
+    def write(self, line: HeaderLine | ScalarsLine | StepLine | ErrorLine | AggregatesLine | SummaryLine) -> None:
         """Write one line (a `nanscope.store.lines` class) after the steps added so far."""
         self.flush_steps()
         self._handle.write(dumps(line.to_json(), indent=None) + "\n")
         self._handle.flush()
 
-    def step(self, record, kept):
+    def step(self, record: StepRecord, kept: Iterable[StepRecord]) -> None:
         """Add one step: its scalars (or its full row with `full`), and the full rows `kept` (StepHistory.add).
 
         Nothing is written before `flush_steps`, which writes the scalars first: a file cut
@@ -69,14 +80,15 @@ class TraceWriter:
         with np.errstate(over="ignore"):  # beyond float32's range is inf, as in the run's own columns
             row = np.array(scalar_row(record), np.float32).tolist()
         self._pending.append(f"[{record.step},{','.join(map(_number, row))}]")
-        self._rows.extend(_full_line(row, self._history.why_kept(row.step)) for row in kept)
+        # Not `full`: the history is there.
+        self._rows.extend(_full_line(row, self._history.why_kept(row.step)) for row in kept)  # type: ignore[union-attr]
 
-    def rows(self, records):
+    def rows(self, records: Iterable[StepRecord]) -> None:
         """Add full rows (the kept last steps, at the end) unless every row is written already."""
         if not self.full:
             self._rows.extend(_full_line(record, "last") for record in records)
 
-    def flush_steps(self):
+    def flush_steps(self) -> None:
         """Write the steps added since the last flush: one line of scalars, then the full rows."""
         if self._pending:
             self._handle.write(ScalarsLine.text(self._pending) + "\n")
@@ -86,26 +98,26 @@ class TraceWriter:
             self._rows = []
         self._handle.flush()
 
-    def close(self):
+    def close(self) -> None:
         if not self._handle.closed:
             self.flush_steps()
             self._handle.flush()
             os.fsync(self._handle.fileno())
             self._handle.close()
 
-    def __enter__(self):
+    def __enter__(self) -> TraceWriter:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def _full_line(record, kept=None):
+def _full_line(record: StepRecord, kept: str | None = None) -> str:
     """A step line; `kept` (a trace of the kept rows only) says why the run kept the row (StepHistory.why_kept)."""
     return dumps(StepLine(record, kept).to_json(), indent=None) + "\n"
 
 
-def _number(value):
+def _number(value: float) -> str:
     """A float32 value as the JSON number that reads back as it, or "nan" / "inf" / "-inf" (jsonio's spelling).
 
     Nine significant digits give back every float32 exactly; the value must be a float32 already
@@ -121,7 +133,7 @@ def _number(value):
     return f"{value:.9g}"
 
 
-def trace_lines(path):
+def trace_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, dict) of each line of a trace file, streamed; the header comes first, a torn last line is dropped.
 
     Raises:
@@ -147,7 +159,7 @@ def trace_lines(path):
         raise NanscopeError(f"{path}: cannot read the trace: {exc}") from exc
 
 
-def _parsed(path, number, text, last, first):
+def _parsed(path: Path, number: int, text: str, last: bool, first: bool) -> Iterator[tuple[int, dict[str, Any]]]:
     """The line's JSON object (none for a torn last line), checked: a header first, step lines that rebuild."""
     try:
         value = json.loads(text) if text else None
@@ -163,7 +175,7 @@ def _parsed(path, number, text, last, first):
         yield number, value
 
 
-def read_trace(path):
+def read_trace(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
     """(header, list of full step dicts, list of other lines but the scalars) of a whole trace file, in memory.
 
     `nanscope.report.redraw.load_trace` streams instead; this is for a short trace's lines as they are.
@@ -180,7 +192,7 @@ def read_trace(path):
     return header, steps, others
 
 
-def step_record(path, number, line):
+def step_record(path: str | os.PathLike[str], number: int, line: dict[str, Any]) -> StepRecord:
     """The StepRecord of a step line; a tampered one is bad input, not a crash."""
     try:
         return StepLine.from_json(line).record
