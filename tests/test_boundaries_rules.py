@@ -315,3 +315,27 @@ def test_a_skip_on_a_step_that_failed_before_its_gradients_does_not_count():
     # A run that does not scale its loss skips nothing by loss scaling.
     records = [step(s, skipped=s > 0) for s in range(5)]
     assert "float32-layer" not in fired(report_of(records, dtype="float16", loss_scaling=True))
+
+
+# bounded-activation: a layer past its dtype's bound is info, not a warning, once the weights' norm at the last
+# healthy step is 10x or more its start (the initial norm where known, else the first step's).
+GROWING_WEIGHTS = [
+    pytest.param([1.0, 5.0, 9.99], None, "warning", id="below-10x"),
+    pytest.param([1.0, 5.0, 10.0], None, "info", id="at-10x"),
+    pytest.param([1.0, 50.0, 2.0], None, "warning", id="the-last-step-counts"),
+    pytest.param([4.0, 5.0, 19.99], 2.0, "warning", id="below-10x-the-initial-norm"),
+    pytest.param([4.0, 5.0, 20.0], 2.0, "info", id="at-10x-the-initial-norm"),
+]
+
+
+@pytest.mark.parametrize("norms, initial, severity", GROWING_WEIGHTS)
+def test_bounded_activation_is_info_when_the_weights_grew_10x(norms, initial, severity):
+    records = [step(s, weight_norm=w, layer_max=(1.0, 1e30)) for s, w in enumerate(norms)]
+    evidence = RunEvidence(initial_weight_norm=(lambda: initial) if initial is not None else None)
+    rec = fired(report_of(records), evidence)["bounded-activation"]
+    assert rec.severity == severity
+    weights_line = [line for line in rec.evidence if line.startswith("the weights' norm grew")]
+    growth = norms[-1] / (initial or norms[0])
+    assert weights_line == ([f"the weights' norm grew {growth:.3g}x over the same steps: the outputs grow because "
+                             "the weights do, and bounding the activation does not stop that"]
+                            if severity == "info" else [])
