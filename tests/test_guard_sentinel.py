@@ -46,9 +46,17 @@ def test_sentinel_records_every_step_and_trains_as_full_mode():
     np.testing.assert_allclose([r.loss for r in sentinel.records], [r.loss for r in full.records], rtol=1e-6)
     # Layer rows only on the sampled executions (every 10th, the first included).
     assert [r.step for r in sentinel.records if r.layers] == [0, 10, 20, 30]
+    assert_norms_as_full_mode(sentinel, full)
     for mine, theirs in zip(model_s.get_weights(), full_model.get_weights()):
         np.testing.assert_allclose(mine, theirs, rtol=1e-6, atol=1e-7)
     assert any(note.startswith("mode=sentinel: full statistics on every 10th execution") for note in sentinel.notes)
+
+
+def assert_norms_as_full_mode(sentinel, full):
+    """The light steps measure |w| and |dw|/|w| over all weights: every step's, as full mode's per-variable rows."""
+    for column in ("weight_norm", "update_ratio"):
+        np.testing.assert_allclose(sentinel.history.column(column), full.history.column(column), rtol=1e-5)
+    assert sentinel.history.column("update_ratio").min() > 0
 
 
 def test_sentinel_localizes_the_first_nan_as_full_mode_does():
@@ -107,6 +115,7 @@ def test_instrument_sentinel_trains_as_full_mode_and_localizes_the_first_nan_as_
     np.testing.assert_allclose([r.grad_global_norm for r in sentinel.records],
                                [r.grad_global_norm for r in full.records], rtol=1e-5)
     assert [r.step for r in sentinel.records if r.layers] == [0, 10, 20, 30]
+    assert_norms_as_full_mode(sentinel, full)
     for mine, theirs in zip(model_s.get_weights(), full_model.get_weights()):
         np.testing.assert_allclose(mine, theirs, rtol=1e-6, atol=1e-7)
     assert any(note.startswith("mode=sentinel: full statistics on every 10th call") for note in sentinel.notes)

@@ -18,26 +18,43 @@ unexpected one in the model output, which it counts as non-finite.
 
 from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import OUTPUT, SCALARS, VARIABLE
-from nanscope.engine.variable_stats import summary_stats
+from nanscope.engine.variable_stats import global_norm, summary_stats
 from nanscope.guard.schedule import SampleSchedule
 from nanscope.keras.capture import StepCapture
 from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()
+NORMS = 2  # |w| and |dw| over all trainable weights, at the end of a sentinel row
+
+
+def _f32(tensor):
+    tensor = tf.convert_to_tensor(tensor)
+    return tensor if tensor.dtype == tf.float32 else tf.cast(tensor, tf.float32)
 
 
 class SentinelCapture(StepCapture):
-    """A StepCapture whose per-variable part is one summary row: the global norms and non-finite totals."""
+    """A StepCapture whose per-variable part is one summary row: the global norms and non-finite totals.
+
+    Its row ends with |w| and |dw| over all trainable weights (`NORMS`), as trace-steps' light step measures them,
+    so the rules that read every step's weight norm and update ratio see them on light steps too.
+    """
 
     def _variable_rows(self):
         grads = [self.grads[id(v)] for v in self.trainable if id(v) in self.grads]
         after = [self.after.get(id(v), v) for v in self.trainable]
-        measured, _ = summary_stats(grads, after, self.applied)
+        measured, weight_norm = summary_stats(grads, after, self.applied)
+        # The update as the optimizer made it: the weights after its `apply` less the weights before it.
+        changes = [_f32(a) - _f32(self.before[id(v)]) for v, a in zip(self.trainable, after) if id(v) in self.before]
+        self.norms = tf.stack([weight_norm, global_norm(changes) if changes else tf.constant(0.0)])
         grad_norm = measured["grad_global_norm"]
         row = VARIABLE.pack({"grad_norm": grad_norm, "grad_nonfinite": measured["grad_nonfinite"],
-                             "weight_norm": tf.constant(0.0), "update_norm": tf.constant(0.0),
+                             "weight_norm": weight_norm, "update_norm": self.norms[1],
                              "weight_nonfinite": measured["weights_nonfinite"]})
         return tf.stack(row)[None], grad_norm, measured["applied_grad_global_norm"]
+
+    def scalars(self, values, y, sample_weight):
+        """SCALARS, OUTPUT's columns per output, then |w| and |dw| (`values` must come first: it measures them)."""
+        return tf.concat([super().scalars(values, y, sample_weight), self.norms], axis=0)
 
 
 class SentinelRows(SampleSchedule):
@@ -53,7 +70,7 @@ class SentinelRows(SampleSchedule):
     def __init__(self, counter, outputs, per_execution, sample_every):
         super().__init__(sample_every)
         self.counter, self.outputs, self.per_execution = counter, outputs, per_execution
-        self.width = 2 + len(SCALARS) + outputs * len(OUTPUT)
+        self.width = 2 + len(SCALARS) + outputs * len(OUTPUT) + NORMS
         self.buffer = tf.Variable(tf.fill([per_execution, self.width], -1.0), trainable=False,
                                   name="nanscope_sentinel_rows")
         self.full_now = True  # read while a step is traced: which of the two train functions is being traced
@@ -70,4 +87,9 @@ class SentinelRows(SampleSchedule):
         rows = self.buffer.value().numpy()
         fresh = sorted((row for row in rows if row[0] >= since), key=lambda row: row[0])
         scalars = len(SCALARS) + self.outputs * len(OUTPUT)
-        return [StepRecord.from_arrays(int(row[0]), int(row[1]), row[2:2 + scalars], [], [], []) for row in fresh]
+        records = []
+        for row in fresh:
+            record = StepRecord.from_arrays(int(row[0]), int(row[1]), row[2:2 + scalars], [], [], [])
+            record.overall_norms = (float(row[2 + scalars]), float(row[3 + scalars]))
+            records.append(record)
+        return records
