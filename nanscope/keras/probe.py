@@ -184,11 +184,14 @@ class StepProbe:
             return self._instrumented_per_replica(original)
 
         if self.xla_inside:
+            # autograph=False: Keras runs `train_step` unconverted (its step function is `do_not_convert`), and
+            # converting nanscope's own code on every trace costs seconds of CPU.
             full = tf.function(self._instrumented_step(original, snapshot=False), reduce_retracing=True,
-                               jit_compile=True)
+                               jit_compile=True, autograph=False)
             # Sentinel mode: a second XLA function, or the light train function would reuse the full one's trace.
             light = (tf.function(functools.partial(self._sentinel_step, original, snapshot=False),
-                                 reduce_retracing=True, jit_compile=True) if self.sentinel is not None else None)
+                                 reduce_retracing=True, jit_compile=True, autograph=False)
+                     if self.sentinel is not None else None)
             return self._snapshot_around(full, original, light)
         return self._instrumented_step(original, snapshot=self.snapshot is not None)
 
@@ -266,7 +269,7 @@ class StepProbe:
         the caller's to put back.
         """
         if self._rerun is None:
-            self._rerun = tf.function(self._measured)
+            self._rerun = tf.function(self._measured, autograph=False)  # unconverted, as Keras runs the step
         row = self._rerun(data).numpy()
         return self.rows.record(step, np.concatenate([[float(step)], row]))
 
