@@ -97,14 +97,31 @@ def test_rollback_keeps_a_diverging_run_finite():
 
     assert all(np.isfinite(w).all() for w in model.get_weights())
     assert len(history.history["loss"]) == 4 and math.isfinite(history.history["loss"][-1])
-    rollbacks = [i for i in guard.report.interventions if i["action"] == "rollback"]
-    assert rollbacks and rollbacks[0]["learning_rate"] == [{"before": 0.5, "after": pytest.approx(0.05)}]
-    assert rollbacks[0]["restored_step"] < rollbacks[0]["step"]
-    assert float(model.optimizer.learning_rate.numpy()) == pytest.approx(0.5 * 0.1 ** len(rollbacks))
+    assert history.history["loss"][-1] < history.history["loss"][1]  # it learns on after the rollback
+    # The rollback applies the fix proven on the saved step's batch (the rules' first in-process one): clipping,
+    # traced into the step from then on; the learning rate stays.
+    (rollback,) = [i for i in guard.report.interventions if i["action"] == "rollback"]
+    assert (rollback["step"], rollback["restored_step"]) == (5, 1)
+    assert [t["fix"] for t in rollback["fixes_tried"]] == ["global_clipnorm=0.1"]
+    assert rollback["fixes_tried"][0]["outcome"].startswith("finite, and its loss falls")
+    assert rollback["fix"]["name"] == "global_clipnorm=0.1" and rollback["fix"]["rule"] == "clip-gradients"
+    assert "learning_rate" not in rollback
+    assert model.optimizer.global_clipnorm == 0.1 and float(model.optimizer.learning_rate.numpy()) == 0.5
+    assert any("the rollback at step 5 applied global_clipnorm=0.1 (clip-gradients)" in n for n in guard.report.notes)
     first = guard.report.first_nonfinite
     # Re-run from the state before it, the step is non-finite again; from an earlier state, the batch is fine.
     assert (first.step, first.reproducible, first.origin) == (5, True, "state")
     assert guard.report.to_json()["first_nonfinite"]["origin"] == "state"
+
+    # Without apply_fix the rollback lowers the learning rate instead.
+    lowered = mlp(keras.optimizers.SGD(0.5))
+    guard = scope(on_nonfinite="rollback", snapshot_every=4, guard=GuardOptions(apply_fix=False))
+    lowered.fit(x, y, batch_size=BATCH, epochs=4, shuffle=False, verbose=0, callbacks=[guard])
+    assert all(np.isfinite(w).all() for w in lowered.get_weights())
+    rollbacks = [i for i in guard.report.interventions if i["action"] == "rollback"]
+    assert rollbacks[0]["learning_rate"] == [{"before": 0.5, "after": pytest.approx(0.05)}]
+    assert "fixes_tried" not in rollbacks[0] and lowered.optimizer.global_clipnorm is None
+    assert float(lowered.optimizer.learning_rate.numpy()) == pytest.approx(0.5 * 0.1 ** len(rollbacks))
 
 
 FAULT = {"armed": False}
@@ -165,11 +182,11 @@ def test_on_nonfinite_and_its_alias_are_validated():
     assert NanScope(guard=GuardOptions(on_nonfinite="skip")).options.stop_on_nonfinite is False
 
 
-def custom_loop(x, y, **guard):
+def custom_loop(x, y, learning_rate=0.05, **guard):
     import nanscope
 
     model = mlp()
-    optimizer = keras.optimizers.SGD(0.05)
+    optimizer = keras.optimizers.SGD(learning_rate)
     loss_fn = keras.losses.MeanSquaredError()
 
     def train_step(xb, yb):
@@ -197,6 +214,20 @@ def test_instrument_skips_a_poisoned_step_of_a_custom_loop():
     for mine, theirs in zip(model.get_weights(), clean.get_weights()):
         np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
     assert int(optimizer.iterations.numpy()) == int(clean_optimizer.iterations.numpy()) == 7
+
+
+def test_instrument_rollback_applies_the_fix_proven_on_the_saved_step_and_ends_finite():
+    x, y = regression(rows=256)
+    plain, _, _ = custom_loop(x, y, learning_rate=0.5)
+    assert not all(np.isfinite(w).all() for w in plain.get_weights())  # without the guard it diverges
+    model, optimizer, step = custom_loop(x, y, learning_rate=0.5, on_nonfinite="rollback", snapshot_every=4)
+    report = step.nanscope.finish()
+    assert all(np.isfinite(w).all() for w in model.get_weights())
+    (rollback,) = [i for i in report.interventions if i["action"] == "rollback"]
+    assert (rollback["step"], rollback["fix"]["name"]) == (5, "global_clipnorm=0.1")
+    assert rollback["fixes_tried"][0]["outcome"].startswith("finite, and its loss falls")
+    assert optimizer.global_clipnorm == 0.1 and float(optimizer.learning_rate.numpy()) == 0.5
+    assert report.steps_run == 16 and math.isfinite(report.records[-1].loss)
 
 
 def test_trace_steps_takes_on_nonfinite_and_refuses_what_it_cannot_do(tmp_path):

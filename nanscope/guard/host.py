@@ -35,14 +35,20 @@ class GuestGuard:
         self._notes = []
 
     @classmethod
-    def for_fit(cls, options, model, probe, recorder):
-        """The guard of one `fit`, from its StepProbe."""
+    def for_fit(cls, options, model, probe, recorder, make_fixer=None):
+        """The guard of one `fit`, from its StepProbe.
+
+        Args:
+            make_fixer: callable(state, rerun) -> the prover of a rollback's fix, or None (`keras.guest_fix`).
+        """
         from nanscope.guard.rows import fit_row_losses
 
         state = GuestState(probe.snapshot, [model.optimizer]) if probe.snapshot is not None else None
         rerun = (lambda batch: attributed(probe.rerun(batch), recorder)) if state is not None else None
         row_losses = fit_row_losses(model) if state is not None else None
-        made = cls(Guard(options, state, rerun, row_losses, probe.variable_names), recorder, model, probe.sentinel)
+        fixer = make_fixer(state, rerun) if state is not None and make_fixer is not None else None
+        made = cls(Guard(options, state, rerun, row_losses, probe.variable_names, fixer=fixer), recorder, model,
+                   probe.sentinel)
         if state is None:
             made.no_state(options, probe.forensics_off or "forensics=False")
         if options.mode == "sentinel":

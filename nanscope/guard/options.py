@@ -25,9 +25,9 @@ class GuardOptions:
         mode: str, default "full". full | sentinel (per step only what detection needs).
         sample_every: int, default 100. In sentinel mode, every Nth step is recorded in full.
         verdicts: bool, default True. Re-run the first non-finite step to say whether it reproduces and why.
-        apply_fix: bool, default True. Under "rollback" in trace-steps: apply the fix that the rolled-back steps
-            prove (the rules' learning-rate, clipping or epsilon fix under which they stay finite), and lower the
-            learning rate only when none is proven. The guest (`NanScope`, `instrument`) always lowers it.
+        apply_fix: bool, default True. Under "rollback": apply the fix that the rolled-back steps prove (trace-steps)
+            or the saved step's batch does (`NanScope`, `instrument`): the rules' learning-rate, clipping or epsilon
+            fix under which they stay finite and the loss falls; lower the learning rate only when none is proven.
 
     Example:
         NanScope(on_nonfinite="skip", guard=GuardOptions(max_skips=(3, 20)))

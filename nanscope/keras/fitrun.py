@@ -14,6 +14,7 @@ from nanscope.engine.step import probed_layers
 from nanscope.data.inputs import id_inputs
 from nanscope.errors import first_line
 from nanscope.guard.host import GuestGuard
+from nanscope.keras.guest_fix import guest_fixer
 from nanscope.internals import compile_metrics_built, flatten_layers, set_train_function, symbolic_build
 from nanscope.forensics.random_state import random_state_kept
 from nanscope.keras.forensics import GuestForensics, labelled_fit_batch
@@ -69,7 +70,9 @@ class FitRun:
         self.recorder = StepRecorder(options, fit_header(model, self.params, probe, role, learning_rate), names,
                                      lambda: probe.call_order, self._locate if self.forensics else None, role,
                                      learning_rate)
-        self.guard = GuestGuard.for_fit(options.guard, model, probe, self.recorder)
+        self.guard = GuestGuard.for_fit(options.guard, model, probe, self.recorder, lambda state, rerun: guest_fixer(
+            options.guard, state, rerun, [model.optimizer], model, self.recorder,
+            lambda: RunEvidence(keras_model=model), probe.retrace))
         probe.after_execution = self._after_execution
         probe.attach()
 

@@ -15,6 +15,7 @@ import contextlib
 import functools
 import logging
 import os
+import types
 import weakref
 
 import numpy as np
@@ -271,6 +272,7 @@ class GuestRun:
     def _guard(self, variable_names):
         from nanscope.guard.guard import Guard
         from nanscope.guard.host import GuestGuard, attributed
+        from nanscope.keras.guest_fix import guest_fixer
         from nanscope.guard.state import GuestState
 
         options = self.options.guard
@@ -279,9 +281,23 @@ class GuestRun:
             made.no_state(options, "jit_compile=True" if self.jit and self.options.forensics else "forensics=False")
             return made
         state = GuestState(self.snapshot, self.optimizers)
-        guard = Guard(options, state, lambda batch: attributed(self.rerun(batch), self.recorder),
-                      variable_names=variable_names)
+
+        def rerun(batch):
+            return attributed(self.rerun(batch), self.recorder)
+
+        fixer = guest_fixer(options, state, rerun, self.optimizers, types.SimpleNamespace(
+            optimizer=self.optimizers[0] if self.optimizers else None), self.recorder,
+            lambda: RunEvidence(keras_model=self.models[0]), self.retrace)
+        guard = Guard(options, state, rerun, variable_names=variable_names, fixer=fixer)
         return GuestGuard(guard, self.recorder, sentinel=self.sentinel)
+
+    def retrace(self):
+        """Trace the step again on its next call (an optimizer setting read at trace time changed: clipping)."""
+        self._rerun = None
+        if isinstance(self.compiled, tf.types.experimental.PolymorphicFunction):
+            self.compiled = tf.function(self._step, jit_compile=self.jit or None)
+        if isinstance(self.light, tf.types.experimental.PolymorphicFunction):
+            self.light = tf.function(self._sentinel_step, jit_compile=self.jit or None)
 
     def rerun(self, batch, step=-1):
         """The step again, compiled, on `batch` ((args, kwargs)) from the variables as they are: its StepRecord."""

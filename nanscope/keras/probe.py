@@ -115,6 +115,13 @@ class StepProbe:
     def attached(self):
         return self._saved is not None
 
+    def retrace(self):
+        """Trace the step again on its next call (an optimizer setting read at trace time changed: clipping)."""
+        self._rerun = None
+        if self.attached:
+            self.detach()
+            self.attach()
+
     def _sampling(self, full):
         """Sentinel mode: the full train function on sampled executions and after events, else the light one."""
         with xla_outside_off(self.model, self.xla_inside):
