@@ -43,8 +43,8 @@ def _model_paths(spec: RunSpec) -> None:
     model, where = spec.model, f"{spec.source}: model"
     if model.factory is not None:
         referenced_file(model.factory, spec.base_dir, f"{where}.factory", ModelError)
-    elif not spec.resolve(model.path).exists():
-        raise ModelError(f"{where}.path: file not found: {spec.resolve(model.path)}")
+    elif not spec.resolve(model.path).exists():  # type: ignore[arg-type]  # no factory: a path
+        raise ModelError(f"{where}.path: file not found: {spec.resolve(model.path)}")  # type: ignore[arg-type]
 
 
 def _data_paths(spec: RunSpec) -> None:

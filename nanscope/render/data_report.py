@@ -4,8 +4,12 @@ Also `scan_progress`, the progress bar on stderr that only appears when a scan r
 for more than a second. Renderers format what the scan measured; they never compute.
 """
 
+from __future__ import annotations
+
 import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any, TypeAlias
 
 from rich import box
 from rich.console import Console
@@ -16,11 +20,20 @@ from rich.text import Text
 
 from nanscope.render.format import fitted, hanging
 
+# What the renderer draws is defined above it (checkdata), and the layers contract keeps render from importing
+# upwards, for type checking too: to mypy these are Any.
+DataScan: TypeAlias = Any
+ColumnStats: TypeAlias = Any
+LabelCheck: TypeAlias = Any
+
+# A name cell's wrapping: `fitted` hands each table builder one.
+Wrap = Callable[[str], str]
+
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 MAX_ROWS_SHOWN = 40
 
 
-def render_data_report(scan, console, show_all=False):
+def render_data_report(scan: DataScan, console: Console, show_all: bool = False) -> None:
     """Print a DataScan: header, one table per array, the label check of each output, recommendations, status line.
 
     A table of more than MAX_ROWS_SHOWN columns shows the flagged ones first and says how
@@ -44,17 +57,17 @@ def render_data_report(scan, console, show_all=False):
     console.print(f"status: [{colour}]{scan.status}[/{colour}]")
 
 
-def _array_title(role, array, output):
+def _array_title(role: str, array: str, output: object) -> str:
     if output is None or str(output) == array:
         return f"{role} {array}"
     return f"{role} {array} (output {output})"
 
 
-def _column_table(title, columns, console, show_all=False):
+def _column_table(title: str, columns: Sequence[ColumnStats], console: Console, show_all: bool = False) -> Table:
     shown = columns if show_all else _worth_showing(columns)
 
     # Numbers never wrap or get cut; names break only after _ . / - (render.format.name_lines), notes at spaces.
-    def build(wrap):
+    def build(wrap: Wrap) -> Table:
         table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1),
                       collapse_padding=True)
         table.add_column("column", no_wrap=True)
@@ -74,7 +87,7 @@ def _column_table(title, columns, console, show_all=False):
     return fitted(build, [c.name for c in shown], console)
 
 
-def _hidden_caption(hidden):
+def _hidden_caption(hidden: Sequence[ColumnStats]) -> str | None:
     """What the columns left out hold, as the JSON does: "24 more columns, 24 of them flagged (large scale) (--all)"."""
     if not hidden:
         return None
@@ -88,11 +101,11 @@ def _hidden_caption(hidden):
     return f"{len(hidden)} more columns, {flagged} of them flagged: {what} (--all)"
 
 
-def _flagged(column):
+def _flagged(column: ColumnStats) -> bool:
     return bool(column.nonfinite or column.scale or column.constant)
 
 
-def _notes(column):
+def _notes(column: ColumnStats) -> str:
     notes = []
     if column.nonfinite:
         rows = ", ".join(map(str, column.first_nonfinite_rows))
@@ -104,7 +117,7 @@ def _notes(column):
     return "; ".join(notes)
 
 
-def _worth_showing(columns):
+def _worth_showing(columns: Sequence[ColumnStats]) -> Sequence[ColumnStats]:
     if len(columns) <= MAX_ROWS_SHOWN:
         return columns
     flagged = sorted((c for c in columns if _flagged(c)), key=lambda c: not c.is_problem)  # problems first
@@ -112,7 +125,7 @@ def _worth_showing(columns):
     return (flagged + rest)[:MAX_ROWS_SHOWN]
 
 
-def _print_labels(labels, console):
+def _print_labels(labels: LabelCheck, console: Console) -> None:
     classes = labels.classes if labels.classes is not None else "unknown"
     output = "" if labels.output is None else f" of output {labels.output}"
     console.print(f"[bold]labels[/bold]{escape(f'{output} for {labels.loss} ({labels.kind}, classes: {classes})')}",
@@ -124,18 +137,18 @@ def _print_labels(labels, console):
         console.print(f"    {problem} (first rows {rows})", style="red", markup=False)
 
 
-def _num(value):
+def _num(value: float) -> str:
     return f"{value:.3g}"
 
 
 @contextmanager
-def scan_progress(stderr=True, delay_s=1.0):
+def scan_progress(stderr: bool = True, delay_s: float = 1.0) -> Iterator[Callable[[int, int], None]]:
     """A progress callback for `scan_data` that shows a Rich bar on stderr once a scan passes `delay_s`."""
     console = Console(stderr=stderr)
     started = time.monotonic()
-    state = {"progress": None, "task": None}
+    state: dict[str, Any] = {"progress": None, "task": None}
 
-    def on_progress(done, total):
+    def on_progress(done: int, total: int) -> None:
         if state["progress"] is None:
             if time.monotonic() - started < delay_s or not console.is_terminal:
                 return
@@ -143,8 +156,8 @@ def scan_progress(stderr=True, delay_s=1.0):
                 SpinnerColumn(), TextColumn("scanning rows"), BarColumn(), TextColumn("{task.completed:,} rows"),
                 TimeElapsedColumn(), console=console, transient=True,
             )
-            state["progress"].start()
-            state["task"] = state["progress"].add_task("scan", total=total)
+            state["progress"].start()  # type: ignore[attr-defined]  # mypy keeps the `is None` narrowing
+            state["task"] = state["progress"].add_task("scan", total=total)  # type: ignore[attr-defined]
         state["progress"].update(state["task"], completed=done, total=total)
 
     try:

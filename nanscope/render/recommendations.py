@@ -1,12 +1,26 @@
 """Rich rendering of recommendations: each finding with its evidence, its verification rows and its fix snippet."""
 
-from rich.console import Group
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeAlias
+
+from rich.console import Console, Group, RenderableType
 from rich.padding import Padding
 from rich.panel import Panel
 from rich.syntax import Syntax
+from rich.table import Table
 from rich.text import Text
 
 from nanscope.render.format import compact_table, fitted, fmt, hanging, header
+
+# What the renderer draws is defined above it (rules.catalogue, report.model), and the layers contract keeps render
+# from importing upwards, for type checking too: to mypy these are Any.
+Recommendation: TypeAlias = Any
+Report: TypeAlias = Any
+
+# A name cell's wrapping: `fitted` hands each table builder one.
+Wrap = Callable[[str], str]
 
 SEVERITY_STYLE = {"error": "red", "warning": "yellow", "info": "cyan"}
 # A Panel's border and padding take 4 columns; a verification table sits 3 in under its recommendation.
@@ -14,11 +28,11 @@ PANEL_BORDER = 4
 VERIFY_INDENT = 3
 
 
-def _verification(rec, console, width):
+def _verification(rec: Recommendation, console: Console, width: int) -> Padding:
     if any(row.get("one_step") for row in rec.verification):
         return _step_verification(rec, console, width)
 
-    def build(wrap):
+    def build(wrap: Wrap) -> Table:
         table = compact_table()
         table.add_column("fix", no_wrap=True)
         table.add_column("result", min_width=6)
@@ -35,15 +49,15 @@ def _verification(rec, console, width):
         return table
 
     names = [row["fix"] + (" (together)" if row.get("together_with") else "") for row in rec.verification]
-    parts = [fitted(build, names, console, width - VERIFY_INDENT)]
+    parts: list[RenderableType] = [fitted(build, names, console, width - VERIFY_INDENT)]
     parts.extend(Text(f"* {row['fix']}: capped at {row['horizon']} of the {row['horizon_wanted']} steps its horizon "
                       "wants", style="dim") for row in rec.verification if row.get("horizon_capped"))
     return Padding(Group(*parts), (0, 0, 0, VERIFY_INDENT))
 
 
-def _step_verification(rec, console, width):
+def _step_verification(rec: Recommendation, console: Console, width: int) -> Padding:
     """The rows of `replay --verify`: one saved step per fix, where it went non-finite, the losses before and after."""
-    def build(wrap):
+    def build(wrap: Wrap) -> Table:
         table = compact_table()
         table.add_column("fix", no_wrap=True)
         table.add_column("step finite", min_width=6)
@@ -60,11 +74,11 @@ def _step_verification(rec, console, width):
     return Padding(fitted(build, names, console, width - VERIFY_INDENT), (0, 0, 0, VERIFY_INDENT))
 
 
-def recommendations_panel(report, console):
+def recommendations_panel(report: Report, console: Console) -> Panel:
     """The recommendations panel: each finding with its evidence, its verification rows and its fix."""
     if not report.recommendations:
         return Panel(Text("no findings", style="green"), title="recommendations", title_align="left")
-    parts = []
+    parts: list[RenderableType] = []
     for number, rec in enumerate(report.recommendations, start=1):
         verified = {True: "  [verified: it trains]", False: "  [verified: no fix trains]"}.get(rec.verified, "")
         if rec.verified and any(row.get("one_step") for row in rec.verification):

@@ -1,5 +1,11 @@
 """Rich rendering of a TraceReport: header, step curves, worst layers, first non-finite, findings."""
 
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, TypeAlias
+
+from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -7,11 +13,19 @@ from rich.text import Text
 from nanscope.render.format import compact_table, fitted, fmt, hanging, header, selected_steps, sparkline
 from nanscope.render.recommendations import recommendations_panel
 
+# What the renderer draws is defined above it (report.model, engine.records), and the layers contract keeps render
+# from importing upwards, for type checking too: to mypy these are Any.
+TraceReport: TypeAlias = Any
+StepRecord: TypeAlias = Any
+
+# A name cell's wrapping: `fitted` hands each table builder one.
+Wrap = Callable[[str], str]
+
 STATUS_STYLE = {"healthy": "bold green", "warning": "bold yellow", "nonfinite": "bold red"}
 WORST_SHOWN = 6
 
 
-def render_trace_report(report, console, show_all=False):
+def render_trace_report(report: TraceReport, console: Console, show_all: bool = False) -> None:
     """Print the whole report to a Rich console.
 
     The layer and variable tables show the WORST_SHOWN first rows and every row the
@@ -36,7 +50,7 @@ def render_trace_report(report, console, show_all=False):
         console.print(Text(f"trace: {report.trace_path}", style="dim"))
 
 
-def _header(report):
+def _header(report: TraceReport) -> Panel:
     run = report.run
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
@@ -64,7 +78,7 @@ def _header(report):
     return Panel(grid, title=title, title_align="left")
 
 
-def _schedule_rows(run):
+def _schedule_rows(run: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The "lr schedule" row under a LearningRateSchedule: its class, its rate at the first and the reported step;
     the "lr changed" row for a constant rate a callback assigned."""
     schedule = run.get("learning_rate_schedule")
@@ -81,7 +95,7 @@ def _schedule_rows(run):
     return [("lr schedule", f"{schedule.get('class_name')}: {', '.join(shown)}")]
 
 
-def _data_text(run):
+def _data_text(run: Mapping[str, Any]) -> str:
     """"<data>; train 500 rows, validation 500, batch 32, shuffled", leaving out what the run does not know."""
     parts = [f"train {run['train_rows']} rows" if run.get("train_rows") is not None else None,
              f"validation {run['validation_rows']}" if run.get("validation_rows") is not None else None,
@@ -91,7 +105,7 @@ def _data_text(run):
     return f"{run.get('data')}; {known}" if known else str(run.get("data"))
 
 
-def _loss_scale_text(report):
+def _loss_scale_text(report: TraceReport) -> str:
     if not report.run.get("loss_scaling"):
         return ""
     seen = report.history.overview() if report.history is not None else None
@@ -100,7 +114,7 @@ def _loss_scale_text(report):
     return f" with loss scaling ({report.run.get('mixed_precision')}{now}; {skipped} update(s) skipped)"
 
 
-def _curves(report):
+def _curves(report: TraceReport) -> Panel:
     seen = report.history.overview()
     curves = seen.curves
     grid = Table.grid(padding=(0, 2))
@@ -116,7 +130,7 @@ def _curves(report):
     return Panel(grid, title="over steps (log scale; x = non-finite)", title_align="left")
 
 
-def _steps_table(report):
+def _steps_table(report: TraceReport) -> Table:
     table = compact_table("selected steps")
     for column in ("step", "loss", "grad norm", "applied norm", "non-finite data/out/grad/weights"):
         table.add_column(header(column), justify="right", no_wrap=True)
@@ -132,7 +146,7 @@ def _steps_table(report):
     return table
 
 
-def _skipped_text(record):
+def _skipped_text(record: StepRecord) -> Text | str:
     """The phase cell of a finite step: empty, or the skipped update that loss scaling absorbed."""
     if not record.update_skipped:
         return ""
@@ -140,8 +154,8 @@ def _skipped_text(record):
     return Text("skipped" + scales, style="dim")
 
 
-def _outputs_table(outputs, console):
-    def build(wrap):
+def _outputs_table(outputs: Sequence[Mapping[str, Any]], console: Console) -> Table:
+    def build(wrap: Wrap) -> Table:
         table = compact_table("outputs (each output's own mean loss)")
         table.add_column("output", no_wrap=True)
         table.add_column("loss", min_width=12)
@@ -156,25 +170,25 @@ def _outputs_table(outputs, console):
     return fitted(build, [row["name"] for row in outputs], console)
 
 
-def _shown(rows, named, show_all):
+def _shown(rows: list[dict[str, Any]], named: Collection[str], show_all: bool) -> list[dict[str, Any]]:
     """The rows to print, in their order: the first WORST_SHOWN and every named one (all with `show_all`)."""
     if show_all:
         return rows
     return [row for rank, row in enumerate(rows) if rank < WORST_SHOWN or row["name"] in named]
 
 
-def _caption(table, rows, shown, what):
+def _caption(table: Table, rows: Sequence[object], shown: Sequence[object], what: str) -> None:
     if len(shown) < len(rows):
         table.caption = f"{len(rows) - len(shown)} more {what} (--all)"
         table.caption_justify = "left"
 
 
-def _layers_table(report, console, show_all=False):
+def _layers_table(report: TraceReport, console: Console, show_all: bool = False) -> Table:
     rows = sorted(report.layer_summaries(), key=lambda r: (-r["nonfinite_steps"], -(r["max_abs"] or 0)))
     shown = _shown(rows, report.named_in_findings()[0], show_all)
     mixed = any(row.get("dtype") not in (None, "float32") for row in rows)
 
-    def build(wrap):
+    def build(wrap: Wrap) -> Table:
         table = compact_table("layers (non-finite first, then largest max |x|; mean |x|: last step; zeros: last "
                               "counted)")
         _caption(table, rows, shown, "layers")
@@ -196,11 +210,11 @@ def _layers_table(report, console, show_all=False):
     return fitted(build, [row["name"] for row in shown] + [row["class"] for row in shown], console)
 
 
-def _variables_table(report, console, show_all=False):
+def _variables_table(report: TraceReport, console: Console, show_all: bool = False) -> Table:
     rows = sorted(report.variable_summaries(), key=lambda r: (-r["nonfinite_steps"], -(r["max_grad_norm"] or 0)))
     shown = _shown(rows, report.named_in_findings()[1], show_all)
 
-    def build(wrap):
+    def build(wrap: Wrap) -> Table:
         table = compact_table("variables (non-finite first, then largest max grad; |w|: last step)")
         _caption(table, rows, shown, "variables")
         table.add_column("variable", no_wrap=True)
@@ -216,7 +230,7 @@ def _variables_table(report, console, show_all=False):
     return fitted(build, [row["name"] for row in shown], console)
 
 
-def _first_nonfinite(report):
+def _first_nonfinite(report: TraceReport) -> Panel:
     first = report.first_nonfinite
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
@@ -237,7 +251,7 @@ def _first_nonfinite(report):
     return Panel(grid, title="first non-finite value", title_align="left", border_style="red")
 
 
-def _distribution_text(distribute):
+def _distribution_text(distribute: Mapping[str, Any]) -> str:
     """"MirroredStrategy, 2 replicas" or "MultiWorkerMirroredStrategy, 2 workers x 2 replicas"."""
     if distribute.get("workers"):
         workers, replicas = distribute["workers"], distribute["replicas_per_worker"]
@@ -245,7 +259,7 @@ def _distribution_text(distribute):
     return f"{distribute['strategy']}, {distribute['replicas']} replicas"
 
 
-def _replica_text(report):
+def _replica_text(report: TraceReport) -> str | None:
     """"1 (non-finite values per replica: 0, 12)" under tf.distribute; None on one device."""
     first = report.first_nonfinite
     if first.replica is None:
@@ -255,7 +269,7 @@ def _replica_text(report):
     return f"{first.replica}{counts}"
 
 
-def _worker_text(report):
+def _worker_text(report: TraceReport) -> str | None:
     """"1 (non-finite values per worker: 0, 12)" under MultiWorkerMirroredStrategy; None otherwise."""
     first = report.first_nonfinite
     if getattr(first, "worker", None) is None:
@@ -265,7 +279,7 @@ def _worker_text(report):
     return f"{first.worker}{counts}"
 
 
-def render_replay(report, console):
+def render_replay(report: TraceReport, console: Console) -> None:
     """Print a replayed step: the first-non-finite panel and the recommendations."""
     if report.first_nonfinite is not None:
         console.print(_first_nonfinite(report))

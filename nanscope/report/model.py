@@ -9,11 +9,16 @@ full rows of the kept steps, and exact per-layer, per-variable and per-output
 aggregates, which the tables below are made of.
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 from nanscope.errors import EXIT_HEALTHY, EXIT_INTERRUPTED, EXIT_PROBLEM
 from nanscope.store.aggregates import LayerAggregate, VariableAggregate
+from nanscope.engine.records import StepRecord
 from nanscope.store.history import StepHistory
 from nanscope.jsonio import jsonable
 
@@ -295,7 +300,7 @@ class TraceReport:
         return {"run": self.run, "layers": self.layers, "layer_order": self.layer_order, "variables": self.variables}
 
 
-def step_json(record, output_names=()):
+def step_json(record: StepRecord, output_names: Sequence[str] = ()) -> dict[str, Any]:
     """A step of the report's JSON: STEP_FIELDS, the phase, per-replica non-finite counts under tf.distribute,
     and per output of a multi-output model its loss and non-finite counts."""
     row = {**{f: getattr(record, f) for f in STEP_FIELDS}, "phase": record.phase}

@@ -6,15 +6,28 @@ backend, so no display is needed. Non-finite points are left out of the curves a
 marked with red x's along the top of each panel.
 """
 
-import math
-from pathlib import Path
+from __future__ import annotations
 
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nanscope.engine.records import StepRecord
+from nanscope.store.history import StepHistory
 from nanscope.errors import NanscopeError
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.lines import Line2D
+
+    from nanscope.report.model import TraceReport
 
 WORST_LAYERS = 4
 
 
-def require_matplotlib(option="--plot"):
+def require_matplotlib(option: str = "--plot") -> None:
     """Fail fast when a plot is asked for and matplotlib is missing.
 
     Raises:
@@ -27,7 +40,7 @@ def require_matplotlib(option="--plot"):
                             "pip install 'nanscope[plot]'") from None
 
 
-def _pyplot():
+def _pyplot() -> Any:
     require_matplotlib()
     import matplotlib
 
@@ -37,7 +50,7 @@ def _pyplot():
     return plt
 
 
-def plot_trace(report, path):
+def plot_trace(report: TraceReport, path: str | os.PathLike[str]) -> None:
     """Write loss, gradient norm and the worst layers' max |x| over steps to an image file.
 
     A multi-output model's per-output losses are drawn beside the total loss.
@@ -51,7 +64,7 @@ def plot_trace(report, path):
     """
     plt = _pyplot()
     # Every step's scalars; the layers' curves are drawn through the kept full rows.
-    history = report.history
+    history: StepHistory = report.history  # type: ignore[assignment]  # a report to plot has its history
     steps = history.steps().tolist()
     figure, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
     _curve(axes[0], steps, history.column("loss").tolist(), "loss")
@@ -76,7 +89,8 @@ def plot_trace(report, path):
     plt.close(figure)
 
 
-def plot_loss_curves(curves, path, title=None, onsets=None):
+def plot_loss_curves(curves: Mapping[str, Sequence[float]], path: str | os.PathLike[str], title: str | None = None,
+                     onsets: Mapping[str, int | None] | None = None) -> None:
     """Write one loss curve per name to an image file (compare-clipping's strategies).
 
     Args:
@@ -102,21 +116,22 @@ def plot_loss_curves(curves, path, title=None, onsets=None):
     plt.close(figure)
 
 
-def worst_layers(report, count=WORST_LAYERS):
+def worst_layers(report: TraceReport, count: int = WORST_LAYERS) -> list[tuple[int, str]]:
     """(index, name) of the layers with the largest finite max |x| over the run, non-finite ones first."""
     rows = report.layer_summaries()
     ranked = sorted(range(len(rows)), key=lambda i: (-rows[i]["nonfinite_steps"], -(rows[i]["max_abs"] or 0.0)))
     return [(i, rows[i]["name"]) for i in ranked[:count]]
 
 
-def _layer_max(record, index):
+def _layer_max(record: StepRecord, index: int) -> float:
     stats = record.layers[index] if index < len(record.layers) else None
     if stats is None or not stats.called:
         return math.nan
     return math.inf if stats.nonfinite else stats.max_abs
 
 
-def _curve(axis, steps, values, label, marks=True):
+def _curve(axis: Axes, steps: Sequence[int], values: Sequence[float | None], label: str,
+           marks: bool = True) -> Line2D | None:
     """Draw the finite values (log scale when all are positive); x's at the top for non-finite ones."""
     finite = [(s, v) for s, v in zip(steps, values) if v is not None and math.isfinite(v)]
     line = None
@@ -133,7 +148,7 @@ def _curve(axis, steps, values, label, marks=True):
     return line
 
 
-def _mark_onsets(axis, report):
+def _mark_onsets(axis: Axes, report: TraceReport) -> None:
     first = report.first_nonfinite
     if first is not None:
         axis.axvline(first.step, color="red", linewidth=1, label=f"first non-finite: step {first.step} ({first.phase})")

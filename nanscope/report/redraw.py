@@ -3,7 +3,10 @@
 Each line is read through its class in `nanscope.store.lines`.
 """
 
+from __future__ import annotations
+
 import os
+from typing import Any
 
 import numpy as np
 
@@ -13,6 +16,7 @@ from nanscope.rules.catalogue import Recommendation
 from nanscope.store.history import StepHistory
 from nanscope.store.lines import AggregatesLine, ErrorLine, HeaderLine, ScalarsLine, StepLine, SummaryLine
 from nanscope.store.rows import scalar_row
+from nanscope.engine.records import StepRecord
 from nanscope.store.series import TraceColumns
 from nanscope.store.tracefile import step_record, trace_lines
 
@@ -63,10 +67,10 @@ def load_trace(path: str | os.PathLike) -> TraceReport:
     return report
 
 
-def _first_bad(history):
+def _first_bad(history: StepHistory) -> FirstNonfinite | None:
     """FirstNonfinite(step, phase) of the first non-finite step in a history's scalars, or None."""
     first = history.overview().first_nonfinite
-    return FirstNonfinite(first[0], PHASES[first[1]]) if first else None
+    return FirstNonfinite(first[0], PHASES[first[1]]) if first else None  # type: ignore[arg-type]  # a phase code > 0
 
 
 # Why a run kept a row it wrote to its trace (StepHistory.why_kept).
@@ -77,7 +81,7 @@ class _TraceReader:
     """Folds a trace's lines into a StepHistory: step lines into its kept rows and aggregates, scalars lines into
     its row count; the scalars stay in the file (series.TraceColumns), so memory does not grow with the trace."""
 
-    def __init__(self, header, path):
+    def __init__(self, header: HeaderLine, path: str | os.PathLike[str]) -> None:
         from nanscope.errors import NanscopeError
 
         self.path = path
@@ -106,12 +110,12 @@ class _TraceReader:
             self.take = np.array([names.index(n) if n in names else 0 for n in wanted], np.int64)
             self.lacking = np.array([n not in names for n in wanted])
 
-    def _history(self, outputs):
+    def _history(self, outputs: int) -> StepHistory:
         return StepHistory(self.layers, self.variables, outputs, self.keep, self.sample,
                            series=lambda columns: TraceColumns(self.path, columns, self.rows, trace_lines),
                            layer_dtypes=self.dtypes)
 
-    def step(self, record, why=None):
+    def step(self, record: StepRecord, why: str | None = None) -> None:
         if self.history is None:
             self.history = self._history(len(record.outputs))
         if self.full:
@@ -123,10 +127,11 @@ class _TraceReader:
         else:  # a trace written before its rows said why they were kept
             self.history.keep_row(record)
 
-    def scalars(self, path, number, line):
-        self.history.series.extend(*self.rows(path, number, line))
+    def scalars(self, path: str | os.PathLike[str], number: int, line: dict[str, Any]) -> None:
+        self.history.series.extend(*self.rows(path, number, line))  # type: ignore[union-attr,misc]  # not `full`: TraceColumns
 
-    def rows(self, path, number, line):
+    def rows(self, path: str | os.PathLike[str], number: int,
+             line: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
         """(steps, float32 values in the history's column order) of one line's scalar rows, or None."""
         if self.full:
             if line.get("kind") != "step":
@@ -141,7 +146,7 @@ class _TraceReader:
         with np.errstate(over="ignore"):  # beyond float32's range reads inf, as the run's own columns hold it
             return array[:, 0].astype(np.int64), values.astype(np.float32)
 
-    def aggregates(self, line):
+    def aggregates(self, line: AggregatesLine) -> None:
         history = self.history
         if history is None:
             return
@@ -149,17 +154,17 @@ class _TraceReader:
         history.thin_sample(line.sample_stride)
         self.exact = True
 
-    def finished(self):
+    def finished(self) -> StepHistory:
         return self.history or StepHistory(self.layers, self.variables)
 
-    def notes(self):
+    def notes(self) -> list[str]:
         if self.full or self.exact or self.history is None or self.history.count == len(self.history.kept()):
             return []
         return ["the trace has no aggregates line (the run ended early): the layer, variable and output tables are "
                 "taken over the kept steps only"]
 
 
-def _scalar_array(path, number, rows, series):
+def _scalar_array(path: str | os.PathLike[str], number: int, rows: Any, series: list[str]) -> np.ndarray:
     """The rows of a scalars line as one float64 array [rows, len(series)], checked.
 
     Raises:
@@ -184,7 +189,7 @@ def _scalar_array(path, number, rows, series):
     return array
 
 
-def _trace_end_notes(summary, errors):
+def _trace_end_notes(summary: SummaryLine | None, errors: list[ErrorLine]) -> list[str]:
     """What a trace without a summary line says about how its run ended."""
     notes = [f"the run stopped on an error: {line.message}" for line in errors]
     if summary is None and not notes:

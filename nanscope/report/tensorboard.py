@@ -12,6 +12,12 @@ metadata (what `tf.summary.scalar` writes), so the `tensorboard` package is need
 only to view them, not to write them.
 """
 
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+
+from nanscope.engine.records import StepRecord
 from nanscope.runtime import tensorflow
 
 STEP_SCALARS = {
@@ -45,7 +51,8 @@ class TensorBoardLog:
                 board.write(record)
     """
 
-    def __init__(self, logdir, layers, variables, outputs=()):
+    def __init__(self, logdir: str | os.PathLike[str], layers: Iterable[tuple[str, str]], variables: Iterable[str],
+                 outputs: Sequence[str] = ()) -> None:
         tf, _ = tensorflow()
         self.layer_names = [name for name, _ in layers]
         self.variable_names = list(variables)
@@ -55,7 +62,7 @@ class TensorBoardLog:
             plugin_data=tf.compat.v1.SummaryMetadata.PluginData(plugin_name="scalars")
         ).SerializeToString()
 
-    def write(self, record):
+    def write(self, record: StepRecord) -> None:
         """Write one step's scalars."""
         with self._writer.as_default(step=record.step):
             for tag, attribute in STEP_SCALARS.items():
@@ -72,19 +79,19 @@ class TensorBoardLog:
                 for quantity in OUTPUT_SCALARS:
                     self._scalar(f"outputs/{name}/{quantity}", getattr(stats, quantity))
 
-    def _scalar(self, tag, value):
+    def _scalar(self, tag: str, value: float) -> None:
         tf, _ = tensorflow()
         # NaN and Inf are written as they are; TensorBoard shows them as such.
         tf.summary.write(tag, tf.constant(float(value), tf.float32), metadata=self._metadata)
 
-    def close(self):
+    def close(self) -> None:
         """Flush and close the event file."""
         self._writer.flush()
         self._writer.close()
 
-    def __enter__(self):
+    def __enter__(self) -> TensorBoardLog:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 

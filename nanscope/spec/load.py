@@ -7,7 +7,9 @@ Example:
 """
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -102,7 +104,7 @@ def apply_overrides(spec: RunSpec, steps: int | None = None, learning_rate: floa
 OVERRIDE_OPTIONS = {"steps": "--steps", "seed": "--seed", "batch_size": "--batch-size", "learning_rate": "--lr"}
 
 
-def describe_validation_error(exc, root_model):
+def describe_validation_error(exc: ValidationError, root_model: type[BaseModel]) -> str:
     """One readable line for a pydantic ValidationError: field, problem, value received."""
     error = exc.errors()[0]
     loc = [str(part) for part in error["loc"] if not _is_union_tag(part)]
@@ -118,15 +120,15 @@ def describe_validation_error(exc, root_model):
     return f"`{field}`: {message}{shown}{more}"
 
 
-def _is_union_tag(part):
+def _is_union_tag(part: object) -> bool:
     text = str(part)
     return text in {"str", "list[str]", "dict[str,str]", "one", "per_output", "per_output_list"} or text.startswith(
         ("function-", "union[", "dict[", "list["))
 
 
-def _did_you_mean(root_model, loc):
+def _did_you_mean(root_model: type[BaseModel], loc: Sequence[Any]) -> str:
     """"; did you mean `x`?" naming the closest known field at the location of an unknown one, or ""."""
-    model = root_model
+    model: type[BaseModel] | None = root_model
     for part in loc[:-1]:
         field = model.model_fields.get(str(part)) if isinstance(model, type) else None
         if field is None:
@@ -134,10 +136,10 @@ def _did_you_mean(root_model, loc):
         model = _model_in(field.annotation)
         if model is None:
             return ""
-    return did_you_mean(loc[-1], model.model_fields)
+    return did_you_mean(loc[-1], model.model_fields)  # type: ignore[union-attr]  # a None model returned above
 
 
-def _model_in(annotation):
+def _model_in(annotation: object) -> type[BaseModel] | None:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in getattr(annotation, "__args__", ()):
@@ -147,7 +149,7 @@ def _model_in(annotation):
     return None
 
 
-def _yaml_problem(exc):
+def _yaml_problem(exc: yaml.YAMLError) -> str:
     mark = getattr(exc, "problem_mark", None)
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
     return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem

@@ -8,6 +8,7 @@ the value received, as one line.
 Reading a spec file into these sections, and the command-line overrides, are `nanscope.spec.load`.
 """
 
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -35,7 +36,7 @@ class ModelSpec(_Section):
     path: str | None = None
 
     @model_validator(mode="after")
-    def _one_source(self):
+    def _one_source(self) -> "ModelSpec":
         if (self.factory is None) == (self.path is None):
             raise ValueError("give exactly one of `factory` or `path`")
         return self
@@ -103,7 +104,7 @@ class DataSpec(_Section):
     allow_nonfinite: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _one_source(self):
+    def _one_source(self) -> "DataSpec":
         given = [k for k in ("synthetic", "path", "factory") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(
@@ -124,7 +125,7 @@ class LossSpec(_Section):
     name: str
 
 
-def _loss_form(value):
+def _loss_form(value: object) -> str:
     """Which form a `train.loss` value takes: one loss, one per output by name, or one per output in order."""
     if isinstance(value, (list, tuple)):
         return "per_output_list"
@@ -133,7 +134,7 @@ def _loss_form(value):
     return "one"
 
 
-def _named(value):
+def _named(value: Any) -> Any:
     return {"name": value} if isinstance(value, str) else value
 
 
@@ -170,13 +171,13 @@ class OptimizerSpec(_Section):
     clipvalue: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")
-    def _one_clip_mode(self):
+    def _one_clip_mode(self) -> "OptimizerSpec":
         given = [k for k in CLIP_FIELDS if getattr(self, k) is not None]
         if len(given) > 1:
             raise ValueError(f"give at most one of clipnorm, global_clipnorm, clipvalue (got {', '.join(given)})")
         return self
 
-    def keras_kwargs(self):
+    def keras_kwargs(self) -> dict[str, Any]:
         """The optimizer's keyword arguments, unset fields left to Keras' defaults."""
         return {k: v for k, v in self.model_dump(exclude={"name"}).items() if v is not None}
 
@@ -205,12 +206,12 @@ class TrainSpec(_Section):
 
     @field_validator("optimizer", mode="before")
     @classmethod
-    def _by_name(cls, value):
+    def _by_name(cls, value: Any) -> Any:
         return _named(value)
 
     @field_validator("loss", mode="before")
     @classmethod
-    def _losses_by_name(cls, value):
+    def _losses_by_name(cls, value: Any) -> Any:
         form = _loss_form(value)
         entries = value if form == "per_output_list" else value.values() if form == "per_output" else [value]
         if any(one is not None and not isinstance(one, (str, dict)) for one in entries):
@@ -232,11 +233,11 @@ class RunSpec(_Section):
     source: str | None = Field(None, exclude=True)
 
     @property
-    def base_dir(self):
+    def base_dir(self) -> Path:
         """The folder that relative paths in the spec are resolved against."""
         return Path(self.source).parent if self.source else Path.cwd()
 
-    def resolve(self, path):
+    def resolve(self, path: str | os.PathLike[str]) -> Path:
         """`path` resolved against the spec's folder."""
         p = Path(path).expanduser()
         return p if p.is_absolute() else self.base_dir / p

@@ -24,9 +24,9 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+import os
 from typing import Any
 
 import numpy as np
@@ -117,9 +117,9 @@ class TraceColumns:
 
     _pending: list[tuple[np.ndarray, np.ndarray]]
 
-    def __init__(self, path: Path, columns: Columns,
-                 rows: Callable[[Path, int, Mapping[str, Any]], tuple[np.ndarray, np.ndarray] | None],
-                 lines: Callable[[Path], Iterator[tuple[int, dict[str, Any]]]]) -> None:
+    def __init__(self, path: str | os.PathLike[str], columns: Columns,
+                 rows: Callable[[str | os.PathLike[str], int, dict[str, Any]], tuple[np.ndarray, np.ndarray] | None],
+                 lines: Callable[[str | os.PathLike[str]], Iterator[tuple[int, dict[str, Any]]]]) -> None:
         self.columns, self.count = columns, 0
         self._path, self._rows, self._lines = path, rows, lines
         self._fold, self._pending, self._held = OverviewFold(columns), [], 0
