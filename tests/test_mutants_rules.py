@@ -254,6 +254,16 @@ def test_a_bad_values_line_is_none_for_finite_integer_or_scalar_arrays():
     assert bad_values_line("x", np.array([[1]]), np.arange(1)) is None
 
 
+def test_a_float32_array_is_read_and_a_string_array_passed_over():
+    x = np.zeros((2, 2), np.float32)  # what a dataset of float32 features holds
+    x[1, 0] = math.nan
+    words = np.array([["a"], ["b"]])  # a string input (a vocabulary lookup's): no NaN can be in it
+    assert bad_values_line("x", x, np.arange(2)) == "x: 1 non-finite value(s) in value(s) x[0]; dataset rows 1"
+    assert bad_values_line("words", words, np.arange(2)) is None
+    assert describe_bad_batch({"a": x, "words": words}, np.zeros((2, 1), np.float32), BATCH_ROWS[:2]) == [
+        "x['a']: 1 non-finite value(s) in feature(s) x['a'][0]; dataset rows 11"]
+
+
 def rec(rule_id, severity, evidence=("measured",)):
     return Recommendation(rule_id, rule_id, severity, list(evidence), "fix")
 

@@ -16,6 +16,7 @@ from nanscope.engine.schema import LAYER, OUTPUT, SCALARS, VARIABLE, Columns, St
 from nanscope.jsonio import new_file_mode, write_json, write_text_atomic
 from nanscope.store.history import StepHistory
 from nanscope.store.rows import series_columns
+from nanscope.store.lines import ErrorLine, ScalarsLine
 from nanscope.store.series import TraceColumns
 
 
@@ -114,3 +115,11 @@ def test_a_write_that_fails_leaves_the_old_file_and_no_temporary_one(tmp_path):
     with pytest.raises(TypeError):
         write_text_atomic(target, b"not text")  # type: ignore[arg-type]
     assert target.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+def test_a_scalars_line_keeps_integers_and_spells_non_finite_floats_and_an_error_line_defaults_its_message():
+    encoded = ScalarsLine([[3, math.nan, np.float32(2.5), -math.inf]]).to_json()
+    assert encoded == {"kind": "scalars", "rows": [[3, "nan", 2.5, "-inf"]]}
+    assert [type(v) for v in encoded["rows"][0]] == [int, str, float, str]  # the step stays an int: "3", not "3.0"
+    assert ScalarsLine.from_json({"kind": "scalars"}).rows == []
+    assert ErrorLine.from_json({"kind": "error", "step": 7}) == ErrorLine(7, "")
