@@ -18,9 +18,7 @@ is traced again). Every trial leaves every variable and setting as it found it.
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
-from nanscope.run.proven_fix import IN_PROCESS
+from nanscope.run.proven_fix import IN_PROCESS, set_overrides
 
 CLIPPING = ("global_clipnorm", "clipnorm", "clipvalue")
 
@@ -120,20 +118,8 @@ class GuestFixProver:
         return True, f"finite, and its loss falls ({change})"
 
     def _set(self, overrides):
-        """Set `overrides` on the optimizer (the inner one under loss scaling); the callable that puts them back."""
-        from nanscope.model.learning_rate import inner_optimizer
-
-        optimizer = inner_optimizer(self.optimizer)
-        before = {key: (float(np.asarray(optimizer.learning_rate)) if key == "learning_rate"
-                        else getattr(optimizer, key, None)) for key in overrides}
-        self._assign(optimizer, overrides)
-        return lambda: self._assign(optimizer, before)
-
-    def _assign(self, optimizer, values):
-        for key, value in values.items():
-            setattr(optimizer, key, value)
-        if set(values) - {"learning_rate"}:
-            self.retrace()
+        """Set `overrides` on the optimizer; the callable that puts them back."""
+        return set_overrides(self.optimizer, overrides, self.retrace)
 
 
 def in_process(fix):

@@ -15,6 +15,8 @@ variable as it found it.
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 # Optimizer settings a live run can take: a float learning rate is a variable (no retrace); the others are read
 # when the step is traced, so the step is traced again.
 IN_PROCESS = ("learning_rate", "global_clipnorm", "clipnorm", "clipvalue", "epsilon")
@@ -70,14 +72,14 @@ class FixProver:
             if candidate.name in exclude:
                 continue
             with self.engine.state_kept():
-                undo = apply_overrides(self.engine, candidate.overrides)
+                undo = set_overrides(self.engine.optimizer, candidate.overrides, self.engine.retrace)
                 try:
                     proven, outcome = self._trial(steps, before)
                 finally:
                     undo()
             tried.append({"fix": candidate.name, "rule": candidate.rule, "outcome": outcome})
             if proven:
-                apply_overrides(self.engine, candidate.overrides)
+                set_overrides(self.engine.optimizer, candidate.overrides, self.engine.retrace)
                 return {"rule": candidate.rule, "name": candidate.name, "params": candidate.params,
                         "why": f"steps {start}-{failing} again from the restored state with it: {outcome}; without "
                                f"it step {failing} was non-finite"}, tried
@@ -130,24 +132,24 @@ def in_process(change):
     return not ("learning_rate" in overrides and not isinstance(overrides["learning_rate"], (int, float)))
 
 
-def apply_overrides(engine, overrides):
-    """Set `overrides` on the engine's optimizer (the inner one under loss scaling), tracing the step again where
-    its graph reads them; return the callable that puts the settings back."""
+def set_overrides(optimizer, overrides, retrace):
+    """Set `overrides` on `optimizer` (the inner one under loss scaling), calling `retrace()` where the step's graph
+    reads them (every setting but a float learning rate); return the callable that puts the settings back."""
     from nanscope.model.learning_rate import inner_optimizer
 
-    optimizer = inner_optimizer(engine.optimizer)
+    optimizer = inner_optimizer(optimizer)
     before = {key: _read(optimizer, key) for key in overrides}
-    _set(engine, optimizer, overrides)
-    return lambda: _set(engine, optimizer, before)
+    _set(optimizer, overrides, retrace)
+    return lambda: _set(optimizer, before, retrace)
 
 
 def _read(optimizer, key):
-    value = getattr(optimizer, key)
-    return float(value.numpy()) if key == "learning_rate" else value
+    value = getattr(optimizer, key, None)
+    return float(np.asarray(value)) if key == "learning_rate" else value
 
 
-def _set(engine, optimizer, values):
+def _set(optimizer, values, retrace):
     for key, value in values.items():
         setattr(optimizer, key, value)
     if set(values) - {"learning_rate"}:
-        engine.retrace()
+        retrace()
