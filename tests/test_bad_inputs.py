@@ -263,6 +263,14 @@ def model_factory_reference_without_function(tmp_path):
 
 
 @case
+def model_factory_file_not_python(tmp_path):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "build").write_text("def build():\n    pass\n")
+    return trace(tmp_path, base_spec(model={"factory": "models/build:build"})), [
+        "spec.yaml", "model.factory", "not a Python file", "models/build"]
+
+
+@case
 def model_module_not_found(tmp_path):
     return trace(tmp_path, base_spec(model={"factory": "no_such_package.models:build"})), [
         "spec.yaml", "model.factory", "no module named 'no_such_package.models'"]

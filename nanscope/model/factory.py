@@ -6,15 +6,20 @@ data loader or loss gets into nanscope.
 
 import importlib
 import importlib.util
+import os
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 from nanscope.errors import NanscopeError
 from nanscope.runtime import quiet_user_imports
 from nanscope.model.usercode import where_suffix
 
 
-def load_callable(reference, base_dir, field, error=NanscopeError):
+def load_callable(reference: str, base_dir: str | os.PathLike[str], field: str,
+                  error: type[NanscopeError] = NanscopeError) -> Callable[..., Any]:
     """Import the function a reference names.
 
     Args:
@@ -41,7 +46,8 @@ def load_callable(reference, base_dir, field, error=NanscopeError):
     return function
 
 
-def referenced_file(reference, base_dir, field, error=NanscopeError):
+def referenced_file(reference: str, base_dir: str | os.PathLike[str], field: str,
+                    error: type[NanscopeError] = NanscopeError) -> Path | None:
     """The Python file a `file.py:function` reference names, checked to exist; None for `module:function`.
 
     Cheap and free of imports, so a spec's references can be checked before TensorFlow loads.
@@ -61,18 +67,21 @@ def referenced_file(reference, base_dir, field, error=NanscopeError):
     return path
 
 
-def _is_path(module_ref):
+def _is_path(module_ref: str) -> bool:
     return module_ref.endswith(".py") or "/" in module_ref or "\\" in module_ref
 
 
-def load_module_file(path, field, error=NanscopeError):
+def load_module_file(path: str | os.PathLike[str], field: str,
+                     error: type[NanscopeError] = NanscopeError) -> ModuleType:
     """Import the Python file `path` as a module of its own (not `__main__`); a failure is `error` naming `field`."""
     return _import_file(Path(path), field, error)
 
 
-def _import_file(path, field, error):
+def _import_file(path: Path, field: str, error: type[NanscopeError]) -> ModuleType:
     module_name = f"nanscope_user_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:  # a file Python has no loader for (no .py suffix)
+        raise error(f"{field}: cannot import {path}: not a Python file (expected a .py file)")
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(path.parent))
     try:
@@ -85,7 +94,7 @@ def _import_file(path, field, error):
     return module
 
 
-def _import_module(module_ref, field, error):
+def _import_module(module_ref: str, field: str, error: type[NanscopeError]) -> ModuleType:
     try:
         with quiet_user_imports():
             return importlib.import_module(module_ref)
@@ -95,7 +104,8 @@ def _import_module(module_ref, field, error):
         raise error(f"{field}: importing {module_ref} failed: {type(exc).__name__}: {exc}{where_suffix(exc)}") from exc
 
 
-def call_factory(function, kwargs, field, error=NanscopeError):
+def call_factory(function: Callable[..., Any], kwargs: Mapping[str, Any], field: str,
+                 error: type[NanscopeError] = NanscopeError) -> Any:
     """Call a user factory, turning any exception it raises into a one-line `error`."""
     try:
         return function(**kwargs)
@@ -104,7 +114,7 @@ def call_factory(function, kwargs, field, error=NanscopeError):
         raise error(f"{field}: {call} raised {type(exc).__name__}: {exc}{where_suffix(exc)}") from exc
 
 
-def received(result):
+def received(result: object) -> str:
     """What a data factory returned, for an error message: "a int", "a tuple of 3 items (...)"."""
     if isinstance(result, (tuple, list)):
         note = " (x, y, sample_weight): sample weights are not supported" if len(result) == 3 else ""
@@ -112,5 +122,5 @@ def received(result):
     return f"a {type(result).__name__}"
 
 
-def _format_kwargs(kwargs):
+def _format_kwargs(kwargs: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in kwargs.items())

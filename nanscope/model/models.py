@@ -5,8 +5,11 @@ variables, and (for Keras models) its layers, so the step engine can train and
 probe any of them the same way.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 from collections.abc import Callable
 
 from nanscope.data import inputs
@@ -14,6 +17,19 @@ from nanscope.errors import DataError, ModelError, first_line
 from nanscope.model.factory import call_factory, load_callable
 from nanscope.internals import compiled_loss_weights
 from nanscope.runtime import tensorflow
+
+if TYPE_CHECKING:
+    from nanscope.spec.sections import RunSpec
+
+# A Keras model, a restored SavedModel, their variables and tensors: TF and Keras ship no types (Any to mypy).
+KerasModel = Any
+Tensor = Any
+
+
+class ModelCall(Protocol):
+    """`call(x, training)`: the model's output on a batch `x`."""
+
+    def __call__(self, x: Any, training: bool) -> Tensor: ...
 
 
 @dataclass
@@ -35,22 +51,22 @@ class LoadedModel:
 
     kind: str
     description: str
-    call: Callable
-    trainable_variables: list
-    variables: list
+    call: ModelCall
+    trainable_variables: list[Any]
+    variables: list[Any]
     keras_model: Any = None
     module: Any = None
     compiled_loss: Any = None
     compiled_optimizer: Any = None
     compiled_loss_weights: Any = None
-    notes: list = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
-    def param_count(self):
+    def param_count(self) -> int:
         return int(sum(int(v.shape.num_elements() or 0) for v in self.trainable_variables))
 
 
-def load_model(spec, unsafe=False):
+def load_model(spec: RunSpec, unsafe: bool = False) -> LoadedModel:
     """Build or load the model of a RunSpec; seeds must be set before calling.
 
     Raises:
@@ -58,7 +74,8 @@ def load_model(spec, unsafe=False):
     """
     tensorflow()
     if spec.model.factory is not None:
-        return _from_factory(spec)
+        return _from_factory(spec, spec.model.factory)
+    assert spec.model.path is not None  # ModelSpec holds exactly one of factory and path
     path = spec.resolve(spec.model.path)
     if not path.exists():
         raise ModelError(f"{spec.source}: model.path: file not found: {path}")
@@ -71,17 +88,17 @@ def load_model(spec, unsafe=False):
     )
 
 
-def _from_factory(spec):
+def _from_factory(spec: RunSpec, factory: str) -> LoadedModel:
     _, keras = tensorflow()
     where = f"{spec.source}: model.factory"
-    function = load_callable(spec.model.factory, spec.base_dir, where, ModelError)
+    function = load_callable(factory, spec.base_dir, where, ModelError)
     model = call_factory(function, spec.model.args, where, ModelError)
     if not isinstance(model, keras.Model):
-        raise ModelError(f"{where}: {spec.model.factory} must return a keras.Model. Received: a {type(model).__name__}")
-    return from_keras(model, f"{spec.model.factory}{_args_suffix(spec.model.args)}")
+        raise ModelError(f"{where}: {factory} must return a keras.Model. Received: a {type(model).__name__}")
+    return from_keras(model, f"{factory}{_args_suffix(spec.model.args)}")
 
 
-def _from_keras_file(spec, path, unsafe):
+def _from_keras_file(spec: RunSpec, path: Path, unsafe: bool) -> LoadedModel:
     _, keras = tensorflow()
     try:
         model = keras.saving.load_model(str(path), safe_mode=not unsafe)
@@ -97,7 +114,7 @@ def _from_keras_file(spec, path, unsafe):
     return from_keras(model, path.name)
 
 
-def from_keras(model, description):
+def from_keras(model: KerasModel, description: str) -> LoadedModel:
     """A LoadedModel of a Keras model, with what its compile() set (loss, optimizer, loss weights).
 
     Args:
@@ -118,7 +135,7 @@ def from_keras(model, description):
     )
 
 
-def build_model(model, sample_x, source=None):
+def build_model(model: LoadedModel, sample_x: Any, source: str | None = None) -> Tensor:
     """Call the model once on one row so its variables exist, and return the output.
 
     A shape that does not fit is bad input, reported against `data` of the spec file `source`.
@@ -138,7 +155,7 @@ def build_model(model, sample_x, source=None):
         ) from exc
 
 
-def _row_shapes(x):
+def _row_shapes(x: Any) -> tuple[int, ...] | str:
     """The shape of one row, as the message shows it: (3,) for one input, {tokens: (3,), ...} or [(3,), ...]."""
     shapes = inputs.row_shapes(x)
     if not inputs.is_multi(x):
@@ -148,7 +165,7 @@ def _row_shapes(x):
     return "[" + ", ".join(str(tuple(v)) for v in shapes) + "]"
 
 
-def _expected_input(keras_model):
+def _expected_input(keras_model: KerasModel) -> Any:
     try:
         shape = keras_model.input_shape
         return tuple(shape[1:]) if isinstance(shape, tuple) else shape
@@ -156,7 +173,7 @@ def _expected_input(keras_model):
         return None
 
 
-def _from_saved_model(spec, path):
+def _from_saved_model(spec: RunSpec, path: Path) -> LoadedModel:
     tf, _ = tensorflow()
     if not (path / "saved_model.pb").exists() and not (path / "saved_model.pbtxt").exists():
         raise ModelError(f"{spec.source}: model.path: {path} is a directory but not a SavedModel (no saved_model.pb)")
@@ -183,12 +200,12 @@ def _from_saved_model(spec, path):
     )
 
 
-def _serving_call(module):
+def _serving_call(module: Any) -> ModelCall | None:
     for name in ("serve", "__call__"):
         function = getattr(module, name, None)
         if callable(function):
 
-            def call(x, training, fn=function):
+            def call(x: Any, training: bool, fn: Callable[[Any], Any] = function) -> Any:
                 del training  # Unused: a SavedModel's serving function has no training mode
                 return fn(x)
 
@@ -197,7 +214,7 @@ def _serving_call(module):
     if "serving_default" in signatures:
         signature = signatures["serving_default"]
 
-        def call(x, training, fn=signature):
+        def call(x: Any, training: bool, fn: Callable[[Any], Any] = signature) -> Any:
             del training  # Unused: a SavedModel's serving function has no training mode
             outputs = fn(x)
             return next(iter(outputs.values())) if isinstance(outputs, dict) else outputs
@@ -206,12 +223,12 @@ def _serving_call(module):
     return None
 
 
-def _args_suffix(args):
+def _args_suffix(args: dict[str, Any]) -> str:
     return f"({', '.join(f'{k}={v!r}' for k, v in args.items())})" if args else "()"
 
 
 
-def output_names(model, output):
+def output_names(model: LoadedModel, output: Any) -> list[str]:
     """Names of a model's outputs, in the order `tf.nest.flatten` gives them.
 
     A dict output is named by its keys (paths for nested ones); a list of outputs by
@@ -231,7 +248,7 @@ def output_names(model, output):
     return ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
 
 
-def _paths(structure, prefix):
+def _paths(structure: Any, prefix: str) -> list[str]:
     """"a/b"-style paths of the leaves of a nested output, in `tf.nest.flatten` order (dict keys sorted)."""
     if isinstance(structure, dict):
         items = sorted(structure.items())

@@ -7,6 +7,7 @@ resolved in `nanscope.run.losses`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from nanscope.errors import SpecError, did_you_mean, first_line
@@ -64,17 +65,18 @@ def build_schedule(spec: RunSpec, schedule: ScheduleSpec) -> Any:
     _, keras = tensorflow()
     field = f"{spec.source}: train.optimizer.learning_rate"
     if ":" in schedule.class_name:
-        cls = load_callable(schedule.class_name, spec.base_dir, f"{field}.class_name", SpecError)
+        cls: Callable[..., Any] = load_callable(schedule.class_name, spec.base_dir, f"{field}.class_name", SpecError)
     else:
         known = {n: getattr(keras.optimizers.schedules, n) for n in dir(keras.optimizers.schedules)
                  if isinstance(getattr(keras.optimizers.schedules, n), type)
                  and issubclass(getattr(keras.optimizers.schedules, n), keras.optimizers.schedules.LearningRateSchedule)
                  and n != "LearningRateSchedule"}
-        cls = known.get(schedule.class_name)
-        if cls is None:
+        found = known.get(schedule.class_name)
+        if found is None:
             raise SpecError(f"{field}.class_name: Keras has no learning-rate schedule {schedule.class_name!r}"
                             + did_you_mean(schedule.class_name, sorted(known))
                             + "; expected a Keras schedule (ExponentialDecay, CosineDecay, ...) or file.py:Class")
+        cls = found
     try:
         built = cls(**schedule.config)
     except (TypeError, ValueError) as exc:
