@@ -8,11 +8,12 @@ TensorFlow cannot tell (after `filter` or `unbatch`) is read to its end, up to
 UNKNOWN_LENGTH_ROWS rows; past that it is treated as endless.
 """
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from nanscope.data import targets
+from nanscope.data.targets import Arrays
 from nanscope.errors import DataError
 from nanscope.runtime import tensorflow
 
@@ -23,12 +24,16 @@ READ_ROWS = 4096  # rows per read: one Python round trip per chunk, not per row
 class DatasetRows(NamedTuple):
     """The rows read from a dataset: x and y arrays (or one per input / output), and whether it is endless."""
 
-    x: object
-    y: object
+    x: Arrays
+    y: Arrays
     endless: bool
 
 
-def materialize(dataset, steps, batch_size, validation_fraction, where):
+# A tf.data.Dataset: TensorFlow ships no types (Any to mypy).
+Dataset = Any
+
+
+def materialize(dataset: Dataset, steps: int, batch_size: int, validation_fraction: float, where: str) -> DatasetRows:
     """The (x, y) rows of a dataset of (x, y) elements that a run of `steps` batches of `batch_size` needs.
 
     Args:
@@ -59,7 +64,7 @@ def materialize(dataset, steps, batch_size, validation_fraction, where):
         limit = max(needed, UNKNOWN_LENGTH_ROWS)
         rows = _read(dataset.take(limit + 1))
         endless = rows is not None and len(rows[0]) > limit
-        if endless:
+        if rows is not None and endless:
             _no_validation(validation_fraction, where, known=False)
             rows = [_head(part, needed) for part in rows]
     else:
@@ -69,14 +74,14 @@ def materialize(dataset, steps, batch_size, validation_fraction, where):
     return DatasetRows(rows[0], rows[1], endless)
 
 
-def _no_validation(fraction, where, known=True):
+def _no_validation(fraction: float, where: str, known: bool = True) -> None:
     if fraction > 0:
         what = "endless (.repeat())" if known else f"longer than {UNKNOWN_LENGTH_ROWS:,} rows without a known end"
         raise DataError(f"{where}: the dataset is {what}, and data.validation.fraction: {fraction} needs its end; "
                         "set data.validation.fraction: 0 or give a finite dataset (drop .repeat())")
 
 
-def _read(dataset):
+def _read(dataset: Dataset) -> list[Arrays] | None:
     """All elements of an unbatched dataset as [x, y] stacked along rows; None when it has none."""
     chunks = list(dataset.batch(READ_ROWS).as_numpy_iterator())
     if not chunks:
@@ -84,16 +89,16 @@ def _read(dataset):
     return [_joined([chunk[i] for chunk in chunks]) for i in (0, 1)]
 
 
-def _joined(parts):
+def _joined(parts: list[Any]) -> Arrays:
     """Chunks of rows joined: one array, or one per key (or position) of a mapping or tuple."""
     if isinstance(parts[0], (dict, tuple, list)):  # one per model input, or per output of a multi-output model
         keys = list(parts[0]) if isinstance(parts[0], dict) else range(len(parts[0]))
-        joined = {k: np.concatenate([p[k] for p in parts]) for k in keys}
+        joined: dict[Any, np.ndarray] = {k: np.concatenate([p[k] for p in parts]) for k in keys}
         return joined if isinstance(parts[0], dict) else tuple(joined.values())
     return np.concatenate(parts)
 
 
-def _head(part, rows):
+def _head(part: Arrays, rows: int) -> Arrays:
     """The first `rows` rows of an array, or of each member of a mapping or tuple."""
     if isinstance(part, dict):
         return {k: v[:rows] for k, v in part.items()}

@@ -11,7 +11,11 @@ and the file. TensorFlow is imported only for TFRecord files.
 
 import csv
 import itertools
+import os
 import zipfile
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any
 
 import numpy as np
 
@@ -19,10 +23,13 @@ from nanscope.errors import DataError, first_line
 
 TFRECORD_DTYPES = ("float32", "float64", "int64")
 
+# An npy header: (shape, Fortran order, dtype).
+Header = tuple[tuple[int, ...], bool, np.dtype]
 
-def whole(blocks):
+
+def whole(blocks: Iterable[dict[str, Any]]) -> dict[str, np.ndarray]:
     """{name: array} of all rows, joined from the {name: array} blocks of a reader; {} when there are none."""
-    parts = {}
+    parts: dict[str, list[np.ndarray]] = {}
     for block in blocks:
         for name, array in block.items():
             parts.setdefault(name, []).append(np.asarray(array))
@@ -40,16 +47,16 @@ class NpzFile:
         origin: str. The file to name in error messages.
     """
 
-    def __init__(self, path, origin):
+    def __init__(self, path: Path, origin: str) -> None:
         self.path, self.origin = path, origin
         try:
             self.archive = zipfile.ZipFile(path)
         except (zipfile.BadZipFile, OSError) as exc:
             raise self._error(exc) from exc
         self.keys = [n.removesuffix(".npy") for n in self.archive.namelist()]
-        self._headers = {}
+        self._headers: dict[str, Header] = {}
 
-    def check(self, field_name, key):
+    def check(self, field_name: str, key: str) -> tuple[tuple[int, ...], np.dtype]:
         """Raise naming `field_name` when the archive has no member `key`; else its (shape, dtype)."""
         if key not in self.keys:
             raise DataError(f"{self.origin}: {field_name}: {self.path.name} has no array {key!r}; it holds {self.keys}")
@@ -58,20 +65,20 @@ class NpzFile:
         shape, _, dtype = self._headers[key]
         return shape, dtype
 
-    def row_bytes(self, key):
+    def row_bytes(self, key: str) -> int:
         shape, _, dtype = self._headers[key]
         return int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
 
-    def close(self):
+    def close(self) -> None:
         self.archive.close()
 
-    def __enter__(self):
+    def __enter__(self) -> "NpzFile":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def read(self, key):
+    def read(self, key: str) -> np.ndarray:
         """The whole member `key` (checked first), as one array."""
         try:
             with self.archive.open(key + ".npy") as handle:
@@ -79,9 +86,10 @@ class NpzFile:
         except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:  # a corrupt or truncated member
             raise self._error(exc) from exc
 
-    def blocks(self, keys, rows, size):
+    def blocks(self, keys: Sequence[str], rows: int, size: int) -> Iterator[dict[str, np.ndarray]]:
         """Yield {key: array} blocks of at most `size` rows of the members `keys` (checked first), `rows` in all."""
-        handles, loaded = {}, {}
+        handles: dict[str, IO[bytes]] = {}
+        loaded: dict[str, np.ndarray] = {}
         try:
             for key in keys:
                 handles[key] = self.archive.open(key + ".npy")
@@ -99,7 +107,7 @@ class NpzFile:
             for handle in handles.values():
                 handle.close()
 
-    def _header(self, key):
+    def _header(self, key: str) -> Header:
         try:
             with self.archive.open(key + ".npy") as handle:
                 shape, fortran, dtype = _read_header(handle)
@@ -109,18 +117,18 @@ class NpzFile:
             raise self._error(ValueError("Object arrays cannot be loaded when allow_pickle=False"))
         return shape, fortran, dtype
 
-    def _read_rows(self, handle, key, n):
+    def _read_rows(self, handle: IO[bytes], key: str, n: int) -> np.ndarray:
         shape, _, dtype = self._headers[key]
         buffer = handle.read(n * self.row_bytes(key))
         if len(buffer) != n * self.row_bytes(key):
             raise self._error(EOFError(f"member {key!r} is truncated"))
         return np.frombuffer(buffer, dtype=dtype).reshape(n, *shape[1:])
 
-    def _error(self, exc):
+    def _error(self, exc: BaseException) -> DataError:
         return DataError(f"{self.origin}: data.path: cannot read {self.path} as npz: {first_line(exc)}")
 
 
-def _read_header(handle):
+def _read_header(handle: IO[bytes]) -> Header:
     version = np.lib.format.read_magic(handle)
     if version == (1, 0):
         return np.lib.format.read_array_header_1_0(handle)
@@ -130,7 +138,7 @@ def _read_header(handle):
 # --- npy ----------------------------------------------------------------------------------------------------
 
 
-def load_npy(path, origin, field_name):
+def load_npy(path: Path, origin: str, field_name: str) -> np.ndarray:
     """A memory-mapped .npy array of numbers (nothing is read until it is sliced)."""
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -144,7 +152,7 @@ def load_npy(path, origin, field_name):
 # --- csv ----------------------------------------------------------------------------------------------------
 
 
-def csv_header(path, origin):
+def csv_header(path: Path, origin: str) -> list[str]:
     """The stripped column names of a csv file's first line."""
     try:
         with open(path, newline="", encoding="utf-8") as handle:
@@ -157,12 +165,12 @@ def csv_header(path, origin):
     return header
 
 
-def csv_columns(names):
+def csv_columns(names: str | Iterable[str]) -> list[str]:
     """The column names `data.target` gives for one target: one name or a list of them."""
     return [names] if isinstance(names, str) else list(names)
 
 
-def csv_blocks(path, header, origin, size):
+def csv_blocks(path: Path, header: list[str], origin: str, size: int) -> Iterator[np.ndarray]:
     """Yield float64 [rows, len(header)] tables of at most `size` data lines each; blank lines are skipped.
 
     An empty cell is NaN; a cell that is not a number, or a line with the wrong number
@@ -182,11 +190,11 @@ def csv_blocks(path, header, origin, size):
         raise _csv_error(path, origin, exc) from exc
 
 
-def _csv_error(path, origin, exc):
+def _csv_error(path: str | os.PathLike[str], origin: str, exc: BaseException) -> DataError:
     return DataError(f"{origin}: data.path: cannot read {path} as a UTF-8 csv: {first_line(exc)}")
 
 
-def _parse_lines(lines, header, path, first_line_number):
+def _parse_lines(lines: list[str], header: list[str], path: Path, first_line_number: int) -> np.ndarray:
     numbered = [(first_line_number + i, line) for i, line in enumerate(lines) if line.strip()]
     if not numbered:
         return np.zeros((0, len(header)), np.float64)
@@ -199,11 +207,11 @@ def _parse_lines(lines, header, path, first_line_number):
     return table
 
 
-def _parse_row(line, header, path, number):
+def _parse_row(line: str, header: list[str], path: Path, number: int) -> list[float]:
     cells = next(csv.reader([line.rstrip("\r\n")]))
     if len(cells) != len(header):
         raise DataError(f"{path}: line {number}: {len(cells)} cells, expected {len(header)}")
-    row = []
+    row: list[float] = []
     for name, cell in zip(header, cells):
         try:
             row.append(float(cell) if cell.strip() else np.nan)
@@ -215,7 +223,8 @@ def _parse_row(line, header, path, number):
 # --- TFRecord -----------------------------------------------------------------------------------------------
 
 
-def tfrecord_blocks(path, features, origin, size):
+def tfrecord_blocks(path: Path, features: dict[str, tuple[str, Sequence[int]]], origin: str,
+                    size: int) -> Iterator[dict[str, np.ndarray]]:
     """Yield {feature: array} blocks of at most `size` tf.train.Example records, parsed with `features`.
 
     Args:

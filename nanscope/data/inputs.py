@@ -6,7 +6,10 @@ order of the model's inputs. Everything that takes rows, counts bytes or walks t
 arrays goes through these functions (which share `targets`' structure handling).
 """
 
+from typing import Any
+
 from nanscope.data import targets
+from nanscope.data.targets import Arrays
 from nanscope.internals import flatten_layers, inbound_tensors, inputs_struct
 
 parts = targets.parts
@@ -16,17 +19,17 @@ convert = targets.convert
 is_multi = targets.is_multi
 
 
-def rows(x):
+def rows(x: Arrays) -> int:
     """Rows of the inputs (every input array has the same number)."""
     return len(parts(x)[0])
 
 
-def named(x):
+def named(x: Arrays) -> list[tuple[str, Any]]:
     """[(label, array)]: ("x", x) for one array; ("x['tokens']", ...) or ("x[0]", ...) per input otherwise."""
     return targets.named(x, "x")
 
 
-def row_shapes(x):
+def row_shapes(x: Arrays) -> list[Any] | dict[str, list[int]]:
     """The shape of one row of each input: a list for one array, a mapping or a list of lists otherwise."""
     if isinstance(x, dict):
         return {k: list(v.shape[1:]) for k, v in x.items()}
@@ -35,7 +38,7 @@ def row_shapes(x):
     return list(x.shape[1:])
 
 
-def several(x, y_rows=None):
+def several(x: object, y_rows: int | None = None) -> bool:
     """True when a factory's `x` holds one array per model input: a list or tuple of tensors, or what
     `targets.one_per_member` takes for one array per member, with the targets' `y_rows` rows."""
     if isinstance(x, (tuple, list)) and x and all(
@@ -48,7 +51,7 @@ def several(x, y_rows=None):
 ID_LAYERS = ("Embedding", "IntegerLookup", "StringLookup", "CategoryEncoding", "Hashing", "Discretization")
 
 
-def id_inputs(named_dtypes, keras_model=None):
+def id_inputs(named_dtypes: list[tuple[str, Any]], keras_model: Any = None) -> set[str]:
     """The labels of the inputs that hold ids (token ids, category ids) rather than measurements.
 
     An input holds ids when its dtype is an integer (or bool) type, or when the model feeds
@@ -78,7 +81,7 @@ def id_inputs(named_dtypes, keras_model=None):
     return found
 
 
-def _integer(dtype):
+def _integer(dtype: Any) -> bool:
     import numpy as np
 
     dtype = getattr(dtype, "as_numpy_dtype", dtype)
@@ -89,7 +92,7 @@ def _integer(dtype):
     return bool(np.issubdtype(dtype, np.integer) or dtype == np.bool_)
 
 
-def _inputs_feeding_id_layers(keras_model):
+def _inputs_feeding_id_layers(keras_model: Any) -> set[tuple[int, Any]]:
     """(position, name) of each model input that an id layer reads directly; position in `model.inputs`,
     name its key in a mapping of inputs (or the Input's name)."""
     try:
@@ -101,7 +104,7 @@ def _inputs_feeding_id_layers(keras_model):
     struct = inputs_struct(keras_model)
     keys = {id(t): k for k, t in struct.items()} if isinstance(struct, dict) else {}
     positions = {id(tensor): index for index, tensor in enumerate(model_inputs)}
-    fed = set()
+    fed: set[tuple[int, Any]] = set()
     for layer in flatten_layers(keras_model):
         if type(layer).__name__ not in ID_LAYERS:
             continue
@@ -111,7 +114,7 @@ def _inputs_feeding_id_layers(keras_model):
     return fed
 
 
-def ids_of(data, keras_model=None):
+def ids_of(data: Any, keras_model: Any = None) -> set[str]:
     """`id_inputs` of a LoadedData: its inputs' dtypes as the source gave them, and the model."""
     dtypes = getattr(data, "input_dtypes", None) or {}
     return id_inputs([(label, dtypes.get(label, part.dtype)) for label, part in named(data.x)], keras_model)

@@ -7,10 +7,16 @@ exploding-gradient example blow up. The classification generator places one Gaus
 cluster per class in the informative dimensions.
 """
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
+if TYPE_CHECKING:
+    from nanscope.spec.sections import SyntheticSpec
 
-def make_regression(samples, features, informative=None, noise=0.1, seed=1):
+
+def make_regression(samples: int, features: int, informative: int | None = None, noise: float = 0.1,
+                    seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Return (x, y): float32 arrays of shape (samples, features) and (samples, 1)."""
     rng = np.random.default_rng(seed)
     informative = min(informative or max(1, features // 2), features)
@@ -21,7 +27,8 @@ def make_regression(samples, features, informative=None, noise=0.1, seed=1):
     return x.astype(np.float32), y.reshape(-1, 1).astype(np.float32)
 
 
-def make_classification(samples, features, classes=2, informative=None, noise=0.1, seed=1):
+def make_classification(samples: int, features: int, classes: int = 2, informative: int | None = None,
+                        noise: float = 0.1, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Return (x, y): float32 features and int32 labels in [0, classes)."""
     rng = np.random.default_rng(seed)
     informative = min(informative or max(1, features // 2), features)
@@ -33,7 +40,7 @@ def make_classification(samples, features, classes=2, informative=None, noise=0.
     return x.astype(np.float32), y.astype(np.int32)
 
 
-def generate(synthetic):
+def generate(synthetic: "SyntheticSpec") -> tuple[np.ndarray, np.ndarray]:
     """Arrays for a `SyntheticSpec`."""
     if synthetic.kind == "regression":
         return make_regression(

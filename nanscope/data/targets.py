@@ -8,12 +8,24 @@ tuple of arrays with the same number of rows, and goes through these functions t
 take rows or count bytes.
 """
 
+from collections.abc import Callable
+from typing import Any, TypeAlias, TypeVar
+
 import numpy as np
 
 from nanscope.errors import DataError
 
+T = TypeVar("T")
+# One value, or one per member (per model output, or per model input): a tuple or list in order, a mapping by
+# name. The functions below take any leaves (arrays, paths, dtypes).
+Members: TypeAlias = T | tuple[T, ...] | list[T] | dict[str, T]
+# Members that are arrays: numpy arrays, or TF tensors from a factory (Any to mypy, so those fit too).
+Arrays: TypeAlias = Members[np.ndarray]
+# Rows to take: an index array or a slice.
+Rows: TypeAlias = np.ndarray | slice
 
-def parts(y):
+
+def parts(y: Members[T]) -> list[T]:
     """The target arrays: [y] for one array, the members of a tuple, list or mapping otherwise."""
     if isinstance(y, dict):
         return list(y.values())
@@ -22,7 +34,7 @@ def parts(y):
     return [y]
 
 
-def named(value, label="y"):
+def named(value: Members[T], label: str = "y") -> list[tuple[str, T]]:
     """[(name, array)]: (label, value) for one array; ("y['price']", ...) or ("y[0]", ...) per member otherwise."""
     if isinstance(value, dict):
         return [(f"{label}[{k!r}]", v) for k, v in value.items()]
@@ -31,7 +43,7 @@ def named(value, label="y"):
     return [(label, value)]
 
 
-def one_per_member(value, rows):
+def one_per_member(value: object, rows: int | None) -> bool:
     """True when a factory's `value` holds one array per member (per model output, or per model input): a
     mapping, or a list or tuple of arrays that each have `rows` rows.
 
@@ -43,12 +55,12 @@ def one_per_member(value, rows):
             and all(np.ndim(part) >= 1 and len(part) == rows for part in value))
 
 
-def is_multi(y):
+def is_multi(y: object) -> bool:
     """True for the targets of a multi-output model (a tuple, list or mapping of arrays)."""
     return isinstance(y, (tuple, list, dict))
 
 
-def take(y, rows):
+def take(y: Arrays, rows: Rows) -> Arrays:
     """The rows `rows` (an index array or a slice) of every target array, in the same structure."""
     if isinstance(y, dict):
         return {k: v[rows] for k, v in y.items()}
@@ -57,12 +69,12 @@ def take(y, rows):
     return y[rows]
 
 
-def nbytes(y):
+def nbytes(y: Arrays) -> int:
     """Bytes held by all the target arrays."""
     return sum(part.nbytes for part in parts(y))
 
 
-def convert(y, fn):
+def convert(y: Members[T], fn: Callable[[T], Any]) -> Members[Any]:
     """`fn` applied to every target array, keeping the structure."""
     if isinstance(y, dict):
         return {k: fn(v) for k, v in y.items()}
@@ -71,7 +83,7 @@ def convert(y, fn):
     return fn(y)
 
 
-def arrange(y, names, where):
+def arrange(y: Arrays, names: list[str], where: str) -> Arrays:
     """Targets in the order of the model's outputs `names`: one array for one output, else a tuple.
 
     Args:
@@ -101,6 +113,6 @@ def arrange(y, names, where):
     return y
 
 
-def as_float32(array):
+def as_float32(array: np.ndarray) -> np.ndarray:
     """float64 targets become float32 (the model's dtype); other dtypes are kept."""
     return array.astype(np.float32) if array.dtype == np.float64 else array

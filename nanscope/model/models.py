@@ -158,10 +158,10 @@ def build_model(model: LoadedModel, sample_x: Any, source: str | None = None) ->
 def _row_shapes(x: Any) -> tuple[int, ...] | str:
     """The shape of one row, as the message shows it: (3,) for one input, {tokens: (3,), ...} or [(3,), ...]."""
     shapes = inputs.row_shapes(x)
+    if isinstance(shapes, dict):  # only a mapping of inputs gives one
+        return "{" + ", ".join(f"{k}: {tuple(v)}" for k, v in shapes.items()) + "}"
     if not inputs.is_multi(x):
         return tuple(shapes)
-    if isinstance(shapes, dict):
-        return "{" + ", ".join(f"{k}: {tuple(v)}" for k, v in shapes.items()) + "}"
     return "[" + ", ".join(str(tuple(v)) for v in shapes) + "]"
 
 

@@ -43,8 +43,8 @@ def _model_paths(spec: RunSpec) -> None:
     model, where = spec.model, f"{spec.source}: model"
     if model.factory is not None:
         referenced_file(model.factory, spec.base_dir, f"{where}.factory", ModelError)
-    elif not spec.resolve(model.path).exists():  # type: ignore[arg-type]  # no factory: a path
-        raise ModelError(f"{where}.path: file not found: {spec.resolve(model.path)}")  # type: ignore[arg-type]
+    elif model.path is not None and not spec.resolve(model.path).exists():  # ModelSpec holds a factory or a path
+        raise ModelError(f"{where}.path: file not found: {spec.resolve(model.path)}")
 
 
 def _data_paths(spec: RunSpec) -> None:
