@@ -5,20 +5,24 @@ module names the arrays of a data section (inputs, one target array per output) 
 wraps the readers' blocks in a `DataStream`.
 """
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from nanscope.checkdata.outputs import array_names, spec_parts
-from nanscope.checkdata.stream import DataStream, check_rows, outputs_of
+from nanscope.checkdata.stream import Chunk, DataStream, check_rows, outputs_of
 from nanscope.data.files import NpzFile, csv_blocks, csv_columns, csv_header, load_npy
 from nanscope.errors import DataError
+from nanscope.spec.sections import DataSpec
 
 
-def open_npz(data, path, base_dir, origin, require_targets=True):
+def open_npz(data: DataSpec, path: Path, base_dir: str | os.PathLike[str], origin: str,
+             require_targets: bool = True) -> DataStream:
     """A DataStream over the `data.x` member of an .npz archive and the `data.y` member(s), one per output."""
     del base_dir, require_targets  # Unused
     archive = NpzFile(path, origin)
     parts = spec_parts(data.y, "data.y")
-    shapes = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     for field_name, key in (("data.x", data.x), *((part.field, part.source) for part in parts)):
         shapes[key] = archive.check(field_name, key)[0]
     targets = array_names(parts, [data.x], lambda part: part.source)
@@ -26,7 +30,7 @@ def open_npz(data, path, base_dir, origin, require_targets=True):
     rows = check_rows({name: shapes[key] for name, key in sources.items()}, origin, "data.path")
     keys = list(shapes)
 
-    def chunks(size):
+    def chunks(size: int) -> Iterator[Chunk]:
         for block in archive.blocks(keys, rows, size):
             yield {name: block[key] for name, key in sources.items()}
 
@@ -35,12 +39,13 @@ def open_npz(data, path, base_dir, origin, require_targets=True):
                       row_bytes=row_bytes, outputs=outputs_of(targets))
 
 
-def open_npy(data, path, base_dir, origin, require_targets=True):
+def open_npy(data: DataSpec, path: Path, base_dir: str | os.PathLike[str], origin: str,
+             require_targets: bool = True) -> DataStream:
     """A DataStream over a memory-mapped .npy file of inputs and, from `data.y`, one of targets per output."""
     x = load_npy(path, origin, "data.path")
     parts = spec_parts(data.y, "data.y")
     targets = array_names(parts, ["x"], lambda part: "y" if part.output is None else Path(part.source).stem)
-    arrays, files = {"x": x}, []
+    arrays, files = {"x": x}, list[str]()
     for name, part in targets.items():
         y_path = Path(part.source).expanduser()
         y_path = y_path if y_path.is_absolute() else Path(base_dir) / y_path
@@ -52,7 +57,7 @@ def open_npy(data, path, base_dir, origin, require_targets=True):
                 f"{origin}: {part.field}: for an .npy input, `y` names the targets' .npy file; not found: {y_path}")
     rows = check_rows({name: a.shape for name, a in arrays.items()}, origin, "data.path")
 
-    def chunks(size):
+    def chunks(size: int) -> Iterator[Chunk]:
         for start in range(0, rows, size):
             yield {name: a[start : start + size] for name, a in arrays.items()}
 
@@ -63,7 +68,8 @@ def open_npy(data, path, base_dir, origin, require_targets=True):
                       outputs=outputs_of(targets))
 
 
-def open_csv(data, path, base_dir, origin, require_targets=True):
+def open_csv(data: DataSpec, path: Path, base_dir: str | os.PathLike[str], origin: str,
+             require_targets: bool = True) -> DataStream:
     """A DataStream over a csv file with a header; `data.target` names the target column(s), per output or not."""
     del base_dir  # Unused
     header = csv_header(path, origin)
@@ -79,7 +85,7 @@ def open_csv(data, path, base_dir, origin, require_targets=True):
     taken = {i for idx in target_idx.values() for i in idx}
     feature_idx = [i for i in range(len(header)) if i not in taken]
 
-    def chunks(size):
+    def chunks(size: int) -> Iterator[Chunk]:
         for table in csv_blocks(path, header, origin, size):
             yield {"inputs": table[:, feature_idx], **{name: table[:, idx] for name, idx in target_idx.items()}}
 

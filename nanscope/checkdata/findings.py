@@ -8,18 +8,24 @@ target column belongs to.
 """
 
 import re
+from collections.abc import Collection
+from typing import Any
 
 import numpy as np
 
+from nanscope.checkdata.labels import LabelReport
+from nanscope.checkdata.result import ColumnReport
+
 from nanscope.rules.catalogue import RULES, recommend
 from nanscope.rules.outliers import EXTREME_Z
+from nanscope.rules.rule import Recommendation
 
 LARGE_SCALE = 10.0
 SMALL_SCALE = 1e-3
 EVIDENCE_LINES = 5
 
 
-def column_scale(stats_mean, stats_std, count):
+def column_scale(stats_mean: np.ndarray, stats_std: np.ndarray, count: np.ndarray) -> list[str | None]:
     """"large", "small" or None per column, from max(|mean|, std) of the finite values."""
     scale = np.maximum(np.abs(stats_mean), stats_std)
     with np.errstate(invalid="ignore"):
@@ -30,7 +36,8 @@ def column_scale(stats_mean, stats_std, count):
         ]
 
 
-def recommendations(inputs, targets, label_checks, regression_arrays):
+def recommendations(inputs: list[ColumnReport], targets: list[ColumnReport], label_checks: list[LabelReport],
+                    regression_arrays: Collection[str]) -> list[Recommendation]:
     """The recommendations for a scan's columns and label checks, most severe first.
 
     Args:
@@ -38,7 +45,7 @@ def recommendations(inputs, targets, label_checks, regression_arrays):
         label_checks: list of LabelReport. One per target array checked against its loss.
         regression_arrays: set of str. Target arrays whose output is a regression (their scale matters).
     """
-    found = []
+    found: list[Recommendation] = []
     for role, columns in (("input", inputs), ("target", targets)):
         bad = [c for c in columns if c.is_problem]
         if bad:
@@ -64,26 +71,34 @@ def recommendations(inputs, targets, label_checks, regression_arrays):
     return found
 
 
-def _glitches(column):
+def _glitches(column: ColumnReport) -> bool:
     """True when some of the column's values stand apart from the rest (`rules.outliers.detached`): a
     missing-value code that rows share, or glitch values in a column with few far values (the scan
     counts none as detached in a column with more than MAX_FRACTION far out: a heavy tail)."""
     return bool(column.detached_rows)
 
 
-def _outlier_rows(columns, severity, inputs, targets):
-    def line(c):
+def _robust(column: ColumnReport) -> tuple[float, float]:
+    """(median, robust std) of a column with outliers: the scan sets both on every column it counts them in."""
+    assert column.median is not None and column.robust_std is not None
+    return column.median, column.robust_std
+
+
+def _outlier_rows(columns: list[ColumnReport], severity: str, inputs: list[ColumnReport],
+                  targets: list[ColumnReport]) -> Recommendation:
+    def line(c: ColumnReport) -> str:
+        median, scale = _robust(c)
         if severity == "warning" and c.codes:
             value, rows = c.codes[0]
-            z = abs(value - c.median) / c.robust_std
+            z = abs(value - median) / scale
             return (f"{_named(c)}: {rows} rows hold exactly {value:.6g}, {z:.3g} robust std from the median "
-                    f"{c.median:.4g} (robust std {c.robust_std:.3g}) and apart from every other value: a "
+                    f"{median:.4g} (robust std {scale:.3g}) and apart from every other value: a "
                     "missing-value code?")
         worst = ", ".join(f"{row} ({value:.6g}, z {z:.3g})" for row, value, z in c.outlier_rows)
-        count = c.detached_rows if severity == "warning" else c.outliers - (c.detached_rows or 0)
+        count = c.detached_rows if severity == "warning" else (c.outliers or 0) - (c.detached_rows or 0)
         where = ("apart from the rest of the column, " if severity == "warning" else "")
         return (f"{_named(c)}: {count} value(s) {where}over {EXTREME_Z:g} robust std from the median "
-                f"{c.median:.4g} (robust std {c.robust_std:.3g}); worst rows {worst}")
+                f"{median:.4g} (robust std {scale:.3g}); worst rows {worst}")
 
     evidence = [line(c) for c in columns[:EVIDENCE_LINES]] + _more(columns)
     if severity == "info":
@@ -96,7 +111,7 @@ def _outlier_rows(columns, severity, inputs, targets):
     return recommend("drop-outlier-rows", severity, evidence, fix=fix, data=data)
 
 
-def _cell(column, inputs, targets):
+def _cell(column: ColumnReport, inputs: list[ColumnReport], targets: list[ColumnReport]) -> tuple[str, str, int]:
     """("x[:, 3]", "x", 3): how a training script indexes the column, by its role, array and position."""
     role, columns = ("x", inputs) if column in inputs else ("y", targets)
     arrays = list(dict.fromkeys(c.array for c in columns))
@@ -105,26 +120,27 @@ def _cell(column, inputs, targets):
     return f"{array}[:, {index}]", array, index
 
 
-def _tail_fix(column, inputs, targets):
+def _tail_fix(column: ColumnReport, inputs: list[ColumnReport], targets: list[ColumnReport]) -> str:
     cell, _, _ = _cell(column, inputs, targets)
     return (f"{cell} = np.sign({cell}) * np.log1p(np.abs({cell}))   # {column.name}: compress the long tail "
             "(keep the rows)")
 
 
-def _outlier_fix(column, inputs, targets):
+def _outlier_fix(column: ColumnReport, inputs: list[ColumnReport], targets: list[ColumnReport]) -> str:
     """The snippet for the first glitched column: its own array and column index, its code or its bound."""
     cell, array, index = _cell(column, inputs, targets)
     if column.codes:
         value, rows = column.codes[0]
         test = f"bad = {cell} == {value:.6g}   # {column.name}: the code in {rows} rows"
     else:
-        test = (f"bad = np.abs({cell} - {column.median:.6g}) > {EXTREME_Z * column.robust_std:.4g}   "
+        median, scale = _robust(column)
+        test = (f"bad = np.abs({cell} - {median:.6g}) > {EXTREME_Z * scale:.4g}   "
                 f"# {column.name}: robust z > {EXTREME_Z:g}")
     return (f"{test}\nx, y = x[~bad], y[~bad]   # or repair them ({array}[bad, {index}] = np.nan, then impute); "
             "do not standardise instead")
 
 
-def _clean(role, columns):
+def _clean(role: str, columns: list[ColumnReport]) -> Recommendation:
     evidence = [
         f"{role} {_named(c)}: {c.nan} NaN, {c.posinf} +Inf, {c.neginf} -Inf (first rows {c.first_nonfinite_rows})"
         for c in columns[:EVIDENCE_LINES]
@@ -135,7 +151,7 @@ def _clean(role, columns):
     return recommend("clean-input-data", "error", evidence + _more(columns), fix=fix, data=data)
 
 
-def _fix_labels(labels):
+def _fix_labels(labels: LabelReport) -> Recommendation:
     where = "" if labels.output is None else f"output {labels.output}: "
     evidence = [f"{where}{labels.loss}: {problem} (first rows {rows})"
                 for problem, rows in zip(labels.problems, labels.problem_rows)]
@@ -143,7 +159,7 @@ def _fix_labels(labels):
     return recommend("fix-labels", "error", evidence, data=data)
 
 
-def _named(column):
+def _named(column: ColumnReport) -> str:
     """A column's name, with the output it belongs to where the name does not already say it."""
     output = column.output
     if output is None or column.name == str(output) or column.name.startswith(f"{output}["):
@@ -151,13 +167,13 @@ def _named(column):
     return f"{column.name} (output {output})"
 
 
-def _outputs(columns):
+def _outputs(columns: list[ColumnReport]) -> dict[str, Any]:
     outputs = list(dict.fromkeys(c.output for c in columns if c.output is not None))
     return {"outputs": outputs} if outputs else {}
 
 
-def _scale(rule_id, columns):
-    def line(c):
+def _scale(rule_id: str, columns: list[ColumnReport]) -> Recommendation:
+    def line(c: ColumnReport) -> str:
         if c.clean_std is None:
             return f"{_named(c)}: mean {c.mean:.4g}, std {c.std:.4g} ({c.scale} scale)"
         return (f"{_named(c)}: mean {c.clean_mean:.4g}, std {c.clean_std:.4g} without its {c.detached_rows} "
@@ -168,5 +184,5 @@ def _scale(rule_id, columns):
     return recommend(rule_id, "warning", evidence + _more(columns), data=data)
 
 
-def _more(columns):
+def _more(columns: list[ColumnReport]) -> list[str]:
     return [f"... and {len(columns) - EVIDENCE_LINES} more"] if len(columns) > EVIDENCE_LINES else []

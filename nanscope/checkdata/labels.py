@@ -36,7 +36,7 @@ REGRESSION_LOSSES = {
 }
 
 
-def label_kind(loss_name):
+def label_kind(loss_name: str | None) -> str | None:
     """"sparse", "onehot", "binary", "regression", or None for a loss nanscope does not know."""
     if not loss_name:
         return None
@@ -65,11 +65,11 @@ class LabelReport:
     loss: str
     kind: str
     classes: int | None
-    class_counts: dict = field(default_factory=dict)
+    class_counts: dict[int, int] = field(default_factory=dict)
     bad_rows: int = 0
-    first_bad_rows: list = field(default_factory=list)
-    problems: list = field(default_factory=list)
-    problem_rows: list = field(default_factory=list)
+    first_bad_rows: list[int] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    problem_rows: list[list[int]] = field(default_factory=list)
     output: str | int | None = None
     array: str | None = None
 
@@ -85,15 +85,16 @@ class LabelTally:
         array: str or None. The target array's name, for the report.
     """
 
-    def __init__(self, loss, kind, classes=None, output=None, array=None):
+    def __init__(self, loss: str, kind: str, classes: int | None = None, output: str | int | None = None,
+                 array: str | None = None) -> None:
         self.report = LabelReport(loss, kind, classes, output=output, array=array)
         self._counts = np.zeros(0, np.int64)
-        self._other_counts = Counter()  # integer labels outside [0, MAX_COUNTED_CLASSES): -1, 99999
-        self._issues = {}
-        self._issue_rows = {}
-        self._row_ids = None
+        self._other_counts: Counter[float] = Counter()  # integer labels outside [0, MAX_COUNTED_CLASSES): -1, 99999
+        self._issues: dict[str, int] = {}
+        self._issue_rows: dict[str, list[int]] = {}
+        self._row_ids = np.zeros(0, np.int64)
 
-    def update(self, y, row_ids):
+    def update(self, y: np.ndarray, row_ids: np.ndarray) -> None:
         """Check a chunk of targets; `row_ids` are the data rows of its rows."""
         y = np.asarray(y, dtype=np.float64)
         check = {"sparse": self._sparse, "onehot": self._onehot, "binary": self._binary}[self.report.kind]
@@ -104,10 +105,10 @@ class LabelTally:
             kept = self.report.first_bad_rows
             kept.extend(int(r) for r in row_ids[bad][: FIRST_ROWS_KEPT - len(kept)])
 
-    def finish(self):
+    def finish(self) -> LabelReport:
         """The LabelReport, with the count of every integer label seen and one line (and its rows) per problem."""
         report = self.report
-        counts = {int(k): int(n) for k, n in enumerate(self._counts) if n}
+        counts: dict[int, int] = {int(k): int(n) for k, n in enumerate(self._counts) if n}
         counts.update((int(k), int(n)) for k, n in self._other_counts.items())
         report.class_counts = dict(sorted(counts.items()))
         found = [issue for issue, n in self._issues.items() if n]
@@ -115,14 +116,14 @@ class LabelTally:
         report.problem_rows = [self._issue_rows[issue] for issue in found]
         return report
 
-    def _note(self, issue, mask):
+    def _note(self, issue: str, mask: np.ndarray) -> np.ndarray:
         self._issues[issue] = self._issues.get(issue, 0) + int(mask.sum())
         kept = self._issue_rows.setdefault(issue, [])
         if len(kept) < FIRST_ROWS_KEPT and mask.any():
             kept.extend(int(r) for r in self._row_ids[mask][: FIRST_ROWS_KEPT - len(kept)])
         return mask
 
-    def _count(self, labels):
+    def _count(self, labels: np.ndarray) -> None:
         labels = labels[labels == np.round(labels)]
         inside = (labels >= 0) & (labels < MAX_COUNTED_CLASSES)
         counts = np.bincount(labels[inside].astype(np.int64), minlength=len(self._counts))
@@ -133,7 +134,7 @@ class LabelTally:
             if value in self._other_counts or len(self._other_counts) < MAX_OTHER_LABELS:
                 self._other_counts[value] += n
 
-    def _sparse(self, y):
+    def _sparse(self, y: np.ndarray) -> np.ndarray:
         if y.shape[1] != 1:
             self._note(f"hold {y.shape[1]} values where a sparse cross-entropy wants one integer label "
                        "(one-hot targets want categorical_crossentropy)", np.ones(len(y), bool))
@@ -147,7 +148,7 @@ class LabelTally:
         self._count(labels[finite & ~fractional])
         return fractional | negative | too_big
 
-    def _onehot(self, y):
+    def _onehot(self, y: np.ndarray) -> np.ndarray:
         if y.shape[1] == 1:
             return self._note("hold one value where a categorical cross-entropy wants one-hot rows "
                               "(integer labels want sparse_categorical_crossentropy)", np.ones(len(y), bool))
@@ -164,7 +165,7 @@ class LabelTally:
             self._count(np.argmax(y[finite], axis=1))
         return outside | off_sum
 
-    def _binary(self, y):
+    def _binary(self, y: np.ndarray) -> np.ndarray:
         finite = np.isfinite(y)
         with np.errstate(invalid="ignore"):
             outside = self._note("hold a target outside [0, 1]", (finite & ((y < 0) | (y > 1))).any(axis=1))

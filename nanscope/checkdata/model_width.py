@@ -9,10 +9,15 @@ or a model that fails to load gives nothing: the label check then runs without a
 class count, and trace-steps reports the model's own problems.
 """
 
+from typing import TYPE_CHECKING
+
 from nanscope.errors import NanscopeError
 
+if TYPE_CHECKING:
+    from nanscope.spec.sections import RunSpec
 
-def output_widths(spec):
+
+def output_widths(spec: "RunSpec") -> dict[str | None, int | None]:
     """{output name: width of its last axis}; a single-output model's entry is under None. {} when unknown.
 
     Args:

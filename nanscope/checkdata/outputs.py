@@ -12,10 +12,14 @@ Example:
     [p.field for p in parts]  # ["data.y.price", "data.y.kind"]
 """
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nanscope.errors import SpecError
+
+if TYPE_CHECKING:
+    from nanscope.spec.sections import LossSpec
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,7 @@ class TargetPart:
     field: str
 
 
-def spec_parts(value, field_name, list_is_one_target=False):
+def spec_parts(value: Any, field_name: str, list_is_one_target: bool = False) -> list[TargetPart]:
     """The TargetParts of a spec value: `data.y`, or `data.target` with `list_is_one_target`.
 
     Args:
@@ -51,7 +55,7 @@ def spec_parts(value, field_name, list_is_one_target=False):
     return [TargetPart(None, value, field_name)]
 
 
-def structure_parts(keys, field_name):
+def structure_parts(keys: list[str] | int | None, field_name: str) -> list[TargetPart]:
     """TargetParts of a factory's targets: `keys` lists dict keys, counts tuple members (an int), or is None."""
     if keys is None:
         return [TargetPart(None, None, field_name)]
@@ -60,7 +64,8 @@ def structure_parts(keys, field_name):
     return [TargetPart(k, k, field_name) for k in keys]
 
 
-def array_names(parts, taken, unnamed):
+def array_names(parts: list[TargetPart], taken: Iterable[str], unnamed: Callable[[TargetPart], object]
+                ) -> dict[str, TargetPart]:
     """{array name: part}: the output's name when it has one, else `unnamed(part)`; never a name in `taken`.
 
     Args:
@@ -68,7 +73,7 @@ def array_names(parts, taken, unnamed):
         taken: iterable of str. Names already used (the input arrays).
         unnamed: callable(TargetPart) -> str. The name of a part without an output name.
     """
-    used, named = set(taken), {}
+    used, named = set(taken), dict[str, TargetPart]()
     for part in parts:
         name = part.output if isinstance(part.output, str) else str(unnamed(part))
         candidate, n = name, 1
@@ -80,7 +85,8 @@ def array_names(parts, taken, unnamed):
     return named
 
 
-def output_losses(loss, outputs, origin):
+def output_losses(loss: "LossSpec | dict[str, LossSpec] | list[LossSpec] | None", outputs: list[str | int | None],
+                  origin: str) -> list[str | None]:
     """The loss name for each output in `outputs`, from a spec's `train.loss`.
 
     One loss applies to every output. A mapping is paired by output name and a list by
@@ -108,7 +114,7 @@ def output_losses(loss, outputs, origin):
         if set(loss) != set(names):
             raise SpecError(f"{origin}: train.loss: the losses are named {list(loss)} but the targets are "
                             f"named {names}; expected one loss per output")
-        return [loss[o].name for o in outputs]
+        return [loss[o].name for o in names]  # names is outputs here: every output is named
     if len(loss) != len(outputs):
         raise SpecError(f"{origin}: train.loss: {len(loss)} losses for {len(outputs)} target array(s)")
     if isinstance(loss, list) and not names:

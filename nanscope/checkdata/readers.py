@@ -9,27 +9,35 @@ imported only for TFRecord files and tf.data datasets. A multi-output model's
 targets are one target array per output (`checkdata/outputs.py`).
 """
 
+import os
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from nanscope.checkdata import file_readers
 from nanscope.checkdata.outputs import array_names, structure_parts
-from nanscope.checkdata.stream import DataStream, check_rows, outputs_of
+from nanscope.checkdata.stream import Chunk, DataStream, Output, check_rows, outputs_of
 from nanscope.data import synthetic
 from nanscope.data.targets import one_per_member
 from nanscope.errors import DataError, first_line
 from nanscope.model.factory import call_factory, load_callable, received
+from nanscope.spec.sections import DataSpec
+
+# open(data, path, base_dir, origin, require_targets): a DataStream over one kind of file.
+Reader = Callable[[DataSpec, Path, "str | os.PathLike[str]", str, bool], DataStream]
 
 
-def _open_tfrecord(data, path, base_dir, origin, require_targets):
+def _open_tfrecord(data: DataSpec, path: Path, base_dir: str | os.PathLike[str], origin: str,
+                   require_targets: bool) -> DataStream:
     del base_dir, require_targets  # Unused
     from nanscope.checkdata.tfrecord_reader import open_tfrecord  # imports TensorFlow
 
     return open_tfrecord(data, path, origin)
 
 
-FILE_READERS = {
+FILE_READERS: dict[str, Reader] = {
     ".npz": file_readers.open_npz,
     ".npy": file_readers.open_npy,
     ".csv": file_readers.open_csv,
@@ -38,7 +46,8 @@ FILE_READERS = {
 }
 
 
-def open_stream(data, base_dir, origin, require_targets=True):
+def open_stream(data: DataSpec, base_dir: str | os.PathLike[str], origin: str,
+                require_targets: bool = True) -> DataStream:
     """Open the source a `DataSpec` names for streaming.
 
     Args:
@@ -55,7 +64,8 @@ def open_stream(data, base_dir, origin, require_targets=True):
         s = data.synthetic
         return arrays_stream({"x": x}, {"y": y}, f"synthetic {s.kind}, {s.samples} rows", origin, "data.synthetic")
     if data.factory is not None:
-        return _factory_stream(data, base_dir, origin)
+        return _factory_stream(data, data.factory, base_dir, origin)
+    assert data.path is not None  # DataSpec holds exactly one of synthetic, factory and path
     path = _resolve(data.path, base_dir)
     if not path.is_file():
         raise DataError(f"{origin}: data.path: file not found: {path}")
@@ -68,7 +78,8 @@ def open_stream(data, base_dir, origin, require_targets=True):
     return reader(data, path, base_dir, origin, require_targets)
 
 
-def arrays_stream(inputs, targets, description, origin, field_name, outputs=None):
+def arrays_stream(inputs: Mapping[str, Any], targets: Mapping[str, Any], description: str, origin: str,
+                  field_name: str, outputs: Mapping[str, Output] | None = None) -> DataStream:
     """A DataStream over in-memory arrays, after checking that their row counts agree.
 
     Args:
@@ -78,7 +89,7 @@ def arrays_stream(inputs, targets, description, origin, field_name, outputs=None
     arrays = {**inputs, **targets}
     rows = check_rows({name: np.shape(a) for name, a in arrays.items()}, origin, field_name)
 
-    def chunks(size):
+    def chunks(size: int) -> Iterator[Chunk]:
         for start in range(0, rows, size):
             yield {name: array[start : start + size] for name, array in arrays.items()}
 
@@ -89,19 +100,19 @@ def arrays_stream(inputs, targets, description, origin, field_name, outputs=None
     )
 
 
-def _resolve(path, base_dir):
+def _resolve(path: str | os.PathLike[str], base_dir: str | os.PathLike[str]) -> Path:
     p = Path(path).expanduser()
     return p if p.is_absolute() else Path(base_dir) / p
 
 
-def _factory_stream(data, base_dir, origin):
+def _factory_stream(data: DataSpec, factory: str, base_dir: str | os.PathLike[str], origin: str) -> DataStream:
     field_name = "data.factory"
-    function = load_callable(data.factory, base_dir, f"{origin}: {field_name}", DataError)
+    function = load_callable(factory, base_dir, f"{origin}: {field_name}", DataError)
     result = call_factory(function, data.args, f"{origin}: {field_name}", DataError)
     if type(result).__module__.startswith("tensorflow") and hasattr(result, "element_spec"):
         from nanscope.checkdata.tfrecord_reader import dataset_stream
 
-        return dataset_stream(result, f"{data.factory} (tf.data)", origin, field_name)
+        return dataset_stream(result, f"{factory} (tf.data)", origin, field_name)
     if isinstance(result, (tuple, list)) and len(result) == 2:
         x, y = result
         try:
@@ -112,10 +123,10 @@ def _factory_stream(data, base_dir, origin):
                                 lambda part: "y" if part.output is None else f"y{part.output}")
             targets = {name: np.asarray(y if part.source is None else y[part.source]) for name, part in named.items()}
         except (ValueError, TypeError) as exc:  # ragged rows, or something that is not an array at all
-            raise DataError(f"{origin}: {field_name}: {data.factory} returned x or y that is not an array with rows "
+            raise DataError(f"{origin}: {field_name}: {factory} returned x or y that is not an array with rows "
                             f"on the first axis: {first_line(exc)}") from exc
-        return arrays_stream(inputs, targets, str(data.factory), origin, field_name, outputs_of(named))
+        return arrays_stream(inputs, targets, factory, origin, field_name, outputs_of(named))
     raise DataError(
-        f"{origin}: {field_name}: {data.factory} must return (x, y) arrays or a tf.data.Dataset "
+        f"{origin}: {field_name}: {factory} must return (x, y) arrays or a tf.data.Dataset "
         f"of (x, y). Received: {received(result)}"
     )

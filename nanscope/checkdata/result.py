@@ -1,9 +1,12 @@
 """The result of a data scan, as plain data that serialises to `nanscope.data/1` JSON."""
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from nanscope.errors import EXIT_HEALTHY, EXIT_PROBLEM
+from nanscope.checkdata.labels import LabelReport
 from nanscope.jsonio import jsonable
+from nanscope.rules.rule import Recommendation
 
 SCHEMA = "nanscope.data/1"
 PROBLEM_SEVERITIES = ("error", "warning")
@@ -53,7 +56,7 @@ class ColumnReport:
     mean: float
     std: float
     zeros: float
-    first_nonfinite_rows: list
+    first_nonfinite_rows: list[int]
     allowed_nonfinite: bool = False
     constant: bool = False
     scale: str | None = None
@@ -63,19 +66,19 @@ class ColumnReport:
     robust_std: float | None = None
     max_robust_z: float | None = None
     outliers: int | None = None
-    outlier_rows: list = field(default_factory=list)
+    outlier_rows: list[list[Any]] = field(default_factory=list)
     detached_rows: int | None = None
-    codes: list = field(default_factory=list)
+    codes: list[list[float]] = field(default_factory=list)
     clean_mean: float | None = None
     clean_std: float | None = None
 
     @property
-    def nonfinite(self):
+    def nonfinite(self) -> int:
         """NaN + Inf count."""
         return self.nan + self.posinf + self.neginf
 
     @property
-    def is_problem(self):
+    def is_problem(self) -> bool:
         """True when this column holds non-finite values that the spec does not allow."""
         return self.nonfinite > 0 and not self.allowed_nonfinite
 
@@ -102,11 +105,11 @@ class DataScan:
     description: str
     rows: int
     scanned_rows: int
-    inputs: list = field(default_factory=list)
-    targets: list = field(default_factory=list)
-    labels: object | None = None
-    recommendations: list = field(default_factory=list)
-    label_checks: list = field(default_factory=list)
+    inputs: list[ColumnReport] = field(default_factory=list)
+    targets: list[ColumnReport] = field(default_factory=list)
+    labels: LabelReport | None = None
+    recommendations: list[Recommendation] = field(default_factory=list)
+    label_checks: list[LabelReport] = field(default_factory=list)
 
     @property
     def status(self) -> str:
@@ -114,7 +117,7 @@ class DataScan:
         return "problems" if any(r.severity in PROBLEM_SEVERITIES for r in self.recommendations) else "clean"
 
     @property
-    def sampled(self):
+    def sampled(self) -> bool:
         """True when only a sample of the rows was scanned (`--sample`)."""
         return self.scanned_rows < self.rows
 
@@ -122,9 +125,9 @@ class DataScan:
         """0 when clean, 1 when problems were found."""
         return EXIT_PROBLEM if self.status == "problems" else EXIT_HEALTHY
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """The `nanscope.data/1` document (NaN/Inf as strings)."""
-        def column(c):
+        def column(c: ColumnReport) -> dict[str, Any]:
             entry = jsonable(c)
             entry["nonfinite"] = c.nonfinite
             return entry

@@ -12,6 +12,7 @@ without glitches pays for the sample alone.
 
 import heapq
 from collections import Counter
+from typing import Any
 
 import numpy as np
 
@@ -23,17 +24,25 @@ WORST_ROWS = 5
 # Distinct far values counted per column; a column with more has a tail, not a few glitches or a code.
 MAX_FAR_VALUES = 256
 
+# What OutlierCount found in one column: (count, [(row, value, z)] worst first, {detached value: rows},
+# (mean, std) without the detached values).
+ColumnOutliers = tuple[int, list[tuple[int, float, float]], dict[float, int], tuple[float | None, float | None]]
+# A (count, mean, m2) summary: per column (arrays), or of one column (floats).
+Summary = tuple[Any, Any, Any]
+
 
 class RowSample:
     """Every `stride`-th row of an array (by dataset row id), the stride doubling to keep at most 2 x SAMPLE_ROWS."""
 
-    def __init__(self, total=None):
+    def __init__(self, total: int | None = None) -> None:
         self.stride = max(1, total // SAMPLE_ROWS) if total else 1  # a known row count sets it once
-        self.ids, self.rows, self.kept = [], [], 0
+        self.ids: list[np.ndarray] = []
+        self.rows: list[np.ndarray] = []
+        self.kept = 0
 
-    def update(self, block, row_ids):
+    def update(self, block: np.ndarray, row_ids: np.ndarray) -> None:
         if len(row_ids) and row_ids[-1] - row_ids[0] == len(row_ids) - 1:  # consecutive rows: a strided slice
-            keep = slice((-int(row_ids[0])) % self.stride, None, self.stride)
+            keep: slice | np.ndarray = slice((-int(row_ids[0])) % self.stride, None, self.stride)
         else:
             keep = row_ids % self.stride == 0
         ids = row_ids[keep]
@@ -48,12 +57,12 @@ class RowSample:
             self.rows = [rows[k] for rows, k in zip(self.rows, kept)]
             self.kept = sum(len(ids) for ids in self.ids)
 
-    def scale(self):
+    def scale(self) -> tuple[np.ndarray, np.ndarray]:
         """(median, robust std) per column of the sample."""
         return robust_scale(np.concatenate(self.rows) if self.rows else np.zeros((0, 1)))
 
 
-def largest_z(median, scale, low, high):
+def largest_z(median: np.ndarray, scale: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
     """The largest robust z any value of each column can have, from its exact min and max (0 where scale is 0)."""
     with np.errstate(all="ignore"):
         z = np.maximum(high - median, median - low) / scale
@@ -68,18 +77,18 @@ class OutlierCount:
     `rules.outliers.detached` needs to tell a glitch or a missing-value code from a long tail.
     """
 
-    def __init__(self, columns, median, scale):
+    def __init__(self, columns: list[int], median: np.ndarray, scale: np.ndarray) -> None:
         self.columns = list(columns)
         self.median, self.scale = median[self.columns], scale[self.columns]
         self.count = np.zeros(len(self.columns), dtype=np.int64)
-        self.worst = [[] for _ in self.columns]  # min-heaps of (z, row, value)
-        self.far_values = [Counter() for _ in self.columns]
+        self.worst: list[list[tuple[float, int, float]]] = [[] for _ in self.columns]  # min-heaps of (z, row, value)
+        self.far_values: list[Counter[float] | None] = [Counter() for _ in self.columns]
         self.inner_low = np.full(len(self.columns), np.inf)
         self.inner_high = np.full(len(self.columns), -np.inf)
         # Count, mean and sum of squared deviations of the values that are not far, in float64 (Chan et al.).
-        self.inner = (np.zeros(len(self.columns)), np.zeros(len(self.columns)), np.zeros(len(self.columns)))
+        self.inner: Summary = (np.zeros(len(self.columns)), np.zeros(len(self.columns)), np.zeros(len(self.columns)))
 
-    def update(self, block, row_ids):
+    def update(self, block: np.ndarray, row_ids: np.ndarray) -> None:
         values = np.asarray(block[:, self.columns], dtype=np.float64)
         with np.errstate(all="ignore"):
             z = np.abs(values - self.median) / self.scale
@@ -104,20 +113,21 @@ class OutlierCount:
                 if len(counted) > MAX_FAR_VALUES:
                     self.far_values[index] = None
 
-    def results(self):
+    def results(self) -> dict[int, ColumnOutliers]:
         """{column: (count, [(row, value, z)] worst first, {detached value: rows}, (mean, std) without them)}."""
-        found = {}
+        found: dict[int, ColumnOutliers] = {}
         for i, column in enumerate(self.columns):
             apart = self._detached(i)
             worst = [(row, value, z) for z, row, value in sorted(self.worst[i], reverse=True)]
             found[column] = (int(self.count[i]), worst, apart, self._clean(i, apart))
         return found
 
-    def _clean(self, index, apart):
+    def _clean(self, index: int, apart: dict[float, int]) -> tuple[float | None, float | None]:
         """(mean, population std) of the column without its detached values; (None, None) when none are."""
-        if not apart:
+        counted = self.far_values[index]
+        if not apart or counted is None:  # values are detached only from a column whose far values were counted
             return None, None
-        kept = {value: rows for value, rows in self.far_values[index].items() if value not in apart}
+        kept = {value: rows for value, rows in counted.items() if value not in apart}
         count, mean, m2 = (float(part[index]) for part in self.inner)
         if kept:
             values = np.array(list(kept), dtype=np.float64)
@@ -129,7 +139,7 @@ class OutlierCount:
             return None, None
         return float(mean), float(np.sqrt(m2 / count))
 
-    def _detached(self, index):
+    def _detached(self, index: int) -> dict[float, int]:
         counted = self.far_values[index]
         if not counted or not np.isfinite(self.inner_high[index]):
             return {}
@@ -138,7 +148,7 @@ class OutlierCount:
 
 
 
-def _merged(a, b):
+def _merged(a: Summary, b: Summary) -> Summary:
     """Chan et al.'s merge of two (count, mean, m2) summaries (arrays or floats)."""
     (n_a, mean_a, m2_a), (n_b, mean_b, m2_b) = a, b
     n = n_a + n_b

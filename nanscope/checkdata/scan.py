@@ -11,9 +11,9 @@ Example:
 """
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -30,12 +30,18 @@ from nanscope.rules.outliers import EXTREME_Z, MAX_FRACTION, missing_value_codes
 from nanscope.data.inputs import id_inputs
 from nanscope.errors import DataError, SpecError
 from nanscope.spec.load import load_spec
-from nanscope.spec.sections import DataSpec
+from nanscope.checkdata.stream import Chunk, DataStream
+from nanscope.spec.sections import DataSpec, RunSpec
 
 
 CLASS_HINTS = ("classes", "num_classes", "n_classes")
 # Loss kinds whose label check needs the number of classes.
 CLASS_KINDS = ("sparse", "onehot")
+
+# The number of classes: one for every output, or {output name: classes} (None: the width is not known).
+ClassesHint = int | dict[Any, int | None]
+# {array: (median, robust std, the suspect columns)}
+Suspects = dict[str, tuple[np.ndarray, np.ndarray, list[int]]]
 
 
 def scan_data(source: str | os.PathLike, target: str | None = None, loss: str | None = None,
@@ -66,7 +72,7 @@ def scan_data(source: str | os.PathLike, target: str | None = None, loss: str | 
     arrays = _ArrayScans(stream)
     tallies = {
         name: LabelTally(s.loss, s.kind, s.classes, output=stream.outputs.get(name), array=name)
-        for name, s in settings.items() if s.kind in LABEL_KINDS
+        for name, s in settings.items() if s.kind in LABEL_KINDS and s.loss is not None  # a known kind has a loss
     }
     rows = 0
     for chunk, chosen, start, rows in sampled_chunks(stream, sampler, chunk_rows):
@@ -94,7 +100,8 @@ def scan_data(source: str | os.PathLike, target: str | None = None, loss: str | 
     return DataScan(str(path), stream.description, rows, scanned, inputs, targets, labels, found, label_checks)
 
 
-def _count_outliers(path, target, loss, classes, sample, chunk_rows, suspects):
+def _count_outliers(path: Path, target: str | None, loss: str | None, classes: int | None, sample: int | None,
+                    chunk_rows: int | None, suspects: Suspects) -> dict[str, OutlierCount]:
     """{array: OutlierCount} from a second pass over the same rows, for the suspect columns only."""
     stream, _ = _open(path, target, loss, classes)
     sampler = Sampler(sample, stream.rows)
@@ -115,7 +122,8 @@ class _LabelSettings(NamedTuple):
     classes: int | None
 
 
-def _open(path, target, loss, classes):
+def _open(path: Path, target: str | None, loss: str | None, classes: int | None
+          ) -> tuple[DataStream, dict[str, "_LabelSettings"]]:
     """(DataStream, {target array: _LabelSettings}) for a spec or a data file."""
     if path.suffix.lower() in (".yaml", ".yml"):
         spec = load_spec(path)
@@ -124,7 +132,7 @@ def _open(path, target, loss, classes):
         stream.allow_nonfinite = set(data.allow_nonfinite)
         outputs = [stream.outputs.get(name) for name in stream.targets]
         losses = [loss] * len(outputs) if loss else output_losses(spec.train.loss, outputs, str(path))
-        hint = classes or _classes_hint(spec)
+        hint: ClassesHint | None = classes or _classes_hint(spec)
         if hint is None and any(label_kind(name) in CLASS_KINDS for name in losses):
             widths = output_widths(spec)
             hint = widths.get(None, widths)
@@ -141,7 +149,7 @@ def _open(path, target, loss, classes):
     return stream, {name: _LabelSettings(loss, label_kind(loss), classes) for name in stream.targets}
 
 
-def _classes_hint(spec):
+def _classes_hint(spec: RunSpec) -> ClassesHint | None:
     """The number of classes the spec states: an int, or a mapping from output name to int."""
     synthetic = spec.data.synthetic
     if synthetic is not None and synthetic.kind == "classification":
@@ -154,7 +162,7 @@ def _classes_hint(spec):
     return None
 
 
-def _classes_for(hint, output):
+def _classes_for(hint: ClassesHint | None, output: str | int | None) -> int | None:
     """The classes of one output from a hint: one number for every output, or its entry in a mapping."""
     if isinstance(hint, dict):
         return hint.get(output) if isinstance(output, str) else None
@@ -164,12 +172,16 @@ def _classes_for(hint, output):
 class _ArrayScans:
     """A ColumnStats per array, created from the first chunk's shapes."""
 
-    def __init__(self, stream):
+    def __init__(self, stream: DataStream) -> None:
         self.stream = stream
-        self.stats, self.positions, self.dtypes = {}, {}, {}
-        self.samples, self.robust, self.outliers = {}, {}, {}
+        self.stats: dict[str, ColumnStats] = {}
+        self.positions: dict[str, int] = {}
+        self.dtypes: dict[str, np.dtype] = {}
+        self.samples: dict[str, RowSample] = {}
+        self.robust: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # (median, robust std, largest z)
+        self.outliers: dict[str, OutlierCount] = {}
 
-    def update(self, chunk, row_ids):
+    def update(self, chunk: Chunk, row_ids: np.ndarray) -> None:
         for name, array in chunk.items():
             array = np.asarray(array)
             if name not in self.stats:
@@ -182,9 +194,9 @@ class _ArrayScans:
             if self.positions[name] == 1 and np.issubdtype(array.dtype, np.floating):  # tabular float columns
                 self.samples.setdefault(name, RowSample(self.stream.rows)).update(array.reshape(-1, columns), row_ids)
 
-    def outlier_suspects(self, names):
+    def outlier_suspects(self, names: list[str]) -> Suspects:
         """{array: (median, robust std, columns whose min or max lies over EXTREME_Z robust std out)}."""
-        suspects = {}
+        suspects: Suspects = {}
         for name in names:
             if name not in self.samples:
                 continue
@@ -196,17 +208,17 @@ class _ArrayScans:
                 suspects[name] = (median, scale, columns)
         return suspects
 
-    def integer_targets(self, names):
+    def integer_targets(self, names: list[str]) -> bool:
         return bool(names) and all(np.issubdtype(self.dtypes[n], np.integer) for n in names if n in self.dtypes)
 
-    def id_arrays(self, names):
+    def id_arrays(self, names: list[str]) -> set[str]:
         """The input arrays that hold ids (integer token or category ids): they have no scale to judge."""
         return id_inputs([(n, self.dtypes[n]) for n in names if n in self.dtypes])
 
-    def reports(self, names, ids=()):
+    def reports(self, names: list[str], ids: Collection[str] = ()) -> list[ColumnReport]:
         return [report for name in names if name in self.stats for report in self._column_reports(name, name in ids)]
 
-    def _column_reports(self, name, ids=False):
+    def _column_reports(self, name: str, ids: bool = False) -> list[ColumnReport]:
         s = self.stats[name]
         mean, std, low, high = s.finite_mean(), s.std(), s.finite_min(), s.finite_max()
         values = s.count + s.nan + s.posinf + s.neginf
@@ -231,7 +243,7 @@ class _ArrayScans:
             for i in range(s.columns)
         ]
 
-    def _robust_fields(self, name, column):
+    def _robust_fields(self, name: str, column: int) -> dict[str, Any]:
         if name not in self.robust:
             return {}
         median, scale, largest = (float(v[column]) for v in self.robust[name])
@@ -248,7 +260,7 @@ class _ArrayScans:
                                                                   key=lambda item: -item[1])],
                 "clean_mean": clean_mean, "clean_std": clean_std}
 
-    def _column_names(self, name, columns):
+    def _column_names(self, name: str, columns: int) -> list[str]:
         given = self.stream.column_names.get(name)
         if given and len(given) == columns:
             return list(given)

@@ -21,6 +21,9 @@ import numpy as np
 FIRST_ROWS_KEPT = 5
 SUM_BLOCK = 512
 
+# (count, min, max, mean, m2) per column of a block.
+Moments = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
 
 class ColumnStats:
     """Running statistics of the columns of a 2-D block stream.
@@ -34,7 +37,7 @@ class ColumnStats:
     per column of the first few row indices holding a non-finite value.
     """
 
-    def __init__(self, columns):
+    def __init__(self, columns: int) -> None:
         self.columns = columns
         self.count = np.zeros(columns, np.int64)
         self.nan = np.zeros(columns, np.int64)
@@ -45,9 +48,9 @@ class ColumnStats:
         self.max = np.full(columns, -np.inf)
         self.mean = np.zeros(columns)
         self.m2 = np.zeros(columns)
-        self.first_nonfinite_rows = [[] for _ in range(columns)]
+        self.first_nonfinite_rows: list[list[int]] = [[] for _ in range(columns)]
 
-    def update(self, block, row_ids, positions=1):
+    def update(self, block: np.ndarray, row_ids: np.ndarray, positions: int = 1) -> None:
         """Add a block of values: shape (rows * positions, columns), row-major by row.
 
         Args:
@@ -69,7 +72,7 @@ class ColumnStats:
             self.zeros += np.add.reduce(is_zero, axis=0, dtype=np.int64)
         self._merge_moments(*chunk)
 
-    def merge(self, other):
+    def merge(self, other: "ColumnStats") -> None:
         """Fold another ColumnStats over the same columns into this one (Chan et al.)."""
         self.nan += other.nan
         self.posinf += other.posinf
@@ -79,24 +82,24 @@ class ColumnStats:
             mine[:] = sorted(mine + theirs)[:FIRST_ROWS_KEPT]
         self._merge_moments(other.count, other.min, other.max, other.mean, other.m2)
 
-    def std(self):
+    def std(self) -> np.ndarray:
         """Population standard deviation of the finite values (NaN where a column has none)."""
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(self.count > 0, np.sqrt(np.maximum(self.m2, 0) / np.maximum(self.count, 1)), np.nan)
 
-    def finite_mean(self):
+    def finite_mean(self) -> np.ndarray:
         """Mean of the finite values (NaN where a column has none)."""
         return np.where(self.count > 0, self.mean, np.nan)
 
-    def finite_min(self):
+    def finite_min(self) -> np.ndarray:
         """Smallest finite value (NaN where a column has none)."""
         return np.where(self.count > 0, self.min, np.nan)
 
-    def finite_max(self):
+    def finite_max(self) -> np.ndarray:
         """Largest finite value (NaN where a column has none)."""
         return np.where(self.count > 0, self.max, np.nan)
 
-    def _shift(self, block, finite=None):
+    def _shift(self, block: np.ndarray, finite: np.ndarray | None = None) -> np.ndarray:
         """A per-column value near the mean; subtracting it keeps the sums of squares well-conditioned."""
         if self.count.any():
             return np.where(self.count > 0, self.mean, 0.0).astype(block.dtype)
@@ -106,7 +109,7 @@ class ColumnStats:
             shift = np.nanmean(head, axis=0)
         return np.nan_to_num(shift, nan=0.0, posinf=0.0, neginf=0.0).astype(block.dtype)
 
-    def _count_nonfinite(self, block, finite, row_ids, positions):
+    def _count_nonfinite(self, block: np.ndarray, finite: np.ndarray, row_ids: np.ndarray, positions: int) -> None:
         self.nan += np.add.reduce(np.isnan(block), axis=0, dtype=np.int64)
         self.posinf += np.add.reduce(block == np.inf, axis=0, dtype=np.int64)
         self.neginf += np.add.reduce(block == -np.inf, axis=0, dtype=np.int64)
@@ -118,7 +121,8 @@ class ColumnStats:
             rows = np.unique(row_ids[flat_rows[cols == column] // positions])
             kept[:] = sorted(set(kept) | {int(r) for r in rows[:FIRST_ROWS_KEPT]})[:FIRST_ROWS_KEPT]
 
-    def _merge_moments(self, count, low, high, mean, m2):
+    def _merge_moments(self, count: np.ndarray, low: np.ndarray, high: np.ndarray, mean: np.ndarray,
+                       m2: np.ndarray) -> None:
         total = self.count + count
         safe_total = np.maximum(total, 1)
         delta = mean - self.mean
@@ -129,7 +133,7 @@ class ColumnStats:
         self.max = np.maximum(self.max, high)
 
 
-def _as_float(block):
+def _as_float(block: np.ndarray) -> np.ndarray:
     if block.dtype in (np.float32, np.float64):
         return block
     if block.dtype == np.float16 or (block.dtype.kind in "iub" and block.dtype.itemsize <= 2):
@@ -137,7 +141,7 @@ def _as_float(block):
     return block.astype(np.float64)
 
 
-def _finite_moments(block, shift):
+def _finite_moments(block: np.ndarray, shift: np.ndarray) -> Moments:
     """(count, min, max, mean, m2) of an all-finite block, in a few vectorised passes."""
     n = block.shape[0]
     low, high = np.fmin.reduce(block, axis=0), np.fmax.reduce(block, axis=0)
@@ -147,7 +151,7 @@ def _finite_moments(block, shift):
     return np.full(block.shape[1], n, np.int64), low, high, mean, m2
 
 
-def _masked_moments(block, finite, shift):
+def _masked_moments(block: np.ndarray, finite: np.ndarray, shift: np.ndarray) -> Moments:
     """(count, min, max, mean, m2) over the finite values of a block that holds NaN/Inf."""
     count = np.add.reduce(finite, axis=0, dtype=np.int64)
     low = np.where(finite, block, np.inf).min(axis=0)
@@ -161,7 +165,7 @@ def _masked_moments(block, finite, shift):
     return count, low, high, np.where(count > 0, mean, 0.0), np.where(count > 0, m2, 0.0)
 
 
-def _shifted_sums(deviation):
+def _shifted_sums(deviation: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-column float64 sum and sum of squares of `deviation`.
 
     Summed in blocks of SUM_BLOCK rows in the data's own precision, then across blocks

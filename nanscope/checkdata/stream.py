@@ -2,9 +2,20 @@
 
 import dataclasses
 from dataclasses import dataclass
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from nanscope.errors import DataError
+
+if TYPE_CHECKING:
+    from nanscope.checkdata.outputs import TargetPart
+
+# One chunk of rows: {array name: array}.
+Chunk = dict[str, np.ndarray]
+# The output a target array belongs to: its name, or its position in output order.
+Output = str | int
 
 
 @dataclass
@@ -27,24 +38,24 @@ class DataStream:
     """
 
     description: str
-    inputs: list
-    targets: list
+    inputs: list[str]
+    targets: list[str]
     rows: int | None
-    chunks: Callable
-    column_names: dict = dataclasses.field(default_factory=dict)
+    chunks: Callable[[int], Iterator[Chunk]]
+    column_names: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     origin: str = ""
     field: str = "data.path"
     row_bytes: int = 0
-    allow_nonfinite: set = dataclasses.field(default_factory=set)
-    outputs: dict = dataclasses.field(default_factory=dict)
+    allow_nonfinite: set[str] = dataclasses.field(default_factory=set)
+    outputs: dict[str, Output] = dataclasses.field(default_factory=dict)
 
 
-def outputs_of(named_parts):
+def outputs_of(named_parts: Mapping[str, "TargetPart"]) -> dict[str, Output]:
     """The `DataStream.outputs` of {array name: TargetPart}: the parts that belong to a named or numbered output."""
     return {name: part.output for name, part in named_parts.items() if part.output is not None}
 
 
-def check_rows(shapes, origin, field_name):
+def check_rows(shapes: Mapping[str, Sequence[int]], origin: str, field_name: str) -> int:
     """The common number of rows of arrays with these shapes; DataError when they disagree or are empty."""
     for name, shape in shapes.items():
         if len(shape) == 0:

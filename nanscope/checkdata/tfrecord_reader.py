@@ -9,19 +9,29 @@ multi-output model, `data.target` maps output names to label features, and a
 dataset yields `(x, {output: y})` or `(x, (y0, y1, ...))`.
 """
 
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 
 from nanscope.checkdata.outputs import array_names, spec_parts, structure_parts
-from nanscope.checkdata.stream import DataStream, outputs_of
+from nanscope.checkdata.outputs import TargetPart
+from nanscope.checkdata.stream import Chunk, DataStream, outputs_of
 from nanscope.data.files import tfrecord_blocks
 from nanscope.errors import DataError
 from nanscope.runtime import tensorflow
+from nanscope.spec.sections import DataSpec
+
+# A tf.data.Dataset and TensorFlow's module: TF ships no types (Any to mypy).
+Dataset = Any
+Features = dict[str, tuple[str, list[int]]]
 
 
-def open_tfrecord(data, path, origin):
+def open_tfrecord(data: DataSpec, path: Path, origin: str) -> DataStream:
     """A DataStream over a TFRecord file of tf.train.Example records."""
     tf, _ = tensorflow()
-    features = {name: (f.dtype, list(f.shape)) for name, f in (data.features or {}).items()}
+    features: Features = {name: (f.dtype, list(f.shape)) for name, f in (data.features or {}).items()}
     if not features:
         features = _features_of_first_record(tf, path, origin)
     parts = spec_parts(data.target, "data.target", list_is_one_target=True)
@@ -33,7 +43,7 @@ def open_tfrecord(data, path, origin):
     inputs = [name for name in features if name not in labels]
     targets = array_names(parts, inputs, lambda part: part.source)
 
-    def chunks(size):
+    def chunks(size: int) -> Iterator[Chunk]:
         for arrays in tfrecord_blocks(path, features, origin, size):
             yield {**{name: arrays[name] for name in inputs},
                    **{name: arrays[part.source] for name, part in targets.items()}}
@@ -41,7 +51,7 @@ def open_tfrecord(data, path, origin):
     return DataStream(path.name, inputs, list(targets), None, chunks, origin=origin, outputs=outputs_of(targets))
 
 
-def _features_of_first_record(tf, path, origin):
+def _features_of_first_record(tf: Any, path: Path, origin: str) -> Features:
     try:
         first = next(iter(tf.data.TFRecordDataset(str(path)).take(1)), None)
     except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as exc:
@@ -49,7 +59,7 @@ def _features_of_first_record(tf, path, origin):
     if first is None:
         raise DataError(f"{origin}: data.path: the dataset is empty (0 records in {path.name})")
     example = tf.train.Example.FromString(first.numpy())
-    features = {}
+    features: Features = {}
     for name, feature in example.features.feature.items():
         kind = feature.WhichOneof("kind")
         if kind == "bytes_list":
@@ -60,7 +70,7 @@ def _features_of_first_record(tf, path, origin):
     return features
 
 
-def dataset_stream(dataset, description, origin, field_name):
+def dataset_stream(dataset: Dataset, description: str, origin: str, field_name: str) -> DataStream:
     """A DataStream over a finite tf.data.Dataset of (x, y) elements (x, y arrays or dicts of arrays)."""
     tf, _ = tensorflow()
     element = dataset.element_spec
@@ -76,7 +86,7 @@ def dataset_stream(dataset, description, origin, field_name):
     targets = array_names(_target_parts(element[1], field_name), inputs,
                           lambda part: "y" if part.output is None else f"y{part.output}")
 
-    def chunks(size):
+    def chunks(size: int) -> Iterator[Chunk]:
         source = dataset if batched else dataset.batch(size)
         for x, y in source.as_numpy_iterator():
             x = {k: np.asarray(v) for k, v in x.items()} if isinstance(x, dict) else {"x": np.asarray(x)}
@@ -87,7 +97,7 @@ def dataset_stream(dataset, description, origin, field_name):
                       outputs=outputs_of(targets))
 
 
-def _target_parts(spec, field_name):
+def _target_parts(spec: Any, field_name: str) -> list[TargetPart]:
     """One part per target of a dataset element: per key of a dict, per member of a tuple, or the one tensor."""
     if isinstance(spec, dict):
         return structure_parts(list(spec), field_name)

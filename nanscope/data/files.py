@@ -13,7 +13,7 @@ import csv
 import itertools
 import os
 import zipfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -223,7 +223,7 @@ def _parse_row(line: str, header: list[str], path: Path, number: int) -> list[fl
 # --- TFRecord -----------------------------------------------------------------------------------------------
 
 
-def tfrecord_blocks(path: Path, features: dict[str, tuple[str, Sequence[int]]], origin: str,
+def tfrecord_blocks(path: Path, features: Mapping[str, tuple[str, Sequence[int]]], origin: str,
                     size: int) -> Iterator[dict[str, np.ndarray]]:
     """Yield {feature: array} blocks of at most `size` tf.train.Example records, parsed with `features`.
 
