@@ -13,6 +13,12 @@ so the callback must launch none of its own where Keras' own all-reduce already 
 what it needs. Before, it launched two all-reduces and an all-gather a replica and a step:
 fit under MirroredStrategy grew 5.8 KB a step with it, 0.95 without (3,000 steps).
 trace-steps under `mirrored` sums the gradients once, where it summed them twice.
+
+A library caller replaying a repro bundle in a loop (`replay_repro`) opens a session and traces its
+step on every replay; each replay's step graphs must go when it returns. Keras' optimizer sums the
+gradients through the replica context's all-reduce even without a strategy, and that sum, traced,
+registers a gradient function in TensorFlow's global registry that holds the graph for good: ~3 MB
+a replay (bench/README.md, `soak.py`).
 """
 
 import gc
@@ -21,6 +27,7 @@ import os
 import subprocess
 import sys
 import tracemalloc
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +35,10 @@ import pytest
 from rich.console import Console
 
 from nanscope.keras import NanScope
+from nanscope.replay import replay_repro
+from nanscope.run.trace import run_trace
+from nanscope.spec.load import load_spec
+from nanscope.spec.options import TraceOptions
 from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()
@@ -85,3 +96,35 @@ def test_under_mirrored_strategy_nanscope_launches_no_collective_it_can_do_witho
     # trace-steps' own step sums the gradients once, the optimizer's own sum skipped: one all-reduce a replica in
     # each of its two traces (before, two: 8).
     assert launched["trace"] == {"all_reduce": 4}
+
+
+def live_graphs():
+    """Every traced graph (FuncGraph) alive after a full collection."""
+    from tensorflow.python.framework.func_graph import FuncGraph
+
+    gc.collect()
+    return [weakref.ref(o) for o in gc.get_objects() if isinstance(o, FuncGraph)]
+
+
+MIXED_FLOAT16 = f"""\
+model: {{factory: {REPO / 'tests' / 'specs' / 'precision_models.py'}:exp_late_overflow}}
+data: {{factory: {REPO / 'tests' / 'specs' / 'data_factories.py'}:late_spike, batch_size: 16, shuffle: false,
+       args: {{spike: 40.0, target_scale: 3.0}}}}
+train: {{loss: mse, optimizer: {{name: sgd, learning_rate: 0.01}}, steps: 6, seed: 0, mixed_precision: mixed_float16}}
+"""
+
+
+@pytest.mark.parametrize("spec", ["division-by-zero.yaml", "mixed_float16"])
+def test_a_loop_of_replays_keeps_no_graph(spec, tmp_path):
+    # Before, each replay kept its step graphs: 2 a replay, 10 under mixed_float16 (a LossScaleOptimizer's
+    # inner optimizer sums the gradients, inside the graphs of its finite-or-skip branch).
+    source = REPO / "tests" / "specs" / spec
+    if spec == "mixed_float16":
+        (source := tmp_path / "mixed.yaml").write_text(MIXED_FLOAT16)
+    bundle = tmp_path / "repro"
+    run_trace(load_spec(source), TraceOptions(trace_path=tmp_path / "t.jsonl", save_repro=bundle))
+    first = replay_repro(bundle).first_nonfinite  # anything cached once a process is in place after one replay
+    kept = {id(ref()) for ref in live_graphs()}
+    replayed = [replay_repro(bundle).first_nonfinite for _ in range(2)]
+    assert [(f.step, f.phase, f.op) for f in replayed] == [(first.step, first.phase, first.op)] * 2
+    assert sorted(ref().name for ref in live_graphs() if ref() is not None and id(ref()) not in kept) == []

@@ -32,7 +32,7 @@ from nanscope.engine.variable_stats import any_nonfinite_count
 from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import LAYER, LAYER_MAXED, OUTPUT, SCALARS, output_offsets
 from nanscope.engine.step import InstrumentedStep, layer_loss_terms
-from nanscope.internals import all_reduce_gradients_hooks, overridden
+from nanscope.internals import overridden
 from nanscope.runtime import tensorflow
 
 
@@ -87,8 +87,6 @@ class DistributedStep(InstrumentedStep):
         with strategy.scope():
             super().__init__(model, loss, optimizer, sample_x, sample_y, jit_compile=False,
                              grad_transform=grad_transform, source=source)
-        # The optimizer's own sum of the replicas' gradients, replaced by the gradients as handed (the whole batch's).
-        self._keras_sum_skipped = all_reduce_gradients_hooks(self.optimizer, _as_handed)
 
     def _step(self, x, y):
         tf, _ = tensorflow()
@@ -192,12 +190,6 @@ class DistributedStep(InstrumentedStep):
         record.worker_nonfinite = [int(sum(record.replica_nonfinite[part])) for part in per_worker]
         self.stop_requested_by = [w for w, part in enumerate(per_worker) if stops[part].any()]
         return record
-
-
-def _as_handed(reduce):
-    """In place of the optimizer's all-reduce of the replicas' gradients: the (gradient, variable) pairs as handed."""
-    del reduce  # Unused
-    return list
 
 
 # Non-finite counts of a replica's own share of the step: its batch and its model outputs.

@@ -11,6 +11,12 @@ weights as they were before the step, so the step's forward and backward pass ca
 replayed exactly; the optimizer's slots are not copied. |dw| is the norm of the
 increments the optimizer wrote (`flat.applied_updates`), or where it wrote otherwise
 (a constraint, a conditional update), of the weights after the step less the copy.
+
+The optimizer gets the gradients as handed (`as_handed`): Keras' own sum of the replicas'
+gradients is skipped. On one replica that sum is the gradients themselves, but Keras runs it
+through the replica context's all-reduce even without a strategy, and that all-reduce, traced,
+registers a gradient function in TensorFlow's global registry which holds the traced graph
+for the life of the process: every trace (a replay, a fix tried, a retrace) kept its graph.
 """
 
 import contextlib
@@ -27,7 +33,7 @@ from nanscope.engine.probes import LayerRecorder
 from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import OUTPUT, SCALARS, VARIABLE, StepLayout
 from nanscope.errors import ModelError
-from nanscope.internals import flatten_layers, own_losses
+from nanscope.internals import all_reduce_gradients_hooks, flatten_layers, overridden, own_losses
 from nanscope.runtime import tensorflow
 
 
@@ -103,6 +109,10 @@ class InstrumentedStep:
                              "train or trace", hint="was it frozen with `trainable = False`?")
         self.variable_names = relative_variable_names(self.trainable, model.keras_model)
         self.optimizer.build(self.trainable)
+        # The optimizer's own sum of the replicas' gradients, replaced by the gradients as handed; a
+        # LossScaleOptimizer's inner optimizer is the one that sums.
+        self._keras_sum_skipped = all_reduce_gradients_hooks(getattr(optimizer, "inner_optimizer", optimizer),
+                                                             as_handed)
         self._snapshot = Snapshot(self._model_state())
         self._optimizer_snapshot = None  # the guard's: `keep_optimizer_state`
         self._recorder = LayerRecorder(self.layers)
@@ -217,7 +227,7 @@ class InstrumentedStep:
         if self.grad_transform is None:
             handed = keras_gradients(raw, handed)
         start = graph_position()
-        with self.raised_by("train.optimizer"):
+        with self.raised_by("train.optimizer"), overridden(self._keras_sum_skipped if _one_replica() else []):
             self.optimizer.apply_gradients(zip(handed, self.trainable))
         updates = applied_updates(start, self.trainable)
         return y_pred, total, data_loss, grads, applied, scale, output_losses, updates
@@ -339,6 +349,20 @@ class InstrumentedStep:
         """The snapshots' own copies (a re-run through the step overwrites them)."""
         extra = self._optimizer_snapshot.copies if self._optimizer_snapshot is not None else []
         return list(self._snapshot.copies) + list(extra)
+
+
+def as_handed(reduce):
+    """In place of the optimizer's all-reduce of the replicas' gradients: the (gradient, variable) pairs as handed."""
+    del reduce  # Unused
+    return list
+
+
+def _one_replica():
+    """True where the step is traced for one replica (no strategy, or one device): the sum of its gradients is
+    the gradients themselves."""
+    tf, _ = tensorflow()
+    context = tf.distribute.get_replica_context()
+    return context is None or context.num_replicas_in_sync == 1
 
 
 def _f32(tensor):
