@@ -4,9 +4,11 @@ A failure here names the hook and the installed versions: a Keras, TensorFlow or
 upgrade changed something nanscope relies on, and nanscope/internals/ is the one place to adapt.
 """
 
+import gc
 import inspect
 import os
 import sys
+import weakref
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -17,6 +19,7 @@ import pytest
 import typer
 
 from nanscope import internals
+from nanscope.engine.step import as_handed
 from nanscope.internals import override, overridden, restore
 from nanscope.runtime import tensorflow
 
@@ -235,29 +238,27 @@ def test_canary_a_traced_apply_with_keras_sum_of_the_replicas_skipped_keeps_no_g
     # engine/step.py skips the optimizer's all-reduce of the replicas' gradients on one replica (a
     # LossScaleOptimizer's inner optimizer sums): traced, that all-reduce registers a gradient function in
     # TensorFlow's global registry that holds the graph for good, and a loop of replays kept every step graph.
-    import gc
-    import weakref
-
-    from nanscope.engine.step import as_handed
+    def traced_apply(optimizer):
+        variable = tf.Variable([0.0, 0.0])
+        optimizer.build([variable])
+        scale = float(optimizer.dynamic_scale.numpy()) if hasattr(optimizer, "inner_optimizer") else 1.0
+        function = tf.function(lambda grad: optimizer.apply_gradients([(grad, variable)]), autograph=False)
+        summing = getattr(optimizer, "inner_optimizer", optimizer)
+        with internals.overridden(internals.all_reduce_gradients_hooks(summing, as_handed)):
+            traced = function.get_concrete_function(tf.TensorSpec([2], tf.float32))
+        traced(tf.constant([3.0, 4.0]) * scale)
+        graph = weakref.ref(traced.graph)
+        del function, traced
+        gc.collect()
+        if graph() is not None:
+            return f"a traced {type(optimizer).__name__}.apply_gradients kept its graph"
+        if variable.numpy().tolist() != [-3.0, -4.0]:
+            return f"{type(optimizer).__name__}'s update was {variable.numpy().tolist()}, not [-3.0, -4.0]"
+        return None
 
     def check():
-        for optimizer in (keras.optimizers.SGD(1.0), keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(1.0))):
-            variable = tf.Variable([0.0, 0.0])
-            optimizer.build([variable])
-            scale = float(optimizer.dynamic_scale.numpy()) if hasattr(optimizer, "inner_optimizer") else 1.0
-            function = tf.function(lambda grad: optimizer.apply_gradients([(grad, variable)]), autograph=False)
-            summing = getattr(optimizer, "inner_optimizer", optimizer)
-            with internals.overridden(internals.all_reduce_gradients_hooks(summing, as_handed)):
-                traced = function.get_concrete_function(tf.TensorSpec([2], tf.float32))
-            traced(tf.constant([3.0, 4.0]) * scale)
-            graph = weakref.ref(traced.graph)
-            del function, traced
-            gc.collect()
-            if graph() is not None:
-                return f"a traced {type(optimizer).__name__}.apply_gradients kept its graph"
-            if variable.numpy().tolist() != [-3.0, -4.0]:
-                return f"{type(optimizer).__name__}'s update was {variable.numpy().tolist()}, not [-3.0, -4.0]"
-        return None
+        return traced_apply(keras.optimizers.SGD(1.0)) or traced_apply(
+            keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(1.0)))
 
     canary(f"optimizer.{internals.ALL_REDUCE_GRADIENTS} (traced, one replica)", check)
 
