@@ -17,12 +17,22 @@ import ast
 import os
 import re
 import shutil
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any, Protocol
 
 CODE_DIR = "code"
 
 
-def origin_name(path):
+class _Located(Protocol):
+    """Where a first non-finite value was made, as far as naming its file needs (report.model.FirstNonfinite)."""
+
+    source: str | None
+    context: dict[str, Any]
+    detail: list[Any]
+
+
+def origin_name(path: str | os.PathLike[str]) -> str:
     """`path` as a reader finds it in their project: relative to the current folder when below it, else its name."""
     path = Path(path).resolve()
     try:
@@ -31,9 +41,10 @@ def origin_name(path):
         return path.name
 
 
-def with_imports(files):
+def with_imports(files: Iterable[str | os.PathLike[str]]) -> list[Path]:
     """`files` (resolved Paths) and, transitively, the sibling .py files they import by module name, in order."""
-    found, pending = [], [Path(f).resolve() for f in files]
+    found: list[Path] = []
+    pending = [Path(f).resolve() for f in files]
     while pending:
         path = pending.pop(0)
         if path in found:
@@ -43,12 +54,12 @@ def with_imports(files):
     return found
 
 
-def _sibling_imports(path):
+def _sibling_imports(path: Path) -> list[Path]:
     try:
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     except (OSError, SyntaxError, ValueError):
         return []
-    names = []
+    names: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.extend(alias.name for alias in node.names)
@@ -58,13 +69,14 @@ def _sibling_imports(path):
     return [sibling.resolve() for sibling in siblings if sibling.is_file()]
 
 
-def copy_code(files, folder):
+def copy_code(files: Iterable[str | os.PathLike[str]], folder: str | os.PathLike[str]) -> dict[Path, str]:
     """Copy `files` (with their sibling imports) into `folder`/code; {resolved original: "code/<name>"}.
 
     Two files of the same name from different folders: the second keeps its name's stem with a number
     (`layers_2.py`), so its import by module name no longer resolves; the first one keeps it.
     """
-    copies, taken = {}, set()
+    copies: dict[Path, str] = {}
+    taken: set[str] = set()
     for path in with_imports(files):
         name, n = path.name, 1
         while name in taken:
@@ -77,13 +89,13 @@ def copy_code(files, folder):
     return copies
 
 
-def in_bundle(directory, recorded):
+def in_bundle(directory: str | os.PathLike[str], recorded: str | os.PathLike[str]) -> Path:
     """The path of a recorded file: `recorded` relative to the bundle folder (an absolute one, from a bundle written
     before code was copied, stays as it is)."""
     return Path(directory) / recorded
 
 
-def shown_source(source, directory, origins):
+def shown_source(source: str, directory: str | os.PathLike[str], origins: Mapping[str, str]) -> str:
     """A `file:line` of the replay, with a file copied into the bundle named by its origin instead.
 
     Args:
@@ -92,12 +104,12 @@ def shown_source(source, directory, origins):
         origins: {"code/<name>": origin}.
     """
     copy = copy_named(source, directory)
-    if copy not in origins:
+    if copy is None or copy not in origins:
         return source
     return f"{origins[copy]}:{source.rpartition(':')[2]}"
 
 
-def copy_named(source, directory):
+def copy_named(source: str | None, directory: str | os.PathLike[str]) -> str | None:
     """The bundle-relative path ("code/<name>") of the file a `file:line` names, or None outside the bundle."""
     if not source or ":" not in source:
         return None
@@ -108,7 +120,7 @@ def copy_named(source, directory):
     return relative.as_posix()
 
 
-def named_by_origin(value, origins):
+def named_by_origin(value: Any, origins: Iterable[str]) -> Any:
     """`value` (a str, or lists and dicts of them) with each absolute `.../<origin>:<line>` written `<origin>:<line>`:
     the run's own report names the user's files by where they were on the machine that wrote the bundle."""
     if isinstance(value, str):
@@ -122,15 +134,16 @@ def named_by_origin(value, origins):
     return value
 
 
-def name_origins(first, directory, document):
+def name_origins(first: _Located, directory: str | os.PathLike[str], document: Mapping[str, Any]) -> None:
     """Name the user's files in `first` (its source line, a tf.where's) as in their project, not as the bundle's
     copies the replay ran: the same text, so the same line numbers."""
     origins = {entry["file"]: entry["origin"] for entry in document.get("code_files") or []
                if isinstance(entry, dict) and all(isinstance(entry.get(k), str) for k in ("file", "origin"))}
-    copy = copy_named(first.source, directory)
-    if copy not in origins:
+    source = first.source
+    copy = copy_named(source, directory)
+    if source is None or copy is None or copy not in origins:
         return
-    first.source = shown_source(first.source, directory, origins)
+    first.source = shown_source(source, directory, origins)
     where = first.context.get("discarded_by")
     if isinstance(where, dict) and where.get("source"):
         where["source"] = shown_source(where["source"], directory, origins)

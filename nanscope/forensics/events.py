@@ -1,9 +1,15 @@
 """What the op watch records of an eager replay: one event per non-finite producer, the forward ops a gradient
 op is traced back to, and the statistics of an op's operand against its domain."""
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
 import numpy as np
 from nanscope.runtime import tensorflow
+
+# An eager tensor (or a Keras layer, below): TensorFlow and Keras ship no types (Any to mypy).
+Tensor = Any
 
 # For these ops the second input is the denominator: that is the operand to describe.
 DENOMINATOR_OPS = {"RealDiv", "Div", "DivNoNan", "FloorDiv", "TruncateDiv", "Xdivy"}
@@ -38,18 +44,18 @@ class OpEvent:
             `softmax_rows`, `batch_rows`), the tf.where that threw the op's forward value away (`discarded_by`).
     """
 
-    op: str
+    op: str | None  # None for an update event: the replay stayed finite but left a weight non-finite
     phase: str
     forward_op: str | None = None
     layer: str | None = None
     layer_class: str | None = None
     source: str | None = None
-    inputs: dict = field(default_factory=dict)
+    inputs: dict[str, Any] = field(default_factory=dict)
     operand: str = "input"
     dtype: str = "float32"
     introduced: bool = True
     forward_phase: str | None = None
-    context: dict = field(default_factory=dict)
+    context: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -68,15 +74,15 @@ class ForwardOp:
 
     op: str
     phase: str
-    layer: object
+    layer: Any
     source: str | None
-    inputs: list
-    outputs: list
+    inputs: list[Tensor]
+    outputs: list[Tensor]
     event: OpEvent | None = None
-    discarded_by: dict | None = None
+    discarded_by: dict[str, Any] | None = None
 
 
-def operand_stats(value):
+def operand_stats(value: Any) -> dict[str, Any]:
     """min, max, fraction of exact zeros, fraction of negatives of a float array (finite entries for min/max)."""
     array = np.asarray(value, dtype=np.float64).reshape(-1)
     if array.size == 0:
@@ -91,7 +97,7 @@ def operand_stats(value):
     }
 
 
-def exponent_stats(op, operands):
+def exponent_stats(op: str | None, operands: Sequence[Any]) -> dict[str, float]:
     """{"exponent_min", "exponent_max"} of a Pow's exponent (a float array or tensor), else {}."""
     if op not in EXPONENT_OPS or len(operands) < 2 or operands[1] is None:
         return {}
@@ -100,7 +106,7 @@ def exponent_stats(op, operands):
     return {"exponent_min": stats["min"], "exponent_max": stats["max"]} if stats else {}
 
 
-def introduces_nonfinite(inputs, outputs):
+def introduces_nonfinite(inputs: Iterable[Tensor], outputs: Iterable[Tensor]) -> bool:
     """Whether an op made non-finite values its operands did not hold: NaN from no NaN, or Inf from finite values."""
     operands = [t.numpy() for t in inputs if is_float_tensor(t) and hasattr(t, "numpy")]
     results = [t.numpy() for t in outputs if is_float_tensor(t)]
@@ -109,7 +115,7 @@ def introduces_nonfinite(inputs, outputs):
     return all(np.isfinite(o).all() for o in operands)
 
 
-def where_trap(record):
+def where_trap(record: ForwardOp) -> dict[str, Any]:
     """The tf.where gradient trap: the where that threw away the forward value of the op being differentiated."""
     where = record.discarded_by or (record.event.context.get("discarded_by") if record.event is not None else None)
     if where is None:
@@ -119,19 +125,19 @@ def where_trap(record):
     return {"discarded_by": where, "forward_nonfinite": nonfinite}
 
 
-def flat_tensors(results):
+def flat_tensors(results: Any) -> list[Tensor]:
     """The eager tensors in an op's (nested) results."""
     tf, _ = tensorflow()
     return [t for t in tf.nest.flatten(results) if hasattr(t, "numpy")]
 
 
-def is_float_tensor(tensor):
+def is_float_tensor(tensor: Any) -> bool:
     """True for a floating-point tensor."""
     dtype = getattr(tensor, "dtype", None)
     return dtype is not None and getattr(dtype, "is_floating", False)
 
 
-def all_finite(tensors):
+def all_finite(tensors: Iterable[Tensor]) -> bool:
     """True when every floating-point tensor of `tensors` holds only finite values."""
     for tensor in tensors:
         if is_float_tensor(tensor) and hasattr(tensor, "numpy") and not np.isfinite(tensor.numpy()).all():

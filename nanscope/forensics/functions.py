@@ -8,12 +8,18 @@ inner op whose output is not finite from finite inputs, with its node name (whic
 carries the layer's name scope) and its inputs. Nested calls are followed.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from nanscope.internals import execute_op, function_graph
+from nanscope.forensics.events import Tensor
 from nanscope.runtime import tensorflow
+
+# A graph op of a FuncGraph, and an attribute value of its NodeDef (a protobuf): Any to mypy.
+GraphOp = Any
 
 # Ops that call another function by its `f` attribute.
 CALL_OPS = {"PartitionedCall", "StatefulPartitionedCall"}
@@ -35,17 +41,17 @@ class InnerOp:
 
     op: str
     node: str
-    functions: list
-    inputs: list = field(default_factory=list)
-    operands: list = field(default_factory=list)
+    functions: list[str]
+    inputs: list[str] = field(default_factory=list)
+    operands: list[np.ndarray | None] = field(default_factory=list)
 
 
-def is_function_call(op_type):
+def is_function_call(op_type: str) -> bool:
     """Whether an eager op type is a call of a traced or restored function."""
     return op_type.startswith("__") or op_type in CALL_OPS
 
 
-def localize_in_function(function_name, inputs, depth=0):
+def localize_in_function(function_name: str, inputs: Sequence[Tensor], depth: int = 0) -> InnerOp | None:
     """The InnerOp of `function_name` that made a non-finite value from finite inputs, or None.
 
     Args:
@@ -60,9 +66,9 @@ def localize_in_function(function_name, inputs, depth=0):
     for op in graph.get_operations():
         if op.type == "Placeholder":
             continue
-        operands = [by_name.get(t.name) for t in op.inputs]
-        if any(o is None for o in operands):
+        if any(t.name not in by_name for t in op.inputs):
             return None
+        operands = [by_name[t.name] for t in op.inputs]
         outputs = _run(op, operands)
         if outputs is None:
             return None
@@ -78,13 +84,13 @@ def localize_in_function(function_name, inputs, depth=0):
     return None
 
 
-def _nested(op, operands, depth):
+def _nested(op: GraphOp, operands: list[Tensor], depth: int) -> InnerOp | None:
     if op.type not in CALL_OPS or depth >= MAX_DEPTH:
         return None
     return localize_in_function(op.get_attr("f").name, operands, depth + 1)
 
 
-def _run(op, operands):
+def _run(op: GraphOp, operands: list[Tensor]) -> list[Tensor] | None:
     """Run one graph op eagerly on `operands`; its outputs, or None when it cannot be run alone."""
     tf, _ = tensorflow()
     try:
@@ -96,9 +102,9 @@ def _run(op, operands):
     return list(results) if results is not None else []
 
 
-def _attrs(op):
+def _attrs(op: GraphOp) -> tuple[Any, ...]:
     """The op's attributes as the flat (name, value, ...) tuple eager execution takes."""
-    flat = []
+    flat: list[Any] = []
     for name, value in op.node_def.attr.items():
         if name.startswith("_"):
             continue
@@ -106,7 +112,7 @@ def _attrs(op):
     return tuple(flat)
 
 
-def _attr_value(value):
+def _attr_value(value: Any) -> Any:
     kind = value.WhichOneof("value")
     if kind == "list":
         listed = value.list
@@ -118,7 +124,7 @@ def _attr_value(value):
     return _scalar(kind, getattr(value, kind))
 
 
-def _scalar(kind, item):
+def _scalar(kind: str, item: Any) -> Any:
     if kind == "shape":
         return None if item.unknown_rank else [d.size for d in item.dim]
     if kind == "func":
@@ -126,10 +132,10 @@ def _scalar(kind, item):
     return item
 
 
-def _is_float(value):
+def _is_float(value: Any) -> bool:
     dtype = getattr(value, "dtype", None)
     return dtype is not None and getattr(dtype, "is_floating", False) and hasattr(value, "numpy")
 
 
-def _all_finite(values):
+def _all_finite(values: Sequence[Any]) -> bool:
     return all(np.isfinite(v.numpy()).all() for v in values if _is_float(v))

@@ -12,6 +12,8 @@ Every hook is removed in `finally`.
 import contextlib
 import functools
 import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -22,7 +24,8 @@ from nanscope.internals import overridden
 from nanscope.runtime import tensorflow
 
 
-def replay_call(function, args, layers, models, optimizers, trainable):
+def replay_call(function: Callable[..., Any], args: tuple[Any, ...], layers: Sequence[Any], models: Sequence[Any],
+                optimizers: Sequence[Any], trainable: Sequence[Any]) -> Localization:
     """Run `function(*args)` eagerly under an OpWatch; the Localization of its first non-finite op.
 
     The state changes as in the real step; the caller restores it (`GuestReplay`).
@@ -48,7 +51,7 @@ def replay_call(function, args, layers, models, optimizers, trainable):
 
 
 @contextlib.contextmanager
-def _phases(watch, models, optimizers):
+def _phases(watch: OpWatch, models: Sequence[Any], optimizers: Sequence[Any]) -> Iterator[None]:
     tf, _ = tensorflow()
     hooks = [(model, "call", _marking(watch, "forward", "loss", settle="result")) for model in models]
     hooks += [(optimizer, "apply", _marking(watch, "update", "update")) for optimizer in optimizers]
@@ -63,15 +66,16 @@ def _phases(watch, models, optimizers):
         tf.GradientTape.gradient = tape_gradient
 
 
-def _marking(watch, during, after, settle=None):
+def _marking(watch: OpWatch, during: str, after: str, settle: str | None = None
+             ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A wrapper that sets the watch's phase to `during` for the call and to `after` once it returns.
 
     `settle` marks what reached a result for the watch: the call's "result" (a model's output) or its
     "target" (what a tape differentiates, the loss), before the call runs.
     """
-    def wrap(function):
+    def wrap(function: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(function)
-        def marked(*args, **kwargs):
+        def marked(*args: Any, **kwargs: Any) -> Any:
             if settle == "target" and len(args) > 1:
                 watch.settle(args[1], loss=True)
             outer = watch.phase

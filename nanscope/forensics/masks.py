@@ -6,7 +6,15 @@ multiplicative mask the hand-written `exp(x) * mask / sum(...)` divides 0 by 0.
 `masked_rows` recognises both at the op that made the NaN and says which rows they were.
 """
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import numpy as np
+
+from nanscope.forensics.events import ForwardOp, Tensor
+
+# The op that made a tensor earlier in the pass (OpWatch.producer_of).
+ProducerOf = Callable[[Tensor], ForwardOp | None]
 
 # Ops whose 0/0 is a hand-written softmax's normalisation when the numerator comes from exp().
 DIVISION_OPS = {"RealDiv", "Div"}
@@ -19,7 +27,8 @@ EXP_SEARCH_DEPTH = 4
 MAX_POSITIONS = 8
 
 
-def masked_rows(op_type, inputs, outputs, producer_of):
+def masked_rows(op_type: str, inputs: Sequence[Tensor], outputs: Sequence[Tensor], producer_of: ProducerOf
+                ) -> dict[str, Any]:
     """{"masked_rows", "softmax_rows", "batch_rows"[, "positions", "fill"]} when this op turned fully masked
     softmax rows into NaN, else {}. `fill` is the op (and line) that made the masked operand: the -inf fill,
     or the multiply by the mask.
@@ -38,7 +47,7 @@ def masked_rows(op_type, inputs, outputs, producer_of):
     if rows is None or not rows.any():
         return {}
     by_batch_row = rows.reshape(rows.shape[0], -1).any(axis=1) if rows.ndim else np.array([True])
-    found = {"masked_rows": int(rows.sum()), "softmax_rows": int(rows.size),
+    found: dict[str, Any] = {"masked_rows": int(rows.sum()), "softmax_rows": int(rows.size),
              "batch_rows": [int(i) for i in np.flatnonzero(by_batch_row)]}
     fill = _fill_of(masked_by, producer_of)
     if fill is not None:
@@ -50,7 +59,7 @@ def masked_rows(op_type, inputs, outputs, producer_of):
     return found
 
 
-def _all_neginf_rows(inputs):
+def _all_neginf_rows(inputs: Sequence[Tensor]) -> tuple[np.ndarray | None, Tensor]:
     """(per softmax row, whether every position is -inf; that operand) for the first operand with such a row."""
     for tensor in inputs:
         if not _is_float(tensor) or len(tensor.shape) == 0 or tensor.shape[-1] < 2:
@@ -61,7 +70,7 @@ def _all_neginf_rows(inputs):
     return None, None
 
 
-def _fill_of(tensor, producer_of):
+def _fill_of(tensor: Tensor, producer_of: ProducerOf) -> ForwardOp | None:
     """The op that put -inf (or the zeros of a mask) into `tensor`: through `scores + bias` to the bias's fill."""
     record = producer_of(tensor)
     for _ in range(EXP_SEARCH_DEPTH):
@@ -75,7 +84,7 @@ def _fill_of(tensor, producer_of):
     return record
 
 
-def _zero_sum_rows(numerator, denominator, producer_of):
+def _zero_sum_rows(numerator: Tensor, denominator: Tensor, producer_of: ProducerOf) -> np.ndarray | None:
     """Per row, whether a hand-written softmax's sum is 0 (every exp() masked out): exp(x) * mask / sum(...)."""
     if not (_is_float(numerator) and _is_float(denominator)) or not _comes_from_exp(numerator, producer_of):
         return None
@@ -87,7 +96,7 @@ def _zero_sum_rows(numerator, denominator, producer_of):
     return den == 0
 
 
-def _comes_from_exp(tensor, producer_of):
+def _comes_from_exp(tensor: Tensor, producer_of: ProducerOf) -> bool:
     """Whether an exp() is among the ops that made `tensor`, within EXP_SEARCH_DEPTH ops."""
     frontier = [tensor]
     for _ in range(EXP_SEARCH_DEPTH):
@@ -98,6 +107,6 @@ def _comes_from_exp(tensor, producer_of):
     return False
 
 
-def _is_float(tensor):
+def _is_float(tensor: Any) -> bool:
     dtype = getattr(tensor, "dtype", None)
     return dtype is not None and getattr(dtype, "is_floating", False) and hasattr(tensor, "numpy")

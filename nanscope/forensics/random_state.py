@@ -11,6 +11,7 @@ puts all three back after the block.
 
 import contextlib
 import random
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -18,7 +19,7 @@ from nanscope.internals import keras_global_seed_generator, set_keras_global_see
 
 
 @contextlib.contextmanager
-def random_state_kept():
+def random_state_kept() -> Iterator[None]:
     """Run the block, then put numpy's, Python's and Keras' global random state back.
 
     Example:
@@ -34,5 +35,5 @@ def random_state_kept():
         random.setstate(python)
         np.random.set_state(legacy)
         set_keras_global_seed_generator(keras_generator)  # None again when the block created the first one
-        if keras_generator is not None and not np.array_equal(keras_generator.state.numpy(), keras_seed):
+        if keras_seed is not None and not np.array_equal(keras_generator.state.numpy(), keras_seed):
             keras_generator.state.assign(keras_seed)

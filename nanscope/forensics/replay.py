@@ -7,7 +7,9 @@ is slow and only ever runs for the one step that went wrong.
 """
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -16,6 +18,31 @@ from nanscope.forensics.random_state import random_state_kept
 from nanscope.forensics.events import OpEvent
 from nanscope.forensics.watch import OpWatch
 from nanscope.runtime import tensorflow
+
+if TYPE_CHECKING:
+    from nanscope.engine.step import InstrumentedStep
+    from nanscope.model.models import LoadedModel
+
+# Keras optimizers, losses.Loss (run/, a layer up) and batches of tensors: Any to mypy.
+Optimizer = Any
+GradTransform = Callable[[list[Any]], list[Any]]
+
+
+class _First(Protocol):
+    """Where the first non-finite value appeared, as the replay fills it in (report.model.FirstNonfinite, a layer
+    up)."""
+
+    layer: str | None
+    layer_class: str | None
+    loss: str | None
+    op: str | None
+    source: str | None
+    inputs: dict[str, Any] | None
+    context: dict[str, Any]
+    detail: list[Any]
+
+
+First = TypeVar("First", bound=_First)
 
 
 @dataclass
@@ -30,10 +57,11 @@ class Localization:
 
     event: OpEvent | None
     seconds: float
-    state_before: list | None = None
+    state_before: list[np.ndarray] | None = None
 
 
-def replay_step(model, loss, optimizer, x, y, grad_transform=None):
+def replay_step(model: "LoadedModel", loss: Any, optimizer: Optimizer, x: Any, y: Any,
+                grad_transform: GradTransform | None = None) -> Localization:
     """Run one train step eagerly under an OpWatch and return the Localization.
 
     The model and optimizer state change as in a real step; callers that need the
@@ -61,7 +89,8 @@ def replay_step(model, loss, optimizer, x, y, grad_transform=None):
     return Localization(event, time.perf_counter() - started)
 
 
-def _run_phases(watch, model, loss, optimizer, trainable, x, y, grad_transform):
+def _run_phases(watch: OpWatch, model: "LoadedModel", loss: Any, optimizer: Optimizer, trainable: list[Any], x: Any,
+                y: Any, grad_transform: GradTransform | None) -> None:
     tf, _ = tensorflow()
     with tf.GradientTape() as tape:
         watch.phase = "forward"
@@ -85,13 +114,13 @@ def _run_phases(watch, model, loss, optimizer, trainable, x, y, grad_transform):
     optimizer.apply_gradients(zip(applied, trainable))
 
 
-def state_variables(model, optimizer):
+def state_variables(model: "LoadedModel", optimizer: Optimizer) -> list[Any]:
     """Every variable a step changes: the model's (trainable and not) and the optimizer's."""
     own = list(model.keras_model.variables) if model.keras_model is not None else list(model.variables)
     return own + list(optimizer.variables)
 
 
-def localize_step(engine, x, y):
+def localize_step(engine: "InstrumentedStep", x: Any, y: Any) -> Localization:
     """Replay the engine's last step from the state before it; leave the state as after the step.
 
     Args:
@@ -112,7 +141,8 @@ def localize_step(engine, x, y):
             variable.assign(value)
 
 
-def describe_event(first, event, record_phase=None, loss_name=None):
+def describe_event(first: First, event: OpEvent | None, record_phase: str | None = None,
+                   loss_name: str | None = None) -> First:
     """Fill a FirstNonfinite with what the replay found about the producing op.
 
     An op of the loss (or the gradient of one) belongs to no layer: `first.layer` is then
@@ -143,8 +173,8 @@ def describe_event(first, event, record_phase=None, loss_name=None):
     return first
 
 
-def _context_lines(event):
-    context, lines = event.context, []
+def _context_lines(event: OpEvent) -> list[str]:
+    context, lines = event.context, list[str]()
     if "masked_rows" in context:
         lines.append(f"{context['masked_rows']} of {context['softmax_rows']} softmax rows are masked at every "
                      f"position (batch rows {_listed(context['batch_rows'])})")
@@ -167,11 +197,11 @@ def _context_lines(event):
     return lines
 
 
-def _listed(values, shown=8):
+def _listed(values: list[Any], shown: int = 8) -> str:
     return ", ".join(map(str, values[:shown])) + (" ..." if len(values) > shown else "")
 
 
-def state_before_step(engine):
+def state_before_step(engine: "InstrumentedStep") -> list[np.ndarray]:
     """numpy copies of the model and optimizer state before the engine's last step; the state is left as after it."""
     variables = state_variables(engine.model, engine.optimizer)
     after = [v.numpy() for v in variables]

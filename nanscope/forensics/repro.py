@@ -12,7 +12,9 @@ with the saved model: `nanscope.keras.bundle`). A folder without `kind` is a spe
 """
 
 import json
+import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -22,10 +24,25 @@ from nanscope.forensics.bundle_code import origin_name
 from nanscope.forensics.spec_files import bundle_spec
 from nanscope.jsonio import write_text_atomic
 
+if TYPE_CHECKING:
+    from nanscope.data.batches import BatchOrder
+    from nanscope.spec.sections import RunSpec
+
 SCHEMA = "nanscope.repro/1"
 
 
-def save_repro(directory, session, step, x, y, state_before):
+class _Session(Protocol):
+    """The session a step ran in, as far as its repro needs it (run.session.Session, a layer up)."""
+
+    @property
+    def spec(self) -> "RunSpec": ...
+
+    @property
+    def order(self) -> "BatchOrder": ...
+
+
+def save_repro(directory: str | os.PathLike[str], session: _Session, step: int, x: Any, y: Any,
+               state_before: list[np.ndarray]) -> Path:
     """Write the repro of `step` to `directory` (created if needed).
 
     Args:
@@ -41,7 +58,8 @@ def save_repro(directory, session, step, x, y, state_before):
     arrays = {f"state_{i}": value for i, value in enumerate(state_before)}
     targets = {f"y_{i}": part for i, part in enumerate(y)} if isinstance(y, tuple) else {"y": y}
     batch = {f"x_{i}": part for i, part in enumerate(inputs.parts(x))} if inputs.is_multi(x) else {"x": x}
-    np.savez(directory / "state.npz", rows=session.order.indices(step), **batch, **targets, **arrays)
+    members: dict[str, Any] = {"rows": session.order.indices(step), **batch, **targets, **arrays}
+    np.savez(directory / "state.npz", **members)
     spec, code_files, not_copied = bundle_spec(session.spec, directory)
     document = {"schema": SCHEMA, "kind": "spec", "step": step,
                 "spec_origin": origin_name(session.spec.source) if session.spec.source else None,
@@ -51,7 +69,7 @@ def save_repro(directory, session, step, x, y, state_before):
     return directory
 
 
-def load_repro(directory):
+def load_repro(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """(document, arrays) of a repro folder.
 
     Raises:

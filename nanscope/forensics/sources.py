@@ -6,13 +6,15 @@ User code is any frame outside nanscope, TensorFlow, Keras, numpy and the standa
 import os
 import sys
 import sysconfig
+from collections.abc import Collection
+from types import FrameType
 
 import numpy as np
 
 from nanscope.runtime import tensorflow
 
 
-def user_source(library_dirs):
+def user_source(library_dirs: Collection[str]) -> str | None:
     """`file:line` of the innermost user frame below nanscope's own replay frames, or None.
 
     Args:
@@ -31,15 +33,16 @@ def user_source(library_dirs):
 _NANSCOPE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _stack_frames():
-    frames, frame = [], sys._getframe(1)
+def _stack_frames() -> list[tuple[str, int]]:
+    frames: list[tuple[str, int]] = []
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         frames.append((os.path.abspath(frame.f_code.co_filename), frame.f_lineno))
         frame = frame.f_back
     return frames[::-1]
 
 
-def keras_loss_source():
+def keras_loss_source() -> str | None:
     """`file:line` of the innermost frame in Keras' losses package (a Keras loss's own code), or None."""
     _, keras = tensorflow()
     losses_dir = os.path.join(os.path.dirname(os.path.abspath(keras.__file__)), "src", "losses")
@@ -50,10 +53,10 @@ def keras_loss_source():
     return None
 
 
-def library_dirs():
+def library_dirs() -> set[str]:
     """The folders of TensorFlow, Keras, numpy, the standard library and site-packages."""
     tf, keras = tensorflow()
-    dirs = {os.path.dirname(os.path.abspath(m.__file__)) for m in (tf, keras, np)}
+    dirs = {os.path.dirname(os.path.abspath(m.__file__)) for m in (tf, keras, np) if m.__file__ is not None}
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
         path = sysconfig.get_paths().get(key)
         if path:
@@ -61,11 +64,11 @@ def library_dirs():
     return dirs
 
 
-def _in_dir(filename, directory):
+def _in_dir(filename: str, directory: str) -> bool:
     return filename == directory or filename.startswith(directory + os.sep)
 
 
-def _shown_path(filename):
+def _shown_path(filename: str) -> str:
     try:
         relative = os.path.relpath(filename)
     except ValueError:

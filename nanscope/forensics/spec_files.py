@@ -12,16 +12,25 @@ path, repro.json says so (`not_copied`), and the replay needs them there. A
 
 import copy
 import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from nanscope.data import targets
 from nanscope.model.factory import referenced_file
 from nanscope.forensics.bundle_code import copy_code, origin_name
 
+if TYPE_CHECKING:
+    from nanscope.spec.sections import RunSpec
+
+# (get, put) of one `file.py:function` in a spec document.
+Reference = tuple[Callable[[], str], Callable[[str], None]]
+
 DATA_COPY_LIMIT = 256 * 2 ** 20  # bytes; a bundle is for sharing, a dataset of gigabytes is not
 NPY_SUFFIX = ".npy"
 
 
-def bundle_spec(spec, folder):
+def bundle_spec(spec: "RunSpec", folder: Path) -> tuple[dict[str, Any], list[dict[str, str]], list[str]]:
     """Copy what `spec` references into `folder`; (spec document relative to the bundle, code_files, not_copied).
 
     Args:
@@ -43,9 +52,9 @@ def bundle_spec(spec, folder):
     return document, code_files, not_copied
 
 
-def _code_references(document):
+def _code_references(document: dict[str, Any]) -> Iterator[Reference]:
     """(get, put) for each `file.py:function` the spec document holds."""
-    def field(section, key):
+    def field(section: dict[str, Any], key: str) -> Reference:
         return (lambda: section[key]), (lambda value: section.__setitem__(key, value))
 
     for section in (document["model"], document["data"]):
@@ -59,11 +68,11 @@ def _code_references(document):
             yield field(one, "name")
 
 
-def _bundle_data(spec, data, folder):
+def _bundle_data(spec: "RunSpec", data: dict[str, Any], folder: Path) -> list[str]:
     if not data.get("path"):
         return []
     path = spec.resolve(data["path"])
-    y_files = []
+    y_files: list[Path] = []
     if path.suffix.lower() == NPY_SUFFIX:
         y_files = [spec.resolve(p) for p in targets.parts(targets.convert(data["y"], str))]
     total = sum(_size(p) for p in [path, *y_files])
@@ -78,11 +87,11 @@ def _bundle_data(spec, data, folder):
     return []
 
 
-def _listed(value):
+def _listed(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
-def _copy_into(path, target):
+def _copy_into(path: Path, target: Path) -> str:
     """Copy the file or folder `path` into `target` (created); its path relative to the bundle folder."""
     target.mkdir(parents=True, exist_ok=True)
     destination = target / path.name
@@ -93,7 +102,7 @@ def _copy_into(path, target):
     return f"{target.name}/{path.name}"
 
 
-def _size(path):
+def _size(path: Path) -> int:
     if path.is_dir():
         return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
     return path.stat().st_size if path.exists() else 0

@@ -15,6 +15,8 @@ model keeps nothing.
 import contextlib
 import functools
 import sys
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from nanscope.forensics.events import (
     SECOND_OPERAND,
@@ -29,7 +31,8 @@ from nanscope.forensics.events import (
     is_float_tensor,
     operand_stats,
 )
-from nanscope.forensics.functions import is_function_call, localize_in_function
+from nanscope.forensics.events import Tensor
+from nanscope.forensics.functions import InnerOp, is_function_call, localize_in_function
 from nanscope.forensics.masks import masked_rows
 from nanscope.forensics.sources import keras_loss_source, library_dirs, user_source
 from nanscope.internals import differentiated_op, op_callback, overridden
@@ -59,21 +62,21 @@ class OpWatch:
         watch.first  # OpEvent or None
     """
 
-    def __init__(self, layers):
+    def __init__(self, layers: Iterable[Any]) -> None:
         self.layers = list(layers)
         self.phase = "forward"
-        self.events = []
-        self._reached = set()
-        self._origin = {}
-        self._late = None
-        self._stack = []
-        self._forward = {}
-        self._ops = []
+        self.events: list[OpEvent] = []
+        self._reached: set[int] = set()  # ids of the events whose values reached a result
+        self._origin: dict[int, OpEvent] = {}  # by id of a non-finite tensor, the event that made it
+        self._late: OpEvent | None = None
+        self._stack: list[Any] = []  # the Keras layers running, outermost first
+        self._forward: dict[int, ForwardOp] = {}  # by id of a tensor, the forward op that made it
+        self._ops: list[ForwardOp] = []
         self._busy = False
         self._library_dirs = library_dirs()
 
     @property
-    def first(self):
+    def first(self) -> OpEvent | None:
         """The producing OpEvent, or None while nothing non-finite reached a result."""
         reached = [event for event in self.events if id(event) in self._reached]
         made = [event for event in reached if event.introduced]
@@ -81,7 +84,7 @@ class OpWatch:
             return (made or reached)[0]
         return self._late
 
-    def settle(self, results, loss=False):
+    def settle(self, results: Any, loss: bool = False) -> None:
         """Mark the events whose values reached `results` (a layer output, the model output, the loss).
 
         With `loss`, `results` is the loss: an event whose values reached it says so in its context
@@ -95,14 +98,14 @@ class OpWatch:
                     event.context["reached_loss"] = True
 
     @contextlib.contextmanager
-    def attached(self):
+    def attached(self) -> Iterator["OpWatch"]:
         """Register the op callback and wrap the layers; always undo both."""
         with op_callback(self._callback), overridden(
                 [(layer, "call", functools.partial(self._wrap, layer)) for layer in self.layers]):
             yield self
 
-    def _wrap(self, layer, call):
-        def watched_call(*args, **kwargs):
+    def _wrap(self, layer: Any, call: Callable[..., Any]) -> Callable[..., Any]:
+        def watched_call(*args: Any, **kwargs: Any) -> Any:
             self._stack.append(layer)
             try:
                 result = call(*args, **kwargs)
@@ -113,7 +116,8 @@ class OpWatch:
 
         return watched_call
 
-    def _callback(self, op_type, inputs, attrs, outputs, op_name=None, graph=None):
+    def _callback(self, op_type: str, inputs: Any, attrs: Any, outputs: Any, op_name: str | None = None,
+                  graph: Any = None) -> None:
         del attrs, op_name  # Unused
         if graph is not None or self._busy or self._late is not None:
             return None
@@ -124,13 +128,13 @@ class OpWatch:
             self._busy = False
         return None
 
-    def _observe(self, op_type, inputs, outputs):
+    def _observe(self, op_type: str, inputs: list[Tensor], outputs: list[Tensor]) -> None:
         if self.phase in ("forward", "loss"):
             self._observe_forward(op_type, inputs, outputs)
         elif not all_finite(outputs):
             self._late = self._event(op_type, inputs, outputs)
 
-    def _observe_forward(self, op_type, inputs, outputs):
+    def _observe_forward(self, op_type: str, inputs: list[Tensor], outputs: list[Tensor]) -> None:
         record = self._remember_forward(op_type, inputs, outputs)
         origins = [self._origin[id(t)] for t in inputs if id(t) in self._origin]
         if op_type in SELECT_OPS:
@@ -152,7 +156,8 @@ class OpWatch:
         for tensor in bad:
             self._origin[id(tensor)] = event
 
-    def _note_discards(self, select, inputs, origins, outputs):
+    def _note_discards(self, select: ForwardOp, inputs: list[Tensor], origins: list[OpEvent],
+                       outputs: list[Tensor]) -> None:
         """A tf.where's branches: the ops whose values it threw away, where the gradient trap lies."""
         where = {"op": select.op, "source": select.source}
         for tensor in inputs[1:]:
@@ -163,7 +168,7 @@ class OpWatch:
             for event in origins:
                 event.context.setdefault("discarded_by", where)
 
-    def _remember_forward(self, op_type, inputs, outputs):
+    def _remember_forward(self, op_type: str, inputs: list[Tensor], outputs: list[Tensor]) -> ForwardOp:
         layer = self._stack[-1] if self._stack else None
         record = ForwardOp(op_type, self.phase, layer, self.source(), inputs, outputs)
         self._ops.append(record)
@@ -171,11 +176,11 @@ class OpWatch:
             self._forward[id(output)] = record
         return record
 
-    def producer_of(self, tensor):
+    def producer_of(self, tensor: Tensor) -> ForwardOp | None:
         """The ForwardOp that made `tensor` in the forward pass or the loss, or None."""
         return self._forward.get(id(tensor))
 
-    def _event(self, op_type, inputs, outputs):
+    def _event(self, op_type: str, inputs: list[Tensor], outputs: list[Tensor]) -> OpEvent:
         if is_function_call(op_type):
             inner = localize_in_function(op_type, inputs)
             if inner is not None:
@@ -200,7 +205,7 @@ class OpWatch:
             event.context.update(masked_rows(op_type, inputs, outputs, self.producer_of))
         return event
 
-    def _function_event(self, op_type, inner, outputs):
+    def _function_event(self, op_type: str, inner: InnerOp, outputs: list[Tensor]) -> OpEvent:
         """The op inside a function call (a SavedModel's restored function) that made the value."""
         index = 1 if inner.op in SECOND_OPERAND and len(inner.operands) > 1 else 0
         operand = inner.operands[index] if index < len(inner.operands) else None
@@ -218,7 +223,7 @@ class OpWatch:
             event.forward_op = inner.op[: -len("Grad")]  # SqrtGrad differentiates Sqrt, RsqrtGrad Rsqrt
         return event
 
-    def _gradient_event(self, op_type, outputs):
+    def _gradient_event(self, op_type: str, outputs: list[Tensor]) -> OpEvent:
         forward_op, forward_inputs, forward_outputs = differentiated_op(sys._getframe(0))
         event = OpEvent(op=op_type, phase="backward", forward_op=forward_op,
                         dtype=outputs[0].dtype.name if outputs else "float32")
@@ -236,7 +241,8 @@ class OpWatch:
             event.operand = SECOND_OPERAND[forward_op] if index == 1 else "input"
         return event
 
-    def _differentiated_record(self, forward_op, forward_inputs, forward_outputs):
+    def _differentiated_record(self, forward_op: str | None, forward_inputs: list[Tensor],
+                               forward_outputs: list[Tensor]) -> ForwardOp | None:
         """The forward op being differentiated: by its outputs, else by its inputs, else the first of its type."""
         known = next((self._forward[id(t)] for t in forward_outputs if id(t) in self._forward), None)
         if known is not None or forward_op is None:
@@ -246,13 +252,13 @@ class OpWatch:
         by_inputs = next((r for r in same_type if wanted and [id(t) for t in r.inputs] == wanted), None)
         return by_inputs or next(iter(same_type), None)
 
-    def source(self):
+    def source(self) -> str | None:
         """The user line behind the op running now; in the loss, a Keras loss's own line when no user line is found."""
         found = self.user_source()
         if found is None and self.phase == "loss":
             found = keras_loss_source()
         return found
 
-    def user_source(self):
+    def user_source(self) -> str | None:
         """`file:line` of the innermost user frame below nanscope's own replay frames, or None."""
         return user_source(self._library_dirs)
