@@ -1,13 +1,22 @@
 """`nanscope trace-steps`: run instrumented steps, then report where the first NaN/Inf appeared and why."""
 
+from __future__ import annotations
+
 import os
 import sys
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from nanscope.commands.output import deliver, outcome
 from nanscope.commands.outpaths import check_output_paths
 from nanscope.model.specpaths import check_spec_paths
 from nanscope.spec.options import TraceOptions
+
+if TYPE_CHECKING:  # imported where they run: `--help` and bad input do not load them
+    from nanscope.engine.cluster import Cluster
+    from nanscope.guard.options import GuardOptions
+    from nanscope.report.model import TraceReport
+    from nanscope.spec.sections import RunSpec
 
 
 def run(spec: str | os.PathLike[str], options: TraceOptions) -> int:
@@ -24,13 +33,13 @@ def run(spec: str | os.PathLike[str], options: TraceOptions) -> int:
 
         require_matplotlib()
 
-    def check():
+    def check() -> None:
         check_output_paths(files=[("--json", json_out), ("--trace", trace)], images=[("--plot", plot)],
                            folders=[("--save-repro", options.save_repro), ("--tensorboard", options.tensorboard)])
 
-    loaded = []
+    loaded: list[RunSpec] = []
 
-    def work():
+    def work() -> TraceReport:
         run_spec = apply_overrides(load_spec(spec), **options.overrides)
         loaded.append(run_spec)
         check_spec_paths(run_spec)  # before TensorFlow loads: a missing file is reported at once
@@ -38,7 +47,7 @@ def run(spec: str | os.PathLike[str], options: TraceOptions) -> int:
 
     report = outcome(check, work, lambda: stopped_before_training(spec))
     if report.cluster is not None and not report.cluster.is_chief:
-        return _worker_exit(report, strict)
+        return _worker_exit(report, report.cluster, strict)
     if report.cluster is None and loaded and _other_worker(loaded[0]):  # stopped by a signal while joining
         print("nanscope: interrupted during start-up; only the chief (worker task 0) writes a report",
               file=sys.stderr)
@@ -54,7 +63,7 @@ def run(spec: str | os.PathLike[str], options: TraceOptions) -> int:
     return code
 
 
-def guard_choices(on_nonfinite, mode, keep_going):
+def guard_choices(on_nonfinite: str | None, mode: str, keep_going: bool) -> tuple[bool, GuardOptions | None]:
     """(keep_going, GuardOptions or None) from `--keep-going`, `--on-nonfinite` and `--mode`; what trace-steps
     cannot do is bad input (exit 2), before training. The choices are the library's (`nanscope.guard.options`)."""
     from nanscope.errors import NanscopeError
@@ -74,7 +83,7 @@ def guard_choices(on_nonfinite, mode, keep_going):
     return keep_going, None
 
 
-def _other_worker(run_spec):
+def _other_worker(run_spec: RunSpec) -> bool:
     """True for a multi-worker run's worker other than the chief, by its TF_CONFIG (which was read once already)."""
     if run_spec.train.distribute != "multi_worker":
         return False
@@ -87,11 +96,10 @@ def _other_worker(run_spec):
         return False
 
 
-def _worker_exit(report, strict):
+def _worker_exit(report: TraceReport, cluster: Cluster, strict: bool) -> int:
     """A worker other than the chief: one line naming its role; the chief's exit code (its own if the chief is gone)."""
     from nanscope.engine.cluster import chief_exit_code
 
-    cluster = report.cluster
     if report.stopped:
         print(f"nanscope: error: {report.stopped}", file=sys.stderr)
         return report.exit_code(strict=strict)

@@ -50,22 +50,22 @@ class Cluster:
         timeout_s: float. How long to wait for a missing or silent worker.
     """
 
-    workers: tuple
+    workers: tuple[str, ...]
     task: int
     timeout_s: float = 60.0
 
     @property
-    def is_chief(self):
+    def is_chief(self) -> bool:
         """True for task 0, the worker that writes the report."""
         return self.task == 0
 
     @property
-    def role(self):
+    def role(self) -> str:
         """"chief (worker task 0 of 2)" or "worker task 1 of 2"."""
         return f"{'chief (worker task 0' if self.is_chief else f'worker task {self.task}'} of {len(self.workers)}" + (
             ")" if self.is_chief else "")
 
-    def describe(self, task):
+    def describe(self, task: int) -> str:
         """"worker task 1 (10.0.0.2:2222)"."""
         return f"worker task {task} ({self.workers[task]})"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 
 from nanscope.errors import EXIT_HEALTHY, EXIT_INTERRUPTED, EXIT_PROBLEM
@@ -21,6 +21,9 @@ from nanscope.store.aggregates import LayerAggregate, VariableAggregate
 from nanscope.engine.records import StepRecord
 from nanscope.store.history import StepHistory
 from nanscope.jsonio import jsonable
+
+if TYPE_CHECKING:
+    from nanscope.engine.cluster import Cluster
 
 SCHEMA = "nanscope.trace/1"
 STEP_FIELDS = (
@@ -150,7 +153,7 @@ class TraceReport:
     notes: list = field(default_factory=list)
     trace_path: str | None = None
     stopped: str | None = None
-    cluster: object | None = None
+    cluster: Cluster | None = None
     interventions: list = field(default_factory=list)
     spikes: list = field(default_factory=list)
 
