@@ -13,12 +13,20 @@ finishes, so when an op fails in the middle of a chunk the steps finished before
 are still read back.
 """
 
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from nanscope.data import inputs, targets
+from nanscope.data.targets import Arrays
+from nanscope.engine.exact import Tensor
 from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import LAYER, SCALAR_COUNTS, SCALARS, join
 from nanscope.runtime import tensorflow
+
+if TYPE_CHECKING:
+    from nanscope.engine.step import InstrumentedStep
 
 # Steps per compiled call: enough to amortise the call, few enough that Ctrl-C, the
 # progress display and the trace file hear about steps within a fraction of a second.
@@ -27,7 +35,7 @@ CHUNK_STEPS = 32
 DEVICE_DATA_LIMIT_BYTES = 256 * 2**20
 
 
-def fits_on_device(x, y):
+def fits_on_device(x: Arrays, y: Arrays) -> bool:
     """True when the training arrays are small enough to keep on the device for chunked runs."""
     return inputs.nbytes(x) + targets.nbytes(y) <= DEVICE_DATA_LIMIT_BYTES
 
@@ -47,7 +55,7 @@ class ChunkRunner:
         records = runner.run(0, [order.indices(s) for s in range(32)], stop_on_nonfinite=True)
     """
 
-    def __init__(self, engine, x, y, expected=()):
+    def __init__(self, engine: "InstrumentedStep", x: Arrays, y: Arrays, expected: Collection[int] = ()) -> None:
         tf, _ = tensorflow()
         self.engine = engine
         self._watched = tf.constant([0.0 if i in set(expected) else 1.0 for i in range(len(engine.layers))])
@@ -59,7 +67,7 @@ class ChunkRunner:
         self._done = tf.Variable(0, trainable=False, name="nanscope_chunk_done")
         self._trace()
 
-    def _trace(self):
+    def _trace(self) -> None:
         tf, _ = tensorflow()
         compiled = tf.function(
             self._chunk, input_signature=[tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([], tf.bool)],
@@ -69,7 +77,7 @@ class ChunkRunner:
             self._concrete = compiled.get_concrete_function()
         self._generation = getattr(self.engine, "generation", 0)
 
-    def run(self, first_step, index_rows, stop_on_nonfinite):
+    def run(self, first_step: int, index_rows: list[np.ndarray], stop_on_nonfinite: bool) -> list[StepRecord]:
         """StepRecords of the steps run: all of `index_rows` (equal-length batches, at most CHUNK_STEPS), or up to
         and including the first step that shows a non-finite value.
 
@@ -86,7 +94,7 @@ class ChunkRunner:
             raise ChunkFailure(self._records(first_step, indices.shape[1]), exc) from exc
         return self._records(first_step, indices.shape[1])
 
-    def _records(self, first_step, rows):
+    def _records(self, first_step: int, rows: int) -> list[StepRecord]:
         count = int(self._done.numpy())
         scalars, layers, terms, variables = self.layout.split(self._buffer[:count].numpy())
         return [
@@ -94,7 +102,7 @@ class ChunkRunner:
             for i in range(count)
         ]
 
-    def _chunk(self, indices, stop_on_nonfinite):
+    def _chunk(self, indices: Tensor, stop_on_nonfinite: Tensor) -> Tensor:
         # A step's record is stored at the start of the next iteration (or after the
         # loop), which runs only once every op of that step has succeeded: when an op
         # fails, the stored records are exactly the steps that finished. The store needs
@@ -104,11 +112,11 @@ class ChunkRunner:
         self._done.assign(0)
         empty = [tf.zeros(shape) for shape in self.layout.shapes]
 
-        def keep_going(i, bad, *previous):
+        def keep_going(i: Tensor, bad: Tensor, *previous: Tensor) -> Tensor:
             del previous  # Unused: tf.while_loop hands the condition every loop variable
             return tf.logical_and(i < steps, tf.logical_not(tf.logical_and(stop_on_nonfinite, bad)))
 
-        def body(i, bad, *previous):
+        def body(i: Tensor, bad: Tensor, *previous: Tensor) -> tuple[Tensor, ...]:
             del bad  # Unused: tf.while_loop hands the body every loop variable
             with tf.control_dependencies([self._store(i, previous)]):
                 rows = indices[i]
@@ -124,7 +132,7 @@ class ChunkRunner:
         with tf.control_dependencies([self._store(count, last)]):
             return self._done.value()
 
-    def _store(self, done, outputs):
+    def _store(self, done: Tensor, outputs: Any) -> Tensor:
         """Write the outputs of step done - 1 (of none when done is 0) and mark `done` steps finished."""
         tf, _ = tensorflow()
         row = join(outputs)
@@ -136,12 +144,12 @@ class ChunkRunner:
 class ChunkFailure(Exception):
     """An op failed inside a chunk: `records` are the steps finished before it, `error` the TensorFlow error."""
 
-    def __init__(self, records, error):
+    def __init__(self, records: list[StepRecord], error: BaseException) -> None:
         super().__init__(str(error))
         self.records, self.error = records, error
 
 
-def _suspicious(scalars, layer_stats, watched):
+def _suspicious(scalars: Tensor, layer_stats: Tensor, watched: Tensor) -> Tensor:
     """True when a step shows any non-finite count or value outside the expected layers; the host decides the rest.
 
     Conservative on purpose: a model output made non-finite by an expected layer, or an

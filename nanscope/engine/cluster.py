@@ -25,7 +25,9 @@ import re
 import socket
 import sys
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from nanscope.engine.deadline import CollectiveDeadline
 from nanscope.errors import NanscopeError
@@ -70,7 +72,7 @@ class Cluster:
         return f"worker task {task} ({self.workers[task]})"
 
 
-def read_tf_config(source, timeout_s, environ=None):
+def read_tf_config(source: str | None, timeout_s: float, environ: Mapping[str, str] | None = None) -> Cluster:
     """The Cluster that the `TF_CONFIG` environment variable describes; bad input raises NanscopeError.
 
     Args:
@@ -90,7 +92,8 @@ def read_tf_config(source, timeout_s, environ=None):
     cluster = config.get("cluster") if isinstance(config, dict) else None
     task = config.get("task") if isinstance(config, dict) else None
     workers = cluster.get("worker") if isinstance(cluster, dict) else None
-    if not isinstance(workers, list) or not workers or not all(isinstance(w, str) and ":" in w for w in workers):
+    if not isinstance(cluster, dict) or not isinstance(workers, list) or not workers or not all(
+            isinstance(w, str) and ":" in w for w in workers):
         raise NanscopeError(f"{where}: `cluster.worker` must be a list of \"host:port\". Received: {workers!r}")
     others = sorted(set(cluster) - {"worker"})
     if others:
@@ -105,7 +108,7 @@ def read_tf_config(source, timeout_s, environ=None):
     return Cluster(tuple(workers), index, float(timeout_s))
 
 
-def multi_worker_strategy(cluster):
+def multi_worker_strategy(cluster: Cluster) -> Any:
     """Start this worker's collective runtime and return its MultiWorkerMirroredStrategy.
 
     TensorFlow must not have started its devices yet in this process. Each worker uses
@@ -113,7 +116,7 @@ def multi_worker_strategy(cluster):
     """
     from nanscope.runtime import tensorflow
 
-    made = []
+    made: list[Any] = []
     try:
         tensorflow(before_devices=lambda tf: made.append(_create(tf, cluster)))
     except RuntimeError as exc:
@@ -125,7 +128,7 @@ def multi_worker_strategy(cluster):
     return made[0]
 
 
-def _create(tf, cluster):
+def _create(tf: Any, cluster: Cluster) -> Any:
     timeout_ms = int(cluster.timeout_s * 1000)
     configure_coordination(len(cluster.workers), timeout_ms, timeout_ms, min(timeout_ms, 10_000))
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": list(cluster.workers)},
@@ -134,7 +137,7 @@ def _create(tf, cluster):
     # TensorFlow holds the GIL while the cluster forms, so no Python thread can watch that wait. A worker that
     # left in the moment between the handshake and the join would hang it: faulthandler's C thread ends the
     # process then (exit 1, after twice the timeout).
-    faulthandler.dump_traceback_later(2 * cluster.timeout_s, exit=True, file=sys.__stderr__)
+    faulthandler.dump_traceback_later(2 * cluster.timeout_s, exit=True, file=sys.__stderr__ or sys.stderr)
     try:
         # No `timeout_seconds` in the CommunicationOptions: TensorFlow would keep one sleeping thread per collective
         # for the whole timeout (thousands at once); `bounded` watches the steps from one thread instead.
@@ -144,7 +147,7 @@ def _create(tf, cluster):
         faulthandler.cancel_dump_traceback_later()
 
 
-def bounded(cluster):
+def bounded(cluster: Cluster | None) -> contextlib.AbstractContextManager[None]:
     """A block whose collectives fail with DeadlineExceeded after `cluster.timeout_s`; no bound without a cluster."""
     if cluster is None:
         return contextlib.nullcontext()
@@ -152,11 +155,11 @@ def bounded(cluster):
 
 
 @functools.cache
-def _deadline(timeout_s):
+def _deadline(timeout_s: float) -> CollectiveDeadline:
     return CollectiveDeadline(timeout_s)  # one watchdog thread per process, for the whole run
 
 
-def _every_logical_cpu(tf):
+def _every_logical_cpu(tf: Any) -> contextlib.AbstractContextManager[None]:
     """While the strategy is made, give a CPU-only worker one replica per logical CPU (TensorFlow gives one).
 
     Through `internals.local_devices_chosen` (the strategy's `_initialize_local_devices`).
@@ -164,7 +167,7 @@ def _every_logical_cpu(tf):
     """
     count = _logical_cpus(tf)
 
-    def choose(devices, kind, worker_device):
+    def choose(devices: tuple[str, ...], kind: str, worker_device: str) -> tuple[tuple[str, ...], str]:
         if kind == "CPU" and count > 1:
             devices = tuple(f"{worker_device}/device:CPU:{i}" for i in range(count))
         return devices, kind
@@ -172,13 +175,13 @@ def _every_logical_cpu(tf):
     return local_devices_chosen(choose)
 
 
-def _logical_cpus(tf):
+def _logical_cpus(tf: Any) -> int:
     """Logical CPUs configured for the first CPU (before the devices start), 1 when it is not split."""
     configured = tf.config.get_logical_device_configuration(tf.config.list_physical_devices("CPU")[0])
     return len(configured) if configured else 1
 
 
-def wait_for_workers(cluster):
+def wait_for_workers(cluster: Cluster) -> None:
     """Before TensorFlow joins the cluster: listen on this worker's port until every other worker's answers.
 
     A worker that never starts (a wrong address, a crash at import) would otherwise hang the
@@ -209,9 +212,9 @@ def wait_for_workers(cluster):
                            "run the same command with its own TF_CONFIG")
 
 
-def unreachable_workers(cluster, tasks=None):
+def unreachable_workers(cluster: Cluster, tasks: Iterable[int] | None = None) -> list[int]:
     """Those of `tasks` (default: every other task) whose address does not accept a connection within a second."""
-    missing = []
+    missing: list[int] = []
     for task in tasks if tasks is not None else range(len(cluster.workers)):
         if task == cluster.task:
             continue
@@ -224,7 +227,7 @@ def unreachable_workers(cluster, tasks=None):
     return missing
 
 
-def is_collective_failure(exc):
+def is_collective_failure(exc: BaseException) -> bool:
     """True for the errors a collective raises when a peer is gone, silent or has failed."""
     from nanscope.runtime import tensorflow
 
@@ -234,7 +237,7 @@ def is_collective_failure(exc):
     return isinstance(exc, failures) or (isinstance(exc, tf.errors.InternalError) and "ollective" in str(exc))
 
 
-def missing_worker(cluster, exc):
+def missing_worker(cluster: Cluster, exc: BaseException) -> str:
     """"worker task 1 (host:port)": the peer a failed collective names, else the one whose port is closed."""
     named = {int(t) for t in re.findall(r"/job:worker/replica:\d+/task:(\d+)", str(exc))} - {cluster.task}
     tasks = sorted(t for t in named if t < len(cluster.workers)) or unreachable_workers(cluster)
@@ -243,7 +246,7 @@ def missing_worker(cluster, exc):
     return ", ".join(cluster.describe(t) for t in tasks)
 
 
-def collective_failure_message(cluster, exc, step):
+def collective_failure_message(cluster: Cluster, exc: BaseException, step: int | None) -> str:
     """One line: which worker went missing, at which step, and how long this one waited at most."""
     from nanscope.runtime import tensorflow
 
@@ -254,14 +257,14 @@ def collective_failure_message(cluster, exc, step):
     return f"train.distribute: multi_worker: {missing_worker(cluster, exc)} {how} {when}"
 
 
-def publish_exit_code(code):
+def publish_exit_code(code: int) -> None:
     """The chief: tell the other workers which exit code the run ends with."""
     # If this fails, the others fall back to their own verdict; the chief's report is written already.
     with contextlib.suppress(Exception):
         set_config_key_value(EXIT_CODE_KEY, str(int(code)))
 
 
-def chief_exit_code(cluster):
+def chief_exit_code(cluster: Cluster) -> int | None:
     """A non-chief worker: the chief's exit code, once it has written its report; None if it never says."""
     try:
         # The chief may still be replaying the failing step and writing its outputs: ten timeouts at most.

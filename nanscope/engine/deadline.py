@@ -13,6 +13,7 @@ with DeadlineExceeded, which the trace loop reports as the worker that did not a
 import contextlib
 import threading
 import time
+from collections.abc import Callable, Iterator
 
 from nanscope.internals import abort_collective_ops
 
@@ -32,16 +33,16 @@ class CollectiveDeadline:
         deadline.close()
     """
 
-    def __init__(self, timeout_s, abort=None):
+    def __init__(self, timeout_s: float, abort: Callable[[str], object] | None = None) -> None:
         self.timeout_s = float(timeout_s)
         self._abort = abort or abort_collective_ops
         self._changed = threading.Condition()
-        self._deadline = None
+        self._deadline: float | None = None
         self._closed = False
-        self._thread = None
+        self._thread: threading.Thread | None = None
 
     @contextlib.contextmanager
-    def bounded(self):
+    def bounded(self) -> Iterator[None]:
         """A block whose collectives must finish within the timeout; blocks do not nest."""
         with self._changed:
             if self._thread is None and not self._closed:
@@ -55,7 +56,7 @@ class CollectiveDeadline:
             with self._changed:
                 self._deadline = None
 
-    def close(self):
+    def close(self) -> None:
         """End the watchdog thread (a later `bounded` block is then not watched)."""
         with self._changed:
             self._closed = True
@@ -63,7 +64,7 @@ class CollectiveDeadline:
         if self._thread is not None:
             self._thread.join()
 
-    def _watch(self):
+    def _watch(self) -> None:
         with self._changed:
             while not self._closed:
                 if self._deadline is None:

@@ -24,19 +24,24 @@ builds the same record of the whole step. The row also carries each worker's sto
 request (Ctrl-C), so every worker stops after the same step.
 """
 
+from typing import Any
+
 import numpy as np
 
 from nanscope import interrupt
 from nanscope.data import inputs
+from nanscope.data.targets import Arrays
+from nanscope.engine.exact import Tensor
 from nanscope.engine.variable_stats import any_nonfinite_count
 from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import LAYER, LAYER_MAXED, OUTPUT, SCALARS, output_offsets
-from nanscope.engine.step import InstrumentedStep, layer_loss_terms
+from nanscope.engine.step import GradTransform, InstrumentedStep, Optimizer, StepLoss, layer_loss_terms
 from nanscope.internals import overridden
+from nanscope.model.models import LoadedModel
 from nanscope.runtime import tensorflow
 
 
-def mirrored_strategy():
+def mirrored_strategy() -> Any:
     """A MirroredStrategy over every GPU, or over every logical CPU when there is no GPU."""
     tf, _ = tensorflow()
     if tf.config.list_logical_devices("GPU"):
@@ -73,8 +78,9 @@ class DistributedStep(InstrumentedStep):
     # Each step goes through `strategy.run` with host-split batches: one call per step.
     chunkable = False
 
-    def __init__(self, strategy, model, loss, optimizer, sample_x, sample_y, grad_transform=None, source=None,
-                 workers=1):
+    def __init__(self, strategy: Any, model: LoadedModel, loss: StepLoss, optimizer: Optimizer, sample_x: Arrays,
+                 sample_y: Arrays, grad_transform: GradTransform | None = None, source: str | None = None,
+                 workers: int = 1) -> None:
         tf, _ = tensorflow()
         self.strategy = strategy
         self.replicas = strategy.num_replicas_in_sync
@@ -82,13 +88,13 @@ class DistributedStep(InstrumentedStep):
         self.local_replicas = self.replicas // workers
         # 1.0 when this worker was asked to stop; gathered with the counts (multi-worker only).
         self._stop = tf.Variable(0.0, trainable=False, name="nanscope_stop") if workers > 1 else None
-        self.stop_requested_by = []  # the workers whose stop request the last step carried
+        self.stop_requested_by: list[int] = []  # the workers whose stop request the last step carried
         # The optimizer's slots and the snapshot must be mirrored variables.
         with strategy.scope():
             super().__init__(model, loss, optimizer, sample_x, sample_y, jit_compile=False,
                              grad_transform=grad_transform, source=source)
 
-    def _step(self, x, y):
+    def _step(self, x: Any, y: Any) -> tuple[Tensor, ...]:
         tf, _ = tensorflow()
         self._recorder.begin()
         self._snapshot.take()
@@ -98,18 +104,18 @@ class DistributedStep(InstrumentedStep):
             return tuple(self.strategy.experimental_local_results(part)[0] for part in per_replica)
         return tuple(tf.stack(self.strategy.experimental_local_results(part)) for part in per_replica)
 
-    def replica_rows(self, rows, replica):
+    def replica_rows(self, rows: Any, replica: int) -> tuple[Any, Any]:
         """(start, end) of `replica`'s rows in a batch of `rows`: its worker's range, split over its replicas."""
         worker, local = divmod(replica, self.local_replicas)
         first, last = self.worker_rows(rows, worker)
         share, count = last - first, self.local_replicas
         return first + share * local // count, first + share * (local + 1) // count
 
-    def worker_rows(self, rows, worker):
+    def worker_rows(self, rows: Any, worker: int) -> tuple[Any, Any]:
         """(start, end) of `worker`'s rows in a batch of `rows`: `[n * w // W, n * (w + 1) // W)`."""
         return rows * worker // self.workers, rows * (worker + 1) // self.workers
 
-    def _replica_step(self, x, y):
+    def _replica_step(self, x: Any, y: Any) -> tuple[Tensor, ...]:
         tf, _ = tensorflow()
         context = tf.distribute.get_replica_context()
         replica = int(tf.get_static_value(context.replica_id_in_sync_group))
@@ -153,7 +159,8 @@ class DistributedStep(InstrumentedStep):
             return scalars, layer_stats, layer_terms, var_stats, counts
         return gathered, scalars, layer_terms, var_stats
 
-    def _replica_row(self, x, y, y_pred, total, data_loss, output_losses, counts):
+    def _replica_row(self, x: Any, y: Any, y_pred: Any, total: Tensor, data_loss: Tensor, output_losses: list[Tensor],
+                     counts: Tensor) -> Tensor:
         """This replica's own measurements, flat: REPLICA_SCALARS, per-output columns, layer stats, counts, stop."""
         tf, _ = tensorflow()
         targets = [any_nonfinite_count(t) for t in tf.nest.flatten(y)]
@@ -166,14 +173,15 @@ class DistributedStep(InstrumentedStep):
         return tf.concat([tf.stack(own), tf.reshape(self._recorder.stats_matrix(), [-1]), counts,
                           tf.reshape(self._stop, [1])], axis=0)
 
-    def run(self, step, x, y):
+    def run(self, step: int, x: Arrays, y: Arrays) -> StepRecord:
         """Run one train step on a batch split over the replicas and return its StepRecord."""
         if self.workers > 1:
             return self._run_gathered(step, x, y)
         scalars, layer_stats, layer_terms, var_stats, counts = (t.numpy() for t in self._traced()(x, y))
         return combine_replicas(step, inputs.rows(x), scalars, layer_stats, layer_terms, var_stats, counts)
 
-    def _run_gathered(self, step, x, y):
+    def _run_gathered(self, step: int, x: Arrays, y: Arrays) -> StepRecord:
+        assert self._stop is not None  # made for every step with more than one worker, the steps gathered
         self._stop.assign(1.0 if interrupt.requested() else 0.0)
         gathered, scalars, layer_terms, var_stats = (t.numpy() for t in self._traced()(x, y))
         own = [SCALARS.at(name) for name in REPLICA_SCALARS]
@@ -198,7 +206,8 @@ _REPLICA_COUNTS = ("x_nonfinite", "y_nonfinite", "output_nonfinite")
 REPLICA_SCALARS = ("loss", "data_loss", "x_nonfinite", "y_nonfinite", "output_nonfinite", "loss_nonfinite")
 
 
-def combine_replicas(step, batch_rows, scalars, layer_stats, layer_terms, var_stats, counts):
+def combine_replicas(step: int, batch_rows: int, scalars: np.ndarray, layer_stats: np.ndarray, layer_terms: np.ndarray,
+                     var_stats: np.ndarray, counts: np.ndarray) -> StepRecord:
     """One StepRecord from the replicas' outputs (a leading replica axis on every array).
 
     Losses are weighted by each replica's share of the batch; counts and sizes add up;

@@ -18,11 +18,15 @@ costs two branch graphs to trace (a few ms each) and a handful of nodes per step
 """
 
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 from nanscope.runtime import tensorflow
 
 # Per graph: (value, dtype) -> the constant made in it.
+# A TF tensor (symbolic while the step is traced): TensorFlow ships no types, so Any to mypy.
+Tensor = Any
+
 _CONSTANTS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, str], Any]] = weakref.WeakKeyDictionary()
 
 # Tensors of a known shape are small with at most this many entries; tensors whose first
@@ -34,20 +38,20 @@ SMALL_SIZE = 4096
 SMALL_ROW_SIZE = 32
 
 
-def small(tensors):
+def small(tensors: Sequence[Tensor]) -> bool:
     """True when the exact statistics of these tensors are cheap enough to compute on every step."""
     if all(t.shape.is_fully_defined() for t in tensors):
         return sum(t.shape.num_elements() for t in tensors) <= SMALL_SIZE
     return all(_row_size(t) <= SMALL_ROW_SIZE for t in tensors)
 
 
-def _row_size(tensor):
+def _row_size(tensor: Tensor) -> float:
     """Entries per row of a tensor whose first axis is an unknown batch (inf when more is unknown)."""
     size = tensor.shape[1:].num_elements() if tensor.shape.rank else None
     return float("inf") if size is None else size
 
 
-def constant(value, dtype="float32"):
+def constant(value: Any, dtype: str = "float32") -> Tensor:
     """A constant of the graph being built, made once per graph and then reused (a `tf.constant` is an op)."""
     tf, _ = tensorflow()
     # The constants are held weakly (their graph's op holds them while the graph lives): a tensor holds its
@@ -63,32 +67,32 @@ def constant(value, dtype="float32"):
     return tensor
 
 
-def flat(tensor):
+def flat(tensor: Tensor) -> Tensor:
     """The tensor as a vector (a view: no copy)."""
     tf, _ = tensorflow()
     return tensor if tensor.shape.rank == 1 else tf.reshape(tensor, constant((-1,), "int32"))
 
 
-def all_axes(tensor):
+def all_axes(tensor: Tensor) -> Tensor | None:
     """The axes to reduce a whole tensor over, as a shared constant (None when the rank is unknown)."""
     rank = tensor.shape.rank
     return None if rank is None else constant(tuple(range(rank)), "int32")
 
 
-def nonfinite_count(tensor, when):
+def nonfinite_count(tensor: Tensor, when: Tensor) -> Tensor:
     """Non-finite entries of a tensor when the boolean tensor `when` is true, else 0, as float32."""
     tf, _ = tensorflow()
     return tf.cond(when, lambda: count_nonfinite(tensor), lambda: constant(0.0))
 
 
-def count_nonfinite(tensor):
+def count_nonfinite(tensor: Tensor) -> Tensor:
     """Non-finite entries of a tensor, as float32."""
     tf, _ = tensorflow()
     bad = tf.cast(tf.logical_not(tf.math.is_finite(tensor)), tf.float32)
     return tf.reduce_sum(bad, all_axes(tensor))
 
 
-def finite_stats(tensors):
+def finite_stats(tensors: Sequence[Tensor]) -> list[Tensor]:
     """[max finite |x|, sum finite |x|, non-finite count, exact zeros] over float tensors, as four float32 scalars.
 
     Plain reductions per tensor, no concatenation: for the few tensors of one layer
@@ -103,13 +107,13 @@ def finite_stats(tensors):
             tf.add_n(zeros)]
 
 
-def _finite_part(x):
+def _finite_part(x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     tf, _ = tensorflow()
     axes = all_axes(x)
     finite = tf.math.is_finite(x)
     a = tf.where(finite, tf.abs(x), constant(0.0))
 
-    def count(mask):
+    def count(mask: Tensor) -> Tensor:
         return tf.reduce_sum(tf.cast(mask, tf.float32), axes)
 
     # The max over no entries is -inf; |x| is never below 0.
@@ -117,7 +121,7 @@ def _finite_part(x):
     return peak, tf.reduce_sum(a, axes), count(tf.logical_not(finite)), count(tf.equal(x, constant(0.0)))
 
 
-def segment_stats(tensors):
+def segment_stats(tensors: Sequence[Tensor]) -> list[Tensor]:
     """Per tensor: [max finite |x|, sum finite |x|, non-finite count, exact zeros, L2 norm of finite entries].
 
     One set of segment reductions over the tensors' concatenation: a fixed dozen ops
@@ -146,7 +150,7 @@ def segment_stats(tensors):
     return [peak, tf.cast(total, tf.float32), nonfinite, zeros, tf.cast(tf.sqrt(squares), tf.float32)]
 
 
-def _joined(tensors):
+def _joined(tensors: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
     """(all entries as one float32 vector, the index of the tensor each entry comes from).
 
     The indices come from one sorted search over the tensors' end offsets, a fixed

@@ -9,6 +9,7 @@ the model is caught where the model is built (`models.build_model`).
 
 import contextlib
 import re
+from collections.abc import Iterator
 
 from nanscope.errors import ModelError, NanscopeError, first_line
 from nanscope.runtime import tensorflow
@@ -16,7 +17,7 @@ from nanscope.model.usercode import where_suffix
 
 
 @contextlib.contextmanager
-def raised_while_tracing(where):
+def raised_while_tracing(where: str) -> Iterator[None]:
     """Turn an exception that user code (the model's call, a loss, an optimizer) raises while TensorFlow traces
     the step into a ModelError naming `where` (the spec file and field): bad input, not a crash."""
     try:
@@ -29,7 +30,8 @@ def raised_while_tracing(where):
                          hint="NANSCOPE_DEBUG=1 shows the traceback") from exc
 
 
-def step_failure(exc, step, source=None, jit_compile=False):
+def step_failure(exc: BaseException, step: int, source: str | None = None, jit_compile: bool = False
+                 ) -> ModelError | None:
     """A ModelError that says why TensorFlow failed inside step `step`, or None when `exc` is not a TF op error.
 
     Out of memory, an XLA compilation failure and any other failed op (a
@@ -55,7 +57,7 @@ _OP_ERROR_NOISE = ("Graph execution error", "Detected at node", "File ", "Traceb
                    "tf2xla conversion failed", "[[{{node", "^")
 
 
-def _op_error_summary(exc):
+def _op_error_summary(exc: BaseException) -> str:
     """What a TensorFlow op error says went wrong, and at which node, without its creation traceback."""
     text = getattr(exc, "message", None) or str(exc)
     node = re.search(r"\{\{node ([^}]+)\}\}", text) or re.search(r"Detected at node '?([^\s']+)", text)

@@ -26,6 +26,6 @@ SPIKE_FACTOR = 100.0
 SPIKE_WINDOW = 20
 
 
-def activation_limit(dtype):
+def activation_limit(dtype: object) -> float:
     """The warning bound of a layer output computed in `dtype` (a dtype name); float32's for None or another name."""
     return ACTIVATION_LIMIT.get(str(dtype), ACTIVATION_LIMIT["float32"])

@@ -9,8 +9,12 @@ being applied (keras#16100), so that, and not the scale's value, is what is judg
 """
 
 from collections import deque
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from nanscope.engine.records import StepRecord
 
 # Skipped updates in a window this long, at this fraction, are a collapsed loss scale,
 # not the occasional overflow that dynamic loss scaling expects.
@@ -29,7 +33,7 @@ WARM_UP_SKIPS = 30
 BEFORE_GRADIENTS = ("data", "forward", "loss")
 
 
-def collapsed_window(skipped, scaled, before_gradients):
+def collapsed_window(skipped: np.ndarray, scaled: np.ndarray, before_gradients: np.ndarray) -> np.ndarray | None:
     """The steps (indices) over which a LossScaleOptimizer skipped so many updates that training stalled; None if it
     did not.
 
@@ -46,7 +50,7 @@ def collapsed_window(skipped, scaled, before_gradients):
     return window
 
 
-def _after_warm_up(considered, skipped):
+def _after_warm_up(considered: np.ndarray, skipped: np.ndarray) -> np.ndarray:
     """The steps `considered` (indices) less the LossScaleOptimizer's warm-up: the run of skipped updates it starts
     with while it halves its scale down from 2^15. A warm-up that reached WARM_UP_SKIPS steps is kept, ended or not:
     by then no weight had changed for that long."""
@@ -67,12 +71,12 @@ class LossScaleWatch:
             watch.see(record)     # sets record.scale_collapsed; record.phase then says "backward"
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.warm_up = 0            # skips before the first applied update (the whole run while none applied)
         self.trained = False        # an update was applied
-        self.recent = deque(maxlen=RECENT_UPDATES)
+        self.recent: deque[bool] = deque(maxlen=RECENT_UPDATES)
 
-    def see(self, record):
+    def see(self, record: "StepRecord") -> None:
         """Take the next record in step order; mark it when its skipped update is one of a collapsed scale."""
         if not record.loss_scale or record.phase in BEFORE_GRADIENTS:
             return

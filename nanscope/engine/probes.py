@@ -16,8 +16,10 @@ row is replica 0's: the bookkeeping is Python at trace time and adds no op.
 import contextlib
 import functools
 import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
-from nanscope.engine.exact import all_axes, constant, finite_stats, small
+from nanscope.engine.exact import Tensor, all_axes, constant, finite_stats, small
 from nanscope.engine.schema import LAYER, LAYER_MAXED
 from nanscope.internals import overridden
 from nanscope.runtime import tensorflow
@@ -38,7 +40,7 @@ ZEROS = LAYER.at("zeros")
 FLOAT16_TINY = 6.103515625e-05
 
 
-def tensor_stats(tensors, count_zeros=None):
+def tensor_stats(tensors: Sequence[Tensor], count_zeros: Tensor | None = None) -> Tensor:
     """[max |x|, sum |x|, non-finite count, exact zeros, size, float16 underflows] over float tensors, as float32.
 
     The last column counts non-zero magnitudes below float16's smallest normal, and
@@ -75,7 +77,7 @@ def tensor_stats(tensors, count_zeros=None):
     zeros = constant(NOT_COUNTED) if count_zeros is not None else size - tf.add_n(
         [tf.reduce_sum(tf.sign(a), all_axes(a)) for a in magnitudes])
 
-    def healthy():
+    def healthy() -> Tensor:
         # max of an empty tensor is -inf; a |x| maximum is never below 0.
         return tf.stack(LAYER.pack({"max_abs": tf.maximum(peak, constant(0.0)), "sum_abs": total,
                                     "nonfinite": constant(0.0), "zeros": zeros, "size": size, "tiny": tiny}))
@@ -86,7 +88,7 @@ def tensor_stats(tensors, count_zeros=None):
     return tf.cond(cheap, healthy, lambda: _exact_row(floats, tiny))
 
 
-def _exact_row(floats, tiny):
+def _exact_row(floats: Sequence[Tensor], tiny: Tensor) -> Tensor:
     """The row of `tensor_stats` from `finite_stats`: statistics of the finite entries, exact counts."""
     tf, _ = tensorflow()
     size = tf.cast(tf.add_n([tf.size(t) for t in floats]), tf.float32)
@@ -95,7 +97,7 @@ def _exact_row(floats, tiny):
                                 "size": size, "tiny": tiny}))
 
 
-def _measured(tensor):
+def _measured(tensor: Tensor) -> tuple[Tensor, bool]:
     """(the tensor whose statistics stand for a layer output, whether it is never negative).
 
     That tensor is the output itself, or for a softmax its recomputation from the logits.
@@ -118,33 +120,33 @@ def _measured(tensor):
     return exp / tf.reduce_sum(exp, last, keepdims=True), True
 
 
-def _magnitude(tensor, nonnegative):
+def _magnitude(tensor: Tensor, nonnegative: bool) -> Tensor:
     """|x| of one float tensor, in float32; `nonnegative` skips the abs."""
     tf, _ = tensorflow()
     x = tf.cast(tensor, tf.float32)
     return x if nonnegative else tf.abs(x)
 
 
-def _healthy_part(a):
+def _healthy_part(a: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(max, sum, size) of the magnitudes `a`, in float32."""
     tf, _ = tensorflow()
     axes = all_axes(a)
     return tf.reduce_max(a, axes), tf.reduce_sum(a, axes), tf.cast(tf.size(a), tf.float32)
 
 
-def _combined(parts):
+def _combined(parts: Sequence[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
     tf, _ = tensorflow()
     peaks, totals, sizes = zip(*parts)
     return tf.reduce_max(tf.stack(peaks), constant((0,), "int32")), tf.add_n(totals), tf.add_n(sizes)
 
 
-def _underflow_count(tensor):
+def _underflow_count(tensor: Tensor) -> Tensor:
     tf, _ = tensorflow()
     a = tf.abs(tf.cast(tensor, tf.float32))
     return tf.reduce_sum(tf.cast(tf.logical_and(a > 0.0, a < FLOAT16_TINY), tf.float32))
 
 
-def combine_layer_rows(rows):
+def combine_layer_rows(rows: Tensor) -> Tensor:
     """One layer row from several `[n, len(LAYER)]` (calls of one layer): LAYER_MAXED columns by max, others summed.
 
     The zeros are NOT_COUNTED when any call did not count them.
@@ -172,18 +174,19 @@ class LayerRecorder:
         stats = recorder.stats_matrix()        # [len(layers), len(LAYER)]
     """
 
-    def __init__(self, layers):
+    def __init__(self, layers: Iterable[Any]) -> None:
         self.layers = list(layers)
-        self._rows = {}
-        self._single = {}  # id(output) -> (output, its row), for layer calls with one float output
-        self.call_order = []
+        self._rows: dict[tuple[int, int], list[Tensor]] = {}  # (replica, layer index) -> rows of its calls
+        # id(output) -> (output, its row), for layer calls with one float output
+        self._single: dict[int, tuple[Tensor, Tensor]] = {}
+        self.call_order: list[int] = []
         self.traced = False  # set once a step function has been traced with the probes attached
-        self._graph = None
+        self._graph: Any = None
         self._thread = threading.local()
-        self._steps = None  # steps begun, for the zeros schedule (a variable, made on first use)
+        self._steps: Any = None  # steps begun, for the zeros schedule (a variable, made on first use)
 
     @contextlib.contextmanager
-    def attached(self):
+    def attached(self) -> Iterator["LayerRecorder"]:
         """Wrap every layer's `call`; always restore them, even when tracing fails."""
         self._rows, self._single, self.call_order = {}, {}, []
         hooks = [(layer, "call", functools.partial(self._wrap, index)) for index, layer in enumerate(self.layers)]
@@ -191,7 +194,7 @@ class LayerRecorder:
             yield self
             self.traced = True
 
-    def begin(self):
+    def begin(self) -> None:
         """Mark the graph being traced; call first thing inside the step function."""
         tf, _ = tensorflow()
         self._rows, self._single, self.call_order = {}, {}, []
@@ -199,7 +202,7 @@ class LayerRecorder:
         self._thread.replica, self._thread.graph = 0, self._graph
         self._thread.count_zeros = self._zeros_due()
 
-    def _zeros_due(self):
+    def _zeros_due(self) -> Tensor:
         """A boolean scalar: this step counts the exact zeros (one step in ZEROS_EVERY, the first included)."""
         tf, _ = tensorflow()
         if self._steps is None:
@@ -209,20 +212,20 @@ class LayerRecorder:
         return tf.equal(tf.math.floormod(begun - constant(1, "int64"), constant(ZEROS_EVERY, "int64")),
                         constant(0, "int64"))
 
-    def begin_replica(self, replica):
+    def begin_replica(self, replica: int) -> None:
         """File the calling thread's layer rows under `replica` (inside a replica function, before the forward pass)."""
         tf, _ = tensorflow()
         self._thread.replica, self._thread.graph = replica, tf.compat.v1.get_default_graph()
         self._thread.count_zeros = None  # per replica, every step: one schedule variable cannot serve all replicas
         self._rows.update({key: [] for key in self._rows if key[0] == replica})
 
-    def _replica(self):
+    def _replica(self) -> Any:
         return getattr(self._thread, "replica", 0)
 
-    def _wrap(self, index, call):
+    def _wrap(self, index: int, call: Callable[..., Any]) -> Callable[..., Any]:
         tf, _ = tensorflow()
 
-        def probed_call(*args, **kwargs):
+        def probed_call(*args: Any, **kwargs: Any) -> Any:
             outputs = call(*args, **kwargs)
             # Layers called inside a while loop (an RNN's cell) live in another graph:
             # their outputs cannot leave it, and the enclosing layer's output is probed instead.
@@ -241,7 +244,7 @@ class LayerRecorder:
 
         return probed_call
 
-    def _reshaped_row(self, flat):
+    def _reshaped_row(self, flat: list[Tensor]) -> Tensor | None:
         """The row already taken of the tensor that `flat`'s only output reshapes (a Flatten), or None.
 
         A reshape keeps every value, so its statistics are its input's: reducing it again
@@ -252,14 +255,14 @@ class LayerRecorder:
         seen = self._single.get(id(flat[0].op.inputs[0]))
         return seen[1] if seen is not None and seen[0] is flat[0].op.inputs[0] else None
 
-    def nonfinite_count(self, tensor):
+    def nonfinite_count(self, tensor: Tensor) -> Tensor | None:
         """The non-finite count a probe already took of `tensor` (a layer call's only float output), or None."""
         seen = self._single.get(id(tensor))
         if seen is None or seen[0] is not tensor:
             return None
         return seen[1][LAYER.at("nonfinite")]
 
-    def stats_matrix(self):
+    def stats_matrix(self) -> Tensor:
         """[len(layers), len(LAYER)] float32: one row of `tensor_stats` per layer (0 if never called).
 
         A layer called more than once gets the max of its calls' max |x| and the sum of

@@ -19,6 +19,9 @@ import numpy as np
 from nanscope.engine.schema import LAYER, OUTPUT, SCALARS, VARIABLE
 from nanscope.jsonio import decode_float
 
+# The step function's output arrays, or empty lists for the parts a sentinel step does not measure.
+Rows = np.ndarray | list[Any]
+
 
 @dataclass
 class LayerStats:
@@ -124,8 +127,8 @@ class StepRecord:
     overall_norms: tuple | None = None
 
     @classmethod
-    def from_arrays(cls, step: int, batch_rows: int, scalars: np.ndarray, layer_stats: np.ndarray,
-                    layer_terms: np.ndarray, var_stats: np.ndarray) -> StepRecord:
+    def from_arrays(cls, step: int, batch_rows: int, scalars: Rows, layer_stats: Rows, layer_terms: Rows,
+                    var_stats: Rows) -> StepRecord:
         """Build a record from the step function's four output arrays (laid out by engine/schema.py)."""
         # Python floats first: indexing numpy rows entry by entry costs several times more.
         scalars, layer_stats, layer_terms, var_stats = (

@@ -24,13 +24,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 if TYPE_CHECKING:
     import tensorflow as tf
+
+
+# A value to pack into a row: a float, or a tensor while the step is traced.
+V = TypeVar("V")
 
 
 class Columns(tuple):
@@ -52,7 +56,7 @@ class Columns(tuple):
         except ValueError:
             raise KeyError(f"no column {name!r}; the columns are {', '.join(self)}") from None
 
-    def pack(self, values: Mapping[str, float], default: float | None = None) -> list[float | None]:
+    def pack(self, values: Mapping[str, V], default: V | None = None) -> list[V | None]:
         """`values` (a mapping name -> value) as a list in column order.
 
         A name that is not a column is an error. A column without a value gets `default`,

@@ -20,21 +20,46 @@ for the life of the process: every trace (a replay, a fix tried, a retrace) kept
 """
 
 import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
 from nanscope.data import inputs
+from nanscope.data.targets import Arrays
+from nanscope.engine.exact import Tensor
 from nanscope.engine.failures import raised_while_tracing
 from nanscope.engine.variable_stats import (Snapshot, any_nonfinite_count, applied_updates, global_norm,
                                             graph_position, summary_stats, variable_rows)
-from nanscope.model.models import build_model
+from nanscope.model.models import LoadedModel, build_model
 from nanscope.engine.probes import LayerRecorder
 from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import OUTPUT, SCALARS, VARIABLE, StepLayout
 from nanscope.errors import ModelError
 from nanscope.internals import all_reduce_gradients_hooks, flatten_layers, overridden, own_losses
 from nanscope.runtime import tensorflow
+
+# Keras models, layers, optimizers and variables: Keras ships no types (Any to mypy).
+KerasModel = Any
+Optimizer = Any
+GradTransform = Callable[[list[Tensor]], list[Tensor]]
+# What `_train` hands the statistics: y_pred, total, data_loss, grads, applied, scale, output_losses, updates.
+Trained = tuple[Any, Tensor, Tensor, list[Tensor], list[Tensor], Tensor | None, list[Tensor], list[Tensor | None]]
+
+
+class StepLoss(Protocol):
+    """The loss a step minimises (run.losses.Loss, a layer up): one term per output, and their weighted sum."""
+
+    @property
+    def outputs(self) -> Sequence[Any]: ...
+
+    @property
+    def multi_output(self) -> bool: ...
+
+    def terms(self, y: Any, y_pred: Any) -> list[Tensor]: ...
+
+    def total(self, terms: list[Tensor]) -> Tensor: ...
 
 
 @dataclass
@@ -46,7 +71,7 @@ class LayerInfo:
     dtype: str = "float32"
 
 
-def probed_layers(keras_model):
+def probed_layers(keras_model: KerasModel) -> list[Any]:
     """The layers of a Keras model to probe, nested ones included, input layers left out."""
     if keras_model is None:
         return []
@@ -56,7 +81,7 @@ def probed_layers(keras_model):
     ]
 
 
-def variable_name(variable):
+def variable_name(variable: Any) -> str:
     """A variable's path-like name ("dense/kernel"), for Keras and plain tf.Variables alike."""
     name = getattr(variable, "path", None) or variable.name
     return name[:-2] if name.endswith(":0") else name
@@ -86,8 +111,9 @@ class InstrumentedStep:
     # `_step` can run inside a `tf.while_loop` over device-resident data (engine/chunk.py).
     chunkable = True
 
-    def __init__(self, model, loss, optimizer, sample_x, sample_y, jit_compile=False, grad_transform=None,
-                 source=None):
+    def __init__(self, model: LoadedModel, loss: StepLoss, optimizer: Optimizer, sample_x: Arrays, sample_y: Arrays,
+                 jit_compile: bool = False, grad_transform: GradTransform | None = None,
+                 source: str | None = None) -> None:
         tf, _ = tensorflow()
         self.source = source
         self.model = model
@@ -114,65 +140,65 @@ class InstrumentedStep:
         self._keras_sum_skipped = all_reduce_gradients_hooks(getattr(optimizer, "inner_optimizer", optimizer),
                                                              as_handed)
         self._snapshot = Snapshot(self._model_state())
-        self._optimizer_snapshot = None  # the guard's: `keep_optimizer_state`
+        self._optimizer_snapshot: Snapshot | None = None  # the guard's: `keep_optimizer_state`
         self._recorder = LayerRecorder(self.layers)
         x_spec, y_spec = (tf.nest.map_structure(lambda a: tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype)), s)
                           for s in (sample_x, sample_y))
         self._compiled = tf.function(self._step, input_signature=[x_spec, y_spec], jit_compile=jit_compile,
                                      autograph=False)
-        self._concrete = None  # traced on first use: a chunked run never calls the single step
-        self._light = None  # the sentinel's step (`run_light`), traced on first use
+        self._concrete: Any = None  # traced on first use: a chunked run never calls the single step
+        self._light: Any = None  # the sentinel's step (`run_light`), traced on first use
         self.generation = 0  # how many times `retrace` was called: a ChunkRunner traces its loop again after one
 
     @property
-    def layout(self):
+    def layout(self) -> StepLayout:
         """The StepLayout of this step's outputs (engine/schema.py)."""
         return StepLayout(outputs=len(self.loss.outputs), layers=len(self.layers),
                           terms=len(self.layers) + 1 if self.model.keras_model is not None else 0,
                           variables=len(self.trainable))
 
     @property
-    def layer_call_order(self):
+    def layer_call_order(self) -> list[str]:
         """Probed layer names in execution order, as seen when a step was traced."""
         if not self._recorder.traced:
             self._traced()
         return [self.layer_info[i].name for i in self._recorder.call_order]
 
-    def _traced(self):
+    def _traced(self) -> Any:
         """The single-step concrete function, traced (with the layer probes attached) on first use."""
         if self._concrete is None:
             with self._recorder.attached():
                 self._concrete = self._compiled.get_concrete_function()
         return self._concrete
 
-    def probes_attached(self):
+    def probes_attached(self) -> contextlib.AbstractContextManager[LayerRecorder]:
         """A block in which a trace of the step records every probed layer (engine/chunk.py traces its loop so)."""
         return self._recorder.attached()
 
-    def step_outputs(self, x, y):
+    def step_outputs(self, x: Any, y: Any) -> tuple[Tensor, ...]:
         """The step's output tensors (scalars, layer statistics, loss terms, variable statistics), for a caller
         that traces the step inside its own graph (engine/chunk.py's loop over device-resident batches)."""
         return self._step(x, y)
 
-    def _model_state(self):
+    def _model_state(self) -> list[Any]:
         if self.model.keras_model is None:
             return list(self.trainable) + self._loss_scale_state()
         others = [v for v in self.model.keras_model.variables if all(v is not t for t in self.trainable)]
         return list(self.trainable) + others + self._loss_scale_state()
 
-    def _loss_scale_state(self):
+    def _loss_scale_state(self) -> list[Any]:
         # A LossScaleOptimizer's scale and growth counter (two scalars) are kept with the weights: the replay of a
         # step, and its repro, must run under the scale the step's loss was scaled by, not the one it left.
         return [self.optimizer.step_counter, self.optimizer.dynamic_scale] if self.loss_scaled else []
 
-    def _where(self, field):
+    def _where(self, field: str) -> str:
         return (f"{self.source}: " if self.source else "") + f"{field}: "
 
-    def raised_by(self, field):
+    def raised_by(self, field: str) -> contextlib.AbstractContextManager[None]:
         """A context that reports an exception raised while the step is traced as bad input in `field`."""
         return raised_while_tracing(self._where(field))
 
-    def predictions(self, y_pred):
+    def predictions(self, y_pred: Any) -> Any:
         """The model's output, checked: tensors (one, or a list or dict of them), not None or plain values."""
         tf, _ = tensorflow()
         parts = tf.nest.flatten(y_pred)
@@ -182,11 +208,11 @@ class InstrumentedStep:
                              "dict of tensors (one per output)")
         return y_pred
 
-    def _step(self, x, y):
+    def _step(self, x: Any, y: Any) -> tuple[Tensor, ...]:
         self._recorder.begin()
         return self._outputs(x, y, *self._train(x, y))
 
-    def _light_step(self, x, y):
+    def _light_step(self, x: Any, y: Any) -> tuple[Tensor, Tensor]:
         """The sentinel's step: the same training without the layer probes or the per-variable rows; only the
         scalars, with the gradients and weights reduced over all variables at once (`summary_stats`)."""
         tf, _ = tensorflow()
@@ -198,7 +224,7 @@ class InstrumentedStep:
                    for d, v, c in zip(updates, self.trainable, self._snapshot.copies)]
         return scalars, tf.stack([weight_norm, global_norm(changes)])
 
-    def _train(self, x, y):
+    def _train(self, x: Any, y: Any) -> Trained:
         """Copy the state, then forward, loss, backward and the update, in the graph being traced; the tensors the
         statistics are taken of."""
         tf, _ = tensorflow()
@@ -232,11 +258,13 @@ class InstrumentedStep:
         updates = applied_updates(start, self.trainable)
         return y_pred, total, data_loss, grads, applied, scale, output_losses, updates
 
-    def _layer_loss_terms(self):
+    def _layer_loss_terms(self) -> list[Tensor]:
         self._loss_terms = layer_loss_terms(self.layers, self.model.keras_model)
         return self._loss_terms
 
-    def _outputs(self, x, y, y_pred, total, data_loss, grads, applied, scale, output_losses, updates=None):
+    def _outputs(self, x: Any, y: Any, y_pred: Any, total: Tensor, data_loss: Tensor, grads: list[Tensor],
+                 applied: list[Tensor], scale: Tensor | None, output_losses: list[Tensor],
+                 updates: list[Tensor | None] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         tf, _ = tensorflow()
         var_stats, grad_norm, applied_norm = variable_rows(
             grads, self._snapshot.copies[: len(self.trainable)], self.trainable, None if applied is grads else applied,
@@ -248,7 +276,8 @@ class InstrumentedStep:
         layer_terms = tf.stack(self._loss_terms) if self._loss_terms else tf.zeros([0])
         return scalars, self._recorder.stats_matrix(), layer_terms, var_stats
 
-    def _scalars(self, x, y, y_pred, total, data_loss, applied, scale, output_losses, measured):
+    def _scalars(self, x: Any, y: Any, y_pred: Any, total: Tensor, data_loss: Tensor, applied: list[Tensor],
+                 scale: Tensor | None, output_losses: list[Tensor], measured: dict[str, Tensor]) -> Tensor:
         """The step's scalar row (SCALARS, then OUTPUT per output); `measured`: the gradient and weight columns."""
         tf, _ = tensorflow()
         target_counts = [any_nonfinite_count(t) for t in tf.nest.flatten(y)]
@@ -268,12 +297,12 @@ class InstrumentedStep:
             "loss_missing": 0.0,
         }) + [column for row in (per_output if self.loss.multi_output else []) for column in row])
 
-    def _prediction_nonfinite(self, prediction):
+    def _prediction_nonfinite(self, prediction: Tensor) -> Tensor:
         """Non-finite entries of one model output: the count its layer's probe took, where there is one."""
         counted = self._recorder.nonfinite_count(prediction)
         return any_nonfinite_count(prediction) if counted is None else counted
 
-    def _skipped(self, applied, scale):
+    def _skipped(self, applied: list[Tensor], scale: Tensor | None) -> Tensor:
         """1.0 when a LossScaleOptimizer skipped this update (its scaled gradients were not finite)."""
         tf, _ = tensorflow()
         if not self.loss_scaled:
@@ -281,13 +310,13 @@ class InstrumentedStep:
         finite = [tf.reduce_all(tf.math.is_finite(g * tf.cast(scale, g.dtype))) for g in applied]
         return tf.cast(tf.logical_not(tf.reduce_all(tf.stack(finite))), tf.float32)
 
-    def run(self, step, x, y):
+    def run(self, step: int, x: Arrays, y: Arrays) -> StepRecord:
         """Run one train step on a batch and return its StepRecord."""
         scalars, layer_stats, layer_terms, var_stats = self._traced()(x, y)
         return StepRecord.from_arrays(step, inputs.rows(x), scalars.numpy(), layer_stats.numpy(), layer_terms.numpy(),
                                       var_stats.numpy())
 
-    def run_light(self, step, x, y):
+    def run_light(self, step: int, x: Arrays, y: Arrays) -> StepRecord:
         """Run one sentinel step on a batch (`_light_step`): a StepRecord of the scalars, with no layer or
         variable rows. The state before it is copied as before a full step."""
         if self._light is None:
@@ -299,14 +328,14 @@ class InstrumentedStep:
         record.overall_norms = tuple(float(n) for n in norms.numpy())
         return record
 
-    def rerun_in_full(self, step, x, y):
+    def rerun_in_full(self, step: int, x: Arrays, y: Arrays) -> StepRecord:
         """The full StepRecord of the last step, re-run on its batch from the state before it (the optimizer's
         too, after `keep_optimizer_state`); every variable is then left as the step left it."""
         with self.state_kept():
             self.restore_before_step(optimizer=True)
             return self.run(step, x, y)
 
-    def retrace(self):
+    def retrace(self) -> None:
         """Trace the step again at its next run: after a change to an optimizer setting that the traced graph
         reads (clipping, epsilon). A ChunkRunner over this step traces its loop again too (`generation`)."""
         tf, _ = tensorflow()
@@ -316,7 +345,7 @@ class InstrumentedStep:
         self.generation += 1
 
     @contextlib.contextmanager
-    def state_kept(self):
+    def state_kept(self) -> Iterator[None]:
         """For the block: anything; afterwards every variable the snapshots copy, and the copies, as they were."""
         kept = self.guarded_variables() + self.snapshot_copies()
         live = [np.array(v.numpy(), copy=True) for v in kept]
@@ -326,38 +355,38 @@ class InstrumentedStep:
             for variable, value in zip(kept, live):
                 variable.assign(value)
 
-    def restore_before_step(self, optimizer=False):
+    def restore_before_step(self, optimizer: bool = False) -> None:
         """Put the model's state back as it was before the last step; the optimizer's too with `optimizer=True`
         (kept only after `keep_optimizer_state`)."""
         self._snapshot.restore()
         if optimizer and self._optimizer_snapshot is not None:
             self._optimizer_snapshot.restore()
 
-    def keep_optimizer_state(self):
+    def keep_optimizer_state(self) -> None:
         """Copy the optimizer's variables (its counter, its slots) before each update too, so that
         `restore_before_step(optimizer=True)` undoes a whole step (the guard's skip). Before the step is traced."""
         if self._optimizer_snapshot is None:
             kept = {id(v) for v in self._snapshot.variables}
             self._optimizer_snapshot = Snapshot([v for v in self.optimizer.variables if id(v) not in kept])
 
-    def guarded_variables(self):
+    def guarded_variables(self) -> list[Any]:
         """Every variable the snapshots copy: the model's state, then the optimizer's (after `keep_optimizer_state`)."""
         extra = self._optimizer_snapshot.variables if self._optimizer_snapshot is not None else []
         return list(self._snapshot.variables) + list(extra)
 
-    def snapshot_copies(self):
+    def snapshot_copies(self) -> list[Any]:
         """The snapshots' own copies (a re-run through the step overwrites them)."""
         extra = self._optimizer_snapshot.copies if self._optimizer_snapshot is not None else []
         return list(self._snapshot.copies) + list(extra)
 
 
-def as_handed(reduce):
+def as_handed(reduce: object) -> type[list[Any]]:
     """In place of the optimizer's all-reduce of the replicas' gradients: the (gradient, variable) pairs as handed."""
     del reduce  # Unused
     return list
 
 
-def _one_replica():
+def _one_replica() -> bool:
     """True where the step is traced for one replica (no strategy, or one device): the sum of its gradients is
     the gradients themselves."""
     tf, _ = tensorflow()
@@ -365,25 +394,25 @@ def _one_replica():
     return context is None or context.num_replicas_in_sync == 1
 
 
-def _f32(tensor):
+def _f32(tensor: Tensor) -> Tensor:
     tf, _ = tensorflow()
     tensor = tf.convert_to_tensor(tensor)
     return tensor if tensor.dtype == tf.float32 else tf.cast(tensor, tf.float32)
 
 
-def _total(counts):
+def _total(counts: list[Tensor]) -> Tensor:
     """The sum of a list of scalar tensors; one is returned as it is (no op)."""
     tf, _ = tensorflow()
     return counts[0] if len(counts) == 1 else tf.add_n(counts)
 
 
-def is_loss_scale_optimizer(optimizer):
+def is_loss_scale_optimizer(optimizer: Optimizer) -> bool:
     """True for Keras' LossScaleOptimizer (dynamic loss scaling for float16)."""
     _, keras = tensorflow()
     return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
 
-def layer_loss_terms(layers, keras_model):
+def layer_loss_terms(layers: Sequence[Any], keras_model: KerasModel) -> list[Tensor]:
     """Per layer, then for the model itself, the sum of the loss terms it owns (add_loss, weight regularizers).
 
     Call inside the traced step, after the forward pass. Without a Keras model (a
@@ -399,7 +428,7 @@ def layer_loss_terms(layers, keras_model):
     return rows
 
 
-def relative_variable_names(variables, keras_model):
+def relative_variable_names(variables: Sequence[Any], keras_model: KerasModel) -> list[str]:
     """Variable names relative to the model ("dense/kernel", not "sequential/dense/kernel")."""
     names = [variable_name(v) for v in variables]
     prefix = f"{keras_model.name}/" if keras_model is not None else None
@@ -408,7 +437,7 @@ def relative_variable_names(variables, keras_model):
     return names
 
 
-def keras_gradients(raw, dense):
+def keras_gradients(raw: Sequence[Any], dense: Sequence[Tensor]) -> list[Tensor]:
     """The gradients to hand the optimizer: an Embedding's IndexedSlices as the tape gave them, as Keras' own
     train step hands them (Adam and RMSprop update only the rows a sparse gradient names; a dense one of zeros
     moves the others by their moments), the dense ones (statistics, clipping, unscaling) for the rest."""

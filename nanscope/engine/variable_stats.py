@@ -8,7 +8,10 @@ are computed only when a sum shows there is something to count, for all variable
 once (`exact.segment_stats`); a small model gets them on every step instead.
 """
 
-from nanscope.engine.exact import all_axes, constant, count_nonfinite, nonfinite_count, segment_stats, small
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from nanscope.engine.exact import Tensor, all_axes, constant, count_nonfinite, nonfinite_count, segment_stats, small
 from nanscope.engine.schema import VARIABLE
 from nanscope.runtime import tensorflow
 
@@ -24,19 +27,19 @@ class Snapshot:
         variables: list of the model's variables (trainable first).
     """
 
-    def __init__(self, variables):
+    def __init__(self, variables: Iterable[Any]) -> None:
         tf, _ = tensorflow()
         self.variables = list(variables)
         self.copies = [tf.Variable(tf.convert_to_tensor(v), trainable=False, name="nanscope_snapshot")
                        for v in self.variables]
 
-    def take(self):
+    def take(self) -> None:
         """Copy the variables' current values (inside the step, before the update)."""
         tf, _ = tensorflow()
         for copy, variable in zip(self.copies, self.variables):
             copy.assign(tf.convert_to_tensor(variable))
 
-    def restore(self):
+    def restore(self) -> None:
         """Put the copied values back into the variables."""
         for copy, variable in zip(self.copies, self.variables):
             variable.assign(copy)
@@ -49,7 +52,9 @@ class Snapshot:
 _MEASURED = ("grad_norm", "grad_nonfinite", "weight_norm", "weight_nonfinite", "update_norm", "update_nonfinite")
 
 
-def variable_rows(grads, before, after, applied=None, updates=None):
+def variable_rows(grads: Sequence[Tensor], before: Sequence[Tensor], after: Sequence[Tensor],
+                  applied: Sequence[Tensor] | None = None, updates: Sequence[Tensor | None] | None = None
+                  ) -> tuple[Tensor, Tensor, Tensor]:
     """Per-variable statistics: ([n, 5] rows, global grad norm, global applied-grad norm).
 
     Row columns: schema.VARIABLE.
@@ -84,7 +89,8 @@ def variable_rows(grads, before, after, applied=None, updates=None):
     return rows, grad_norm, applied_norm
 
 
-def summary_stats(grads, after, applied=None):
+def summary_stats(grads: Sequence[Tensor | None], after: Sequence[Tensor], applied: Sequence[Tensor] | None = None
+                  ) -> tuple[dict[str, Tensor], Tensor]:
     """The sentinel's gradient and weight columns of SCALARS, over all variables at once (no per-variable rows).
 
     A healthy step costs one fused pass over the gradients and one over the updated weights
@@ -102,10 +108,10 @@ def summary_stats(grads, after, applied=None):
     squares = tf.add_n([tf.nn.l2_loss(g) for g in grads]) * constant(2.0) if grads else constant(0.0)
     probe = tf.add_n([tf.nn.l2_loss(w) for w in weights]) * constant(2.0) if weights else constant(0.0)
 
-    def healthy():
+    def healthy() -> tuple[Tensor, Tensor, Tensor]:
         return tf.sqrt(squares), tf.constant(0.0), tf.constant(0.0)
 
-    def exact():
+    def exact() -> tuple[Tensor, Tensor, Tensor]:
         return _scaled_norm(grads), _count(grads), _count(weights)
 
     finite = tf.logical_and(tf.math.is_finite(squares), tf.math.is_finite(probe))
@@ -115,7 +121,7 @@ def summary_stats(grads, after, applied=None):
             "grad_nonfinite": grad_bad, "weights_nonfinite": weight_bad}, tf.sqrt(probe)
 
 
-def global_norm(tensors):
+def global_norm(tensors: Iterable[Tensor | None]) -> Tensor:
     """The global L2 norm, one fused pass; a sum of squares that overflows is redone scaled by the largest entry."""
     tf, _ = tensorflow()
     tensors = [_f32(t) for t in tensors if t is not None]
@@ -125,7 +131,7 @@ def global_norm(tensors):
     return tf.cond(tf.math.is_finite(norm), lambda: norm, lambda: _scaled_norm(tensors))
 
 
-def _scaled_norm(tensors):
+def _scaled_norm(tensors: Sequence[Tensor]) -> Tensor:
     """The global L2 norm of float32 tensors, scaled by their largest |entry| so that it overflows only when the
     norm does (NaN when an entry is not finite)."""
     tf, _ = tensorflow()
@@ -136,7 +142,7 @@ def _scaled_norm(tensors):
     return peak * tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(t / safe)) for t in tensors]))
 
 
-def _count(tensors):
+def _count(tensors: Sequence[Tensor]) -> Tensor:
     """Non-finite entries of the tensors, as one float32 scalar."""
     tf, _ = tensorflow()
     return tf.add_n([count_nonfinite(t) for t in tensors]) if tensors else tf.constant(0.0)
@@ -148,13 +154,13 @@ _READS = frozenset({"ReadVariableOp", "ResourceGather", "VariableShape"})
 _INCREMENTS = {"AssignAddVariableOp": 1.0, "AssignSubVariableOp": -1.0}
 
 
-def graph_position():
+def graph_position() -> int:
     """How many ops the graph being built holds: pass to `applied_updates` to look at the ops made since."""
     tf, _ = tensorflow()
     return len(tf.compat.v1.get_default_graph().get_operations())
 
 
-def applied_updates(since, variables):
+def applied_updates(since: int, variables: Sequence[Any]) -> list[Tensor | None]:
     """Per variable, the change (up to its sign) the ops made since `since` (a `graph_position`) wrote into it, or None.
 
     Keras optimizers update a weight with `assign_add` or `assign_sub` of a tensor they
@@ -172,16 +178,16 @@ def applied_updates(since, variables):
     graph = tf.compat.v1.get_default_graph()
     handles = [graph.capture(v.handle) if getattr(v, "handle", None) is not None else None for v in variables]
     index = {id(h): i for i, h in enumerate(handles) if h is not None}
-    users = [[] for _ in variables]
+    users: list[list[Any]] = [[] for _ in variables]
     for op in graph.get_operations()[since:]:
         for i in {index[id(t)] for t in op.inputs if id(t) in index}:
             users[i].append(op)
     return [None if handle is None else _increment(ops, handle) for ops, handle in zip(users, handles)]
 
 
-def _increment(ops, handle):
+def _increment(ops: list[Any], handle: Tensor) -> Tensor | None:
     """The sum of the increments `ops` (each using `handle`) write into its variable, up to its sign, or None."""
-    writes = []
+    writes: list[tuple[float, Tensor]] = []
     for op in ops:
         if op.type in _READS:
             continue
@@ -197,7 +203,7 @@ def _increment(ops, handle):
     return change
 
 
-def _norms(tensors):
+def _norms(tensors: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
     """(L2 norms, non-finite counts) of the tensors: one fused pass each, the exact path only when a sum is not
     finite."""
     tf, _ = tensorflow()
@@ -206,7 +212,7 @@ def _norms(tensors):
     return tf.cond(finite, lambda: (tf.sqrt(squares), tf.zeros_like(squares)), lambda: _exact_norms(tensors))
 
 
-def _exact_norms(tensors):
+def _exact_norms(tensors: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
     """(L2 norms, non-finite counts) by `segment_stats`: a norm over non-finite entries is NaN, and one over
     finite entries whose sum of squares overflows float32 is still exact."""
     tf, _ = tensorflow()
@@ -214,13 +220,13 @@ def _exact_norms(tensors):
     return tf.where(nonfinite > constant(0.0), constant(float("nan")), norms), nonfinite
 
 
-def sum_of_squares(tensors):
+def sum_of_squares(tensors: Sequence[Tensor]) -> Tensor:
     """[len(tensors)] float32: each tensor's sum of squares, by `tf.nn.l2_loss` (one fused pass, no temporary)."""
     tf, _ = tensorflow()
     return constant(2.0) * tf.stack([tf.nn.l2_loss(t) for t in tensors])
 
 
-def combined_norm(norms):
+def combined_norm(norms: Tensor) -> Tensor:
     """sqrt(sum(n**2)) scaled by the largest norm, so it overflows only when the result does."""
     tf, _ = tensorflow()
     axis = constant((0,), "int32")
@@ -228,7 +234,7 @@ def combined_norm(norms):
     return peak * tf.sqrt(tf.reduce_sum(tf.square(tf.math.divide_no_nan(norms, peak)), axis))
 
 
-def any_nonfinite_count(tensor):
+def any_nonfinite_count(tensor: Tensor) -> Tensor:
     """Number of non-finite entries of a tensor (0 for integer tensors), as float32.
 
     A small tensor (`exact.small`) is counted directly. A larger one costs one sum on
@@ -246,7 +252,7 @@ def any_nonfinite_count(tensor):
     return nonfinite_count(tensor, tf.logical_not(tf.math.is_finite(probe)))
 
 
-def _f32(tensor):
+def _f32(tensor: Tensor) -> Tensor:
     tf, _ = tensorflow()
     tensor = tf.convert_to_tensor(tensor)
     return tensor if tensor.dtype == tf.float32 else tf.cast(tensor, tf.float32)
