@@ -7,12 +7,14 @@ Nothing here imports TensorFlow at module level, so `--help` stays fast.
 """
 
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Annotated
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -28,22 +30,26 @@ from nanscope.spec.options import (
 )
 
 
-class _HelpFlag:
+def _as_flag(option: Any) -> Any:
     """Show `--help` as the flag it is, without a `<bool>` type (Typer's own help option has no metavar)."""
-
-    def get_help_option(self, ctx):
-        option = super().get_help_option(ctx)
-        if option is not None:
-            option.metavar = ""
-        return option
+    if option is not None:
+        option.metavar = ""
+    return option
 
 
-class Command(_HelpFlag, typer.core.TyperCommand):
-    """A nanscope command (see _HelpFlag)."""
+# The click Context and Option a Typer command's hooks take are the click Typer vendors (typer._click): Any here.
+class Command(typer.core.TyperCommand):
+    """A nanscope command (its `--help` shown as a flag)."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        return _as_flag(super().get_help_option(ctx))
 
 
-class Group(_HelpFlag, typer.core.TyperGroup):
-    """The nanscope command group (see _HelpFlag)."""
+class Group(typer.core.TyperGroup):
+    """The nanscope command group (its `--help` shown as a flag)."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        return _as_flag(super().get_help_option(ctx))
 
 
 app = typer.Typer(
@@ -61,12 +67,12 @@ app = typer.Typer(
 SpecArg = Annotated[Path, typer.Argument(help="YAML run spec (model, data, train sections).", show_default=False)]
 
 
-def flag(name, text):
+def flag(name: str, text: str) -> Any:
     """A boolean option that takes no value: its help shows no `<bool>` type, as if it wanted one."""
     return typer.Option(name, help=text, metavar="")
 
 
-def cli_option(declared):
+def cli_option(declared: dataclasses.Field[Any]) -> Any:
     """The Typer option of an options dataclass field declared with `nanscope.spec.options.option`."""
     meta = declared.metadata
     if declared.type is bool:
@@ -75,16 +81,16 @@ def cli_option(declared):
     return typer.Option(meta["flag"], help=meta["help"], show_default=meta["show_default"], **extra)
 
 
-def register(name, options, argument, argument_help, call):
+def register(name: str, options: type[Any], argument: str, argument_help: Any, call: Callable[[Path, Any], int]
+             ) -> Callable[..., Any]:
     """Register the command `name`: its one argument, then an option per field of the dataclass `options` that
     declares one, in field order. The command runs `call(argument, options(**given))` (`run_command`).
 
     The options are declared once, in `nanscope.spec.options`; this builds the Typer parameters from them.
     """
-    import dataclasses
     import inspect
 
-    def command(**given):
+    def command(**given: Any) -> None:
         value = given.pop(argument)
         run_command(lambda: call(value, options(**given)))
 
@@ -93,14 +99,15 @@ def register(name, options, argument, argument_help, call):
     parameters += [inspect.Parameter(declared.name, keyword, default=declared.default,
                                      annotation=Annotated[declared.type, cli_option(declared)])
                    for declared in dataclasses.fields(options) if "flag" in declared.metadata]
-    command.__signature__ = inspect.Signature(parameters, return_annotation=None)
-    command.__annotations__ = {parameter.name: parameter.annotation for parameter in parameters}
-    command.__name__ = name.replace("-", "_")
-    command.__doc__ = call.__doc__
-    return app.command(name, cls=Command)(command)
+    built: Any = command  # inspect and Typer read `__signature__`, which typeshed does not declare on a function
+    built.__signature__ = inspect.Signature(parameters, return_annotation=None)
+    built.__annotations__ = {parameter.name: parameter.annotation for parameter in parameters}
+    built.__name__ = name.replace("-", "_")
+    built.__doc__ = call.__doc__
+    return app.command(name, cls=Command)(built)
 
 
-def run_command(body):
+def run_command(body: Callable[[], int | None]) -> None:
     """Run a command body; map its outcome to an exit code and its errors to one line on stderr.
 
     SIGINT and SIGTERM stop training between steps (`nanscope.interrupt`); the run
@@ -133,7 +140,7 @@ def run_command(body):
 
 
 @contextlib.contextmanager
-def _debug_log(enabled):
+def _debug_log(enabled: bool) -> Iterator[None]:
     """With NANSCOPE_DEBUG=1, the `nanscope` logger's records (the traceback of a part left out of a report,
     nanscope.finishing) go to stderr for the command's duration."""
     if not enabled:
@@ -150,40 +157,40 @@ def _debug_log(enabled):
         logger.setLevel(level)
 
 
-def one_line(exc):
+def one_line(exc: object) -> str:
     """The error's message as one line: newlines (user code, Keras, TensorFlow) collapse to spaces."""
     return " ".join(str(exc).split())
 
 
-def _trace_steps(spec, options):
+def _trace_steps(spec: Path, options: TraceOptions) -> int:
     """Run instrumented train steps and report where the first NaN/Inf appears and why."""
     from nanscope.commands import trace_steps
 
     return trace_steps.run(spec, options)
 
 
-def _replay(directory, options):
+def _replay(directory: Path, options: ReplayOptions) -> int:
     """Re-run one saved step eagerly and show the op, layer and line that produced the first NaN/Inf."""
     from nanscope.commands import replay
 
     return replay.run(directory, options)
 
 
-def _check_data(source, options):
+def _check_data(source: Path, options: CheckDataOptions) -> int:
     """Scan the training data for NaN/Inf, bad scales and labels that do not fit the loss."""
     from nanscope.commands import check_data
 
     return check_data.run(source, options)
 
 
-def _compare_clipping(spec, options):
+def _compare_clipping(spec: Path, options: CompareClippingOptions) -> int:
     """Train the same model from the same weights under each clipping strategy and pick one."""
     from nanscope.commands import compare_clipping
 
     return compare_clipping.run(spec, options)
 
 
-def _report(trace, options):
+def _report(trace: Path, options: ReportOptions) -> int:
     """Redraw a trace-steps report from its trace file, without rerunning training."""
     from nanscope.commands import report
 
@@ -200,7 +207,7 @@ register("report", ReportOptions, "trace", Annotated[Path, typer.Argument(
     help="A JSON-lines trace written by trace-steps.")], _report)
 
 
-def main():
+def main() -> NoReturn:
     """Console-script entry point: a usage error (a bad option value) is one line and exit 2 too."""
     try:
         code = app(standalone_mode=False)
@@ -218,7 +225,7 @@ def main():
     exit_now(code if isinstance(code, int) else 0)
 
 
-def exit_now(code):
+def exit_now(code: int) -> NoReturn:
     """End the process with `code`; once TensorFlow is loaded, without the interpreter's teardown.
 
     Everything a command writes (the JSON, the trace, the TensorBoard log, the plot) is
