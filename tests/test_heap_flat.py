@@ -18,7 +18,8 @@ A library caller replaying a repro bundle in a loop (`replay_repro`) opens a ses
 step on every replay; each replay's step graphs must go when it returns. Keras' optimizer sums the
 gradients through the replica context's all-reduce even without a strategy, and that sum, traced,
 registers a gradient function in TensorFlow's global registry that holds the graph for good: ~3 MB
-a replay (bench/README.md, `soak.py`).
+a replay (bench/README.md, `soak.py`). The same held the train functions the callback builds in
+every fit, which a caller that fits one model again and again (a fit per epoch) met.
 """
 
 import gc
@@ -127,4 +128,23 @@ def test_a_loop_of_replays_keeps_no_graph(spec, tmp_path):
     kept = {id(ref()) for ref in live_graphs()}
     replayed = [replay_repro(bundle).first_nonfinite for _ in range(2)]
     assert [(f.step, f.phase, f.op) for f in replayed] == [(first.step, first.phase, first.op)] * 2
+    assert sorted(ref().name for ref in live_graphs() if ref() is not None and id(ref()) not in kept) == []
+
+
+def test_a_loop_of_fits_with_the_callback_keeps_no_graph():
+    # Each fit with the callback builds its train functions anew (the full one, the sentinel's light one); before,
+    # each fit kept two graphs. Without nanscope Keras traces its train function once for the model.
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    x = np.random.default_rng(0).standard_normal((64, 4)).astype("float32")
+
+    def fit():
+        scope = NanScope(verbose=0, console=Console(quiet=True))
+        model.fit(x, x[:, :1], batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[scope])
+        return scope.report.steps_run
+
+    assert fit() == 4
+    kept = {id(ref()) for ref in live_graphs()}
+    assert [fit(), fit()] == [4, 4]
     assert sorted(ref().name for ref in live_graphs() if ref() is not None and id(ref()) not in kept) == []

@@ -135,10 +135,8 @@ class InstrumentedStep:
                              "train or trace", hint="was it frozen with `trainable = False`?")
         self.variable_names = relative_variable_names(self.trainable, model.keras_model)
         self.optimizer.build(self.trainable)
-        # The optimizer's own sum of the replicas' gradients, replaced by the gradients as handed; a
-        # LossScaleOptimizer's inner optimizer is the one that sums.
-        self._keras_sum_skipped = all_reduce_gradients_hooks(getattr(optimizer, "inner_optimizer", optimizer),
-                                                             as_handed)
+        # The optimizer's own sum of the replicas' gradients, replaced by the gradients as handed.
+        self._keras_sum_skipped = keras_sum_skipped(optimizer)
         self._snapshot = Snapshot(self._model_state())
         self._optimizer_snapshot: Snapshot | None = None  # the guard's: `keep_optimizer_state`
         self._recorder = LayerRecorder(self.layers)
@@ -378,6 +376,13 @@ class InstrumentedStep:
         """The snapshots' own copies (a re-run through the step overwrites them)."""
         extra = self._optimizer_snapshot.copies if self._optimizer_snapshot is not None else []
         return list(self._snapshot.copies) + list(extra)
+
+
+def keras_sum_skipped(optimizer: Optimizer) -> list[tuple[Any, str, Callable[[Any], Any]]]:
+    """The `overridden` hooks that hand `optimizer` its gradients on as they are, in place of Keras' own sum of
+    the replicas' gradients (a LossScaleOptimizer's: its inner optimizer's), for a step traced for one replica
+    or one that hands every replica the sum itself (see the module's doc)."""
+    return all_reduce_gradients_hooks(getattr(optimizer, "inner_optimizer", optimizer), as_handed)
 
 
 def as_handed(reduce: object) -> type[list[Any]]:

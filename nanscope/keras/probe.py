@@ -23,9 +23,9 @@ import numpy as np
 
 from nanscope.engine.probes import LayerRecorder
 from nanscope.engine.schema import join
-from nanscope.engine.step import probed_layers, relative_variable_names
+from nanscope.engine.step import keras_sum_skipped, probed_layers, relative_variable_names
 from nanscope.internals import (
-    compile_loss, rebuild_train_function, replace_train_step, restore, set_train_function,
+    compile_loss, overridden, rebuild_train_function, replace_train_step, restore, set_train_function,
 )
 from nanscope.keras.capture import StepCapture, not_absorbed, unexpected_layer_nonfinite
 from nanscope.keras.moments import FeatureMoments
@@ -199,8 +199,8 @@ class StepProbe:
             light = (tf.function(functools.partial(self._sentinel_step, original, snapshot=False),
                                  reduce_retracing=True, jit_compile=True, autograph=False)
                      if self.sentinel is not None else None)
-            return self._snapshot_around(full, original, light)
-        return self._instrumented_step(original, snapshot=self.snapshot is not None)
+            return sums_skipped(self._snapshot_around(full, original, light), self.optimizers)
+        return sums_skipped(self._instrumented_step(original, snapshot=self.snapshot is not None), self.optimizers)
 
     def _snapshot_around(self, step, original, light=None):
         """`step` (compiled by XLA), after the snapshot of its state and batch, taken outside XLA; in the
@@ -342,6 +342,20 @@ class StepProbe:
     def call_order(self):
         """Probed layer names in execution order, as seen when the step was traced."""
         return [self.layers[i].name for i in self.layer_probe.call_order]
+
+
+def sums_skipped(step, optimizers):
+    """`step`, a train step on one replica, with the optimizers' own sum of the replicas' gradients skipped while it
+    is traced: on one replica that sum is the gradients themselves, and Keras' all-reduce, traced, keeps the graph
+    for the life of the process (engine/step.py), so every train function nanscope built (two a fit) was kept."""
+    hooks = [hook for optimizer in optimizers for hook in keras_sum_skipped(optimizer)]
+
+    @functools.wraps(step)
+    def train_step(data):
+        with overridden(hooks):
+            return step(data)
+
+    return train_step
 
 
 @contextlib.contextmanager
