@@ -202,7 +202,7 @@ def test_auto_with_one_healthy_step_clips_at_the_global_bound_and_says_so(tmp_pa
     from rich.console import Console
 
     from nanscope.run.clipping import compare_clipping
-    from nanscope.run.clipping.report_json import clipping_json
+    from nanscope.run.clipping.result import clipping_json
     from nanscope.render.clipping_report import render_clipping_report
 
     report = compare_clipping(load_spec(SPECS / "irnn.yaml"), "none,auto,global_clipnorm", steps=4)

@@ -11,7 +11,7 @@ from nanscope.model.specpaths import check_spec_paths
 from nanscope.spec.options import CompareClippingOptions
 
 if TYPE_CHECKING:
-    from nanscope.run.clipping.compare import ClippingReport
+    from nanscope.run.clipping.result import ClippingReport
 
 
 def run(spec: str | os.PathLike[str], options: CompareClippingOptions) -> int:

@@ -6,19 +6,28 @@ does training stay finite, and how low does the loss get? `run_experiment` answe
 it for one change; every run resets the weights first, so runs are comparable.
 """
 
+from __future__ import annotations
+
 import math
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from nanscope import interrupt
 from nanscope.data import targets
 from nanscope.engine.loss_scale import LossScaleWatch
+from nanscope.engine.records import StepRecord
 from nanscope.store.history import StepHistory
 from nanscope.jsonio import jsonable
 from nanscope.rules.fixes import Change as Change  # re-exported: the Change an experiment runs, declared with the rules
 from nanscope.store.series import ScalarColumns
+
+if TYPE_CHECKING:
+    from nanscope.model.models import LoadedModel
+    from nanscope.run.session import Session
 
 # The scalar columns an experiment's result reads of every step (its verdict, its JSON, the report's overview).
 RESULT_COLUMNS = ("phase", "loss", "grad_global_norm", "loss_scale", "update_skipped", "loss_missing")
@@ -44,7 +53,7 @@ class ExperimentResult:
     """
 
     name: str
-    params: dict
+    params: dict[str, Any]
     history: StepHistory
     first_nonfinite_step: int | None
     final_loss: float | None
@@ -54,49 +63,50 @@ class ExperimentResult:
     batches_fingerprint: int | None = None
     first_nonfinite_phase: str | None = None
     first_loss: float | None = None
-    first_healthy: object | None = None
+    first_healthy: StepRecord | None = None
 
     @property
-    def finite(self):
+    def finite(self) -> bool:
         return self.first_nonfinite_step is None
 
     @property
-    def steps_run(self):
+    def steps_run(self) -> int:
         return self.history.count
 
     @property
-    def records(self):
+    def records(self) -> list[StepRecord]:
         """The kept full rows (StepRecord), in step order: every step of a run shorter than 2 * keep steps."""
         return self.history.kept()
 
     @property
-    def losses(self):
+    def losses(self) -> list[float]:
         """Every step's training loss."""
         return self.history.column("loss").tolist()
 
     @property
-    def grad_global_norms(self):
+    def grad_global_norms(self) -> list[float]:
         """Every step's global gradient norm."""
         return self.history.column("grad_global_norm").tolist()
 
-    def healthy_grad_norms(self):
+    def healthy_grad_norms(self) -> np.ndarray:
         """The finite global gradient norms of the finite steps whose update was applied, as a float64 array."""
         norms = self.history.column("grad_global_norm")
         applied = self.history.column("update_skipped") == 0
         return norms[(self.history.phases() == 0) & applied & np.isfinite(norms)]
 
     @property
-    def skipped_updates(self):
+    def skipped_updates(self) -> int:
         """Updates a LossScaleOptimizer skipped on steps that stayed finite: its scaled gradients overflowed
         float16, which dynamic loss scaling absorbs (the step is not a failure, but no weight changed)."""
         return int(np.count_nonzero((self.history.column("update_skipped") != 0) & (self.history.phases() == 0)))
 
     @property
-    def stalled(self):
+    def stalled(self) -> bool:
         """True when loss scaling skipped so many updates that the run did not train: every one of them, or so
         many after its warm-up that the scale collapsed (`rules.precision.collapsed_window`). Such a run can
         stay finite only because no weight changed."""
-        from nanscope.rules.precision import BEFORE_GRADIENTS, collapsed_window
+        from nanscope.engine.loss_scale import collapsed_window
+        from nanscope.rules.precision import BEFORE_GRADIENTS
 
         skipped = self.history.column("update_skipped") != 0
         if not skipped.any():
@@ -104,7 +114,7 @@ class ExperimentResult:
         scaled, before = self.history.column("loss_scale") != 0, np.isin(self.history.phases(), BEFORE_GRADIENTS)
         return bool(skipped.all()) or collapsed_window(skipped, scaled, before) is not None
 
-    def to_json(self):
+    def to_json(self) -> Any:
         return jsonable({
             "name": self.name, "params": self.params, "first_nonfinite_step": self.first_nonfinite_step,
             "final_loss": self.final_loss, "best_loss": self.best_loss, "val_loss": self.val_loss,
@@ -113,7 +123,9 @@ class ExperimentResult:
         })
 
 
-def run_experiment(session, change, steps=None, stop_at_nonfinite=True, on_step=None, fingerprint=False):
+def run_experiment(session: Session, change: Change, steps: int | None = None, stop_at_nonfinite: bool = True,
+                   on_step: Callable[[StepRecord], object] | None = None, fingerprint: bool = False
+                   ) -> ExperimentResult:
     """Train from the session's initial weights with `change` applied and summarise the run.
 
     Args:
@@ -129,7 +141,8 @@ def run_experiment(session, change, steps=None, stop_at_nonfinite=True, on_step=
         return _run(session, change, steps, stop_at_nonfinite, on_step, fingerprint)
 
 
-def _run(session, change, steps, stop_at_nonfinite, on_step, fingerprint):
+def _run(session: Session, change: Change, steps: int | None, stop_at_nonfinite: bool,
+         on_step: Callable[[StepRecord], object] | None, fingerprint: bool) -> ExperimentResult:
     model = change.model or session.model
     session.reset_weights(model)
     start = _state_fingerprint(model) if fingerprint else None
@@ -170,13 +183,16 @@ def _run(session, change, steps, stop_at_nonfinite, on_step, fingerprint):
 class _RunSummary:
     """Folds a run's records into a StepHistory and the few exact values a verdict reads."""
 
-    def __init__(self, layer_dtypes):
+    def __init__(self, layer_dtypes: list[str]) -> None:
         self.layer_dtypes = layer_dtypes
         self.history = StepHistory(0, 0)
-        self.final_loss = self.best_loss = self.first_loss = None
-        self.first_nonfinite_phase = self.first_healthy = None
+        self.final_loss: float | None = None
+        self.best_loss: float | None = None
+        self.first_loss: float | None = None
+        self.first_nonfinite_phase: str | None = None
+        self.first_healthy: StepRecord | None = None
 
-    def add(self, record):
+    def add(self, record: StepRecord) -> None:
         if not self.history.count:
             self.history = StepHistory(len(record.layers), len(record.variables), len(record.outputs),
                                        series=lambda columns: ScalarColumns(columns, only=RESULT_COLUMNS),
@@ -193,6 +209,6 @@ class _RunSummary:
             self.first_nonfinite_phase = record.phase
 
 
-def _state_fingerprint(model):
+def _state_fingerprint(model: LoadedModel) -> float:
     variables = model.keras_model.variables if model.keras_model is not None else model.variables
     return float(sum(abs(v.numpy().astype("float64")).sum() for v in variables))

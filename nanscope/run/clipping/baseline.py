@@ -9,13 +9,19 @@ the run's own loss function evaluated on that constant, over the rows the strate
 ranked on: the validation rows, or the training rows when there are none.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from nanscope.checkdata.labels import label_kind
 from nanscope.data import targets
 from nanscope.runtime import tensorflow
+
+if TYPE_CHECKING:
+    from nanscope.run.session import Session
 
 # A strategy learns when its loss ends at least this far below the baseline; a run that ends
 # at the baseline, within float noise, predicts what a constant predicts.
@@ -37,23 +43,24 @@ class Baseline:
     rows: str
     how: str
 
-    def beaten_by(self, loss):
+    def beaten_by(self, loss: float | None) -> bool:
         """True when `loss` is below the baseline by the margin that shows learning."""
         # The margin is a fraction of the baseline's size: a loss that can be negative (Poisson) must end below it too.
         return loss is not None and np.isfinite(loss) and loss < self.value - (1 - BASELINE_MARGIN) * abs(self.value)
 
-    def to_json(self):
+    def to_json(self) -> dict[str, Any]:
         return {"value": self.value, "rows": self.rows, "how": self.how, "margin": BASELINE_MARGIN}
 
 
-def trivial_baseline(session):
+def trivial_baseline(session: Session) -> Baseline | None:
     """The Baseline of a session's loss and data, or None for a loss whose constant nanscope does not know."""
     tf, _ = tensorflow()
     losses = [o.loss for o in session.loss.outputs] if session.loss.multi_output else [session.loss]
     names = [f"{o.name}: " for o in session.loss.outputs] if session.loss.multi_output else [""]
     data, rows = (session.validation, "validation") if session.validation is not None else (session.train, "training")
     widths = _output_widths(session)
-    predictions, hows = [], []
+    predictions: list[np.ndarray] = []
+    hows: list[str] = []
     for name, loss, y_train, y_eval, width in zip(names, losses, targets.parts(session.train.y),
                                                   targets.parts(data.y), widths):
         constant = _constant(loss, np.asarray(y_train), len(y_eval), width)
@@ -69,7 +76,7 @@ def trivial_baseline(session):
     return Baseline(value, rows, "; ".join(hows))
 
 
-def _output_widths(session):
+def _output_widths(session: Session) -> list[int]:
     """The last axis of each model output, from one forward pass on one training row."""
     tf, _ = tensorflow()
     from nanscope.data import inputs
@@ -78,7 +85,7 @@ def _output_widths(session):
     return [int(t.shape[-1]) if len(t.shape) >= 2 else 1 for t in tf.nest.flatten(outputs)]
 
 
-def _constant(loss, y_train, rows, width):
+def _constant(loss: Any, y_train: np.ndarray, rows: int, width: int) -> tuple[np.ndarray, str] | None:
     """(prediction for `rows` rows, what it is) or None."""
     kind = label_kind(loss.name)
     key = (loss.name or "").lower().replace("_", "")

@@ -11,83 +11,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nanscope.run.clipping.baseline import Baseline, trivial_baseline
-from nanscope.run.clipping.effect import OptimizerCheck, StepEffect, clip_overrides, step_effect, verify_optimizer_clip
+from nanscope.run.clipping.effect import clip_overrides, step_effect, verify_optimizer_clip
+from nanscope.run.clipping.result import ClippingReport, StrategyRun
 from nanscope.run.clipping.strategies import Strategy, parse_strategies
 from nanscope.run.clipping.thresholds import derive_thresholds
 from nanscope.run.clipping.transforms import ClipMonitor
 from nanscope import interrupt
-from nanscope.errors import EXIT_INTERRUPTED
-from nanscope.run.experiment import Change, ExperimentResult, run_experiment
-from nanscope.run.session import open_session
+from nanscope.run.experiment import Change, run_experiment
+from nanscope.run.session import Session, open_session
 
 if TYPE_CHECKING:
     from nanscope.spec.sections import RunSpec
-
-
-@dataclass
-class StrategyRun:
-    """One strategy's run and what was measured about its clipping.
-
-    Args:
-        strategy: Strategy.
-        result: ExperimentResult.
-        effect: StepEffect. How often the threshold bit and how much norm it removed.
-        optimizer_check: OptimizerCheck or None. First-step check of a Keras optimizer option.
-    """
-
-    strategy: Strategy
-    result: ExperimentResult
-    effect: StepEffect
-    optimizer_check: OptimizerCheck | None = None
-
-    @property
-    def took_effect(self) -> bool | None:
-        """False when clipping demonstrably did not act; None when there was nothing to check."""
-        if self.optimizer_check is not None and self.optimizer_check.verified is False:
-            return False
-        return self.effect.took_effect
-
-
-@dataclass
-class ClippingReport:
-    """Everything compare-clipping found. `to_json()` gives the `nanscope.clipping/1` document.
-
-    Args:
-        run: dict. Spec, model, optimizer and steps of the comparison.
-        runs: list of StrategyRun, in the order run.
-        thresholds: dict. How thresholds left open were derived.
-        recommended: str or None. Name of the recommended strategy.
-        recommendations: list of dict. Every strategy that stayed finite, best first, with why and the fix.
-        diagnosis: str or None. Why no strategy helps, when none does.
-        baseline: Baseline or None. The loss of the trivial constant prediction a strategy must beat.
-        hides_problem: bool. Some strategy stayed finite but none beat the baseline: clipping only hides it.
-    """
-
-    run: dict
-    runs: list[StrategyRun]
-    thresholds: dict
-    recommended: str | None = None
-    recommendations: list[dict] = field(default_factory=list)
-    diagnosis: str | None = None
-    notes: list[str] = field(default_factory=list)
-    interrupted: bool = False
-    baseline: Baseline | None = None
-    hides_problem: bool = False
-
-    def exit_code(self) -> int:
-        """0 when a strategy is recommended, 1 when none is, 130 when a signal cut the comparison short."""
-        if self.interrupted:
-            return EXIT_INTERRUPTED
-        return 0 if self.recommended is not None else 1
-
-    def to_json(self) -> dict:
-        from nanscope.run.clipping.report_json import clipping_json
-
-        return clipping_json(self)
 
 
 def compare_clipping(spec: RunSpec, strategies: str | list[Strategy] | None = None, steps: int | None = None,
@@ -118,7 +55,8 @@ def compare_clipping(spec: RunSpec, strategies: str | list[Strategy] | None = No
     baseline = _baseline(session, notes)
     progress = _Progress(on_progress, steps * len(ordered))
     runs: list[StrategyRun] = []
-    thresholds, interrupted = {}, False
+    thresholds: dict[str, Any] = {}
+    interrupted = False
     try:
         for strategy in ordered:
             if strategy.kind != "none" and strategy.threshold is None:
@@ -144,7 +82,7 @@ def stopped_before_training(spec_source: str | os.PathLike,
     return ClippingReport(run={"spec": str(spec_source)}, runs=[], thresholds={}, notes=[note], interrupted=True)
 
 
-def _baseline(session, notes):
+def _baseline(session: Session, notes: list[str]) -> Baseline | None:
     """The trivial baseline, or None with a note: a loss nanscope has no constant for is compared without one."""
     try:
         baseline = trivial_baseline(session)
@@ -158,18 +96,18 @@ def _baseline(session, notes):
     return baseline
 
 
-def _unclipped_first(strategies):
+def _unclipped_first(strategies: list[Strategy]) -> tuple[list[Strategy], list[str]]:
     """The strategies with `none` first; `none` is added when a threshold must be derived from it."""
     nones = [s for s in strategies if s.kind == "none"]
     others = [s for s in strategies if s.kind != "none"]
-    notes = []
+    notes: list[str] = []
     if not nones and any(s.threshold is None for s in others):
         nones = [Strategy("none")]
         notes.append("added the unclipped run `none`: thresholds not given are derived from its healthy steps")
     return nones + others, notes
 
 
-def _run_strategy(session, strategy, steps, progress):
+def _run_strategy(session: Session, strategy: Strategy, steps: int, progress: _Progress) -> StrategyRun:
     check = verify_optimizer_clip(session, strategy) if strategy.is_keras_option else None
     monitor = ClipMonitor(strategy, steps) if strategy.kind != "none" else None
     change = Change(
@@ -188,21 +126,20 @@ def _run_strategy(session, strategy, steps, progress):
     )
 
 
-def _learning_rate(spec, steps):
+def _learning_rate(spec: RunSpec, steps: int) -> float | None:
     """The learning rate a clip threshold is bounded with: the spec's, or under a schedule its peak over the run
     (a threshold that keeps the largest step in bounds keeps every step in bounds)."""
     optimizer = spec.train.optimizer
-    if optimizer is not None and optimizer.learning_rate is not None and not isinstance(optimizer.learning_rate,
-                                                                                        float):
+    rate = optimizer.learning_rate if optimizer is not None else None
+    if rate is not None and not isinstance(rate, float):
         from nanscope.model.learning_rate import peak_learning_rate
         from nanscope.model.optimizers import build_schedule
 
-        return peak_learning_rate(build_schedule(spec, optimizer.learning_rate), steps)
-    return optimizer.learning_rate if optimizer is not None and optimizer.learning_rate else (
-        0.01 if optimizer is not None and optimizer.name.lower() == "sgd" else None)
+        return peak_learning_rate(build_schedule(spec, rate), steps)
+    return rate if rate else (0.01 if optimizer is not None and optimizer.name.lower() == "sgd" else None)
 
 
-def _describe(session, steps):
+def _describe(session: Session, steps: int) -> dict[str, Any]:
     spec = session.spec
     optimizer = spec.train.optimizer
     return {
@@ -216,14 +153,14 @@ def _describe(session, steps):
 
 
 class _Progress:
-    def __init__(self, callback, total):
+    def __init__(self, callback: Callable[[str, int, int], None] | None, total: int) -> None:
         self.callback, self.total, self.done = callback, total, 0
 
-    def step(self, name, count=1):
+    def step(self, name: str, count: int = 1) -> None:
         self.done += count
         if self.callback is not None:
             self.callback(name, self.done, self.total)
 
-    def finish(self, name, remaining):
+    def finish(self, name: str, remaining: int) -> None:
         if remaining > 0:
             self.step(name, remaining)

@@ -16,15 +16,24 @@ Two checks, reported per strategy:
    LossScaleOptimizer skipped are left out: nothing was applied.
 """
 
+from __future__ import annotations
+
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from nanscope.run.clipping.transforms import STAT_COLUMNS, keras_clip
 from nanscope.model.optimizers import build_optimizer
 from nanscope.runtime import tensorflow
+from nanscope.engine.exact import Tensor
 from nanscope.spec.sections import CLIP_FIELDS
+
+if TYPE_CHECKING:
+    from nanscope.run.clipping.strategies import Strategy
+    from nanscope.run.session import Session
 
 # float32 rounding of a clipped norm: the clipped value may exceed the threshold by a few ulps.
 WITHIN_TOLERANCE = 1e-4
@@ -33,9 +42,9 @@ MATCH_RTOL, MATCH_ATOL = 1e-4, 1e-6
 LOSS_SCALE_CHECKED = 2.0 ** 15
 
 
-def clip_overrides(kind=None, threshold=None):
+def clip_overrides(kind: str | None = None, threshold: float | None = None) -> dict[str, float | None]:
     """Optimizer overrides that switch every Keras clip option off, then `kind` on (a spec's own clip is dropped)."""
-    overrides = {field: None for field in CLIP_FIELDS}
+    overrides: dict[str, float | None] = {field: None for field in CLIP_FIELDS}
     if kind is not None:
         overrides[kind] = threshold
     return overrides
@@ -60,7 +69,7 @@ class OptimizerCheck:
     detail: str
 
 
-def verify_optimizer_clip(session, strategy):
+def verify_optimizer_clip(session: Session, strategy: Strategy) -> OptimizerCheck:
     """Check on the first batch that the optimizer's clip option changes the update as Keras documents."""
     tf, _ = tensorflow()
     session.reset_weights()
@@ -74,6 +83,7 @@ def verify_optimizer_clip(session, strategy):
     if not math.isfinite(measure) or measure == 0.0:
         return OptimizerCheck(None, False, math.nan, 1.0,
                               f"not tested: the first gradient's {strategy.measure} is {measure:g}")
+    assert strategy.threshold is not None  # set (given or derived) before a clipping strategy runs
     scale = max(1.0, 4.0 * strategy.threshold / measure)
     grads = [g * scale for g in grads]
     clipped = _update(session, *_as_trained(session, build_optimizer(
@@ -101,7 +111,7 @@ def verify_optimizer_clip(session, strategy):
     return OptimizerCheck(matches, ignored, error, scale, detail)
 
 
-def _as_trained(session, optimizer, grads):
+def _as_trained(session: Session, optimizer: Any, grads: list[Tensor]) -> tuple[Any, list[Tensor]]:
     """(optimizer, gradients) as a training step hands them over: under loss scaling, the optimizer wrapped in a
     LossScaleOptimizer and the gradients multiplied by its scale. The inner optimizer must clip the unscaled
     gradient; one that clipped the scaled one would update by a factor of the scale less."""
@@ -112,7 +122,7 @@ def _as_trained(session, optimizer, grads):
     return wrapped, [g * LOSS_SCALE_CHECKED for g in grads]
 
 
-def _measure(grads, measure):
+def _measure(grads: list[Tensor], measure: str | None) -> float:
     norms = [float(np.linalg.norm(g.numpy())) for g in grads]
     if measure == "max_abs":
         return max(float(np.max(np.abs(g.numpy()))) if g.shape.num_elements() else 0.0 for g in grads)
@@ -121,7 +131,7 @@ def _measure(grads, measure):
     return math.sqrt(sum(n * n for n in norms))
 
 
-def _update(session, optimizer, grads):
+def _update(session: Session, optimizer: Any, grads: list[Tensor]) -> list[np.ndarray]:
     """Δw of one optimizer step on `grads` from the initial weights (the weights are put back afterwards)."""
     session.reset_weights()
     variables = list(session.model.trainable_variables)
@@ -148,12 +158,13 @@ class StepEffect:
     steps_within: int
 
     @property
-    def took_effect(self):
+    def took_effect(self) -> bool | None:
         """True when every step where the threshold bit used a gradient within it (None when it never bit)."""
         return None if self.steps_bit == 0 else self.steps_within == self.steps_bit
 
 
-def step_effect(strategy, stats, finite_steps, skipped=()):
+def step_effect(strategy: Strategy, stats: np.ndarray | None, finite_steps: int, skipped: Iterable[bool] = ()
+                ) -> StepEffect:
     """Summarise a ClipMonitor's per-step statistics for the first `finite_steps` steps.
 
     `skipped` flags, per step, the updates a LossScaleOptimizer skipped: their gradients overflowed
@@ -162,6 +173,8 @@ def step_effect(strategy, stats, finite_steps, skipped=()):
     """
     if strategy.kind == "none" or finite_steps == 0:
         return StepEffect(None, None, 0, 0)
+    # A clipping strategy: its monitor's statistics, its threshold (given or derived) and what it bounds.
+    assert stats is not None and strategy.threshold is not None and strategy.measure is not None
     applied = np.ones(finite_steps, bool)
     flags = np.asarray(list(skipped)[:finite_steps], bool)
     applied[:len(flags)] = ~flags

@@ -19,6 +19,7 @@ Example:
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from nanscope.errors import NanscopeError, did_you_mean
 
@@ -52,37 +53,38 @@ class Strategy:
     threshold_source: str = "given"
 
     @property
-    def name(self):
+    def name(self) -> str:
         """The label in tables and JSON: "clipnorm=1", "auto", "none"."""
         if self.kind in ("none", "auto") or self.threshold is None:
             return self.kind
         return f"{self.kind}={self.threshold:g}"
 
     @property
-    def is_keras_option(self):
+    def is_keras_option(self) -> bool:
         """True when the clipping is the optimizer's own (clipvalue / clipnorm / global_clipnorm)."""
         return self.kind in KERAS_MODES
 
     @property
-    def measure(self):
+    def measure(self) -> str | None:
         """What the threshold bounds: "max_abs", "max_variable_norm" or "global_norm" (None for `none`)."""
         return MEASURE.get(self.kind)
 
-    def params(self):
+    def params(self) -> dict[str, Any]:
         """The strategy's settings, for the report."""
         if self.kind == "none":
             return {}
         return {"mode": self.kind, "threshold": self.threshold, "threshold_source": self.threshold_source}
 
 
-def parse_strategies(text, option="--strategies"):
+def parse_strategies(text: str | None, option: str = "--strategies") -> list[Strategy]:
     """The strategies named in a comma-separated list, in order, duplicates dropped.
 
     Raises:
         StrategyError: naming the option and the entry, with the nearest known name.
     """
     entries = [part.strip() for part in (text or DEFAULT_STRATEGIES).split(",")]
-    strategies, seen = [], set()
+    strategies: list[Strategy] = []
+    seen: set[str] = set()
     for entry in entries:
         if not entry:
             raise StrategyError(f"`{option}`: empty entry in {text!r}; expected e.g. {DEFAULT_STRATEGIES}")
@@ -93,7 +95,7 @@ def parse_strategies(text, option="--strategies"):
     return strategies
 
 
-def parse_strategy(entry, option="--strategies"):
+def parse_strategy(entry: str, option: str = "--strategies") -> Strategy:
     """One `kind` or `kind=threshold` entry."""
     kind, sep, value = entry.partition("=")
     kind = kind.strip().lower()

@@ -16,11 +16,18 @@ With fewer than AUTO_MIN_HEALTHY_STEPS healthy steps there is no percentile to t
 uses G instead and says so.
 """
 
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from nanscope.rules.diagnose import CLIP_PERCENTILE, clip_threshold, round_threshold
+
+if TYPE_CHECKING:
+    from nanscope.run.clipping.strategies import Strategy
+    from nanscope.run.experiment import ExperimentResult
 
 FALLBACK_THRESHOLD = 1.0
 # The 10th percentile is a norm that one healthy step in ten lies below: it needs at least ten steps.
@@ -29,7 +36,8 @@ FALLBACK_THRESHOLD = 1.0
 AUTO_MIN_HEALTHY_STEPS = math.ceil(100 / CLIP_PERCENTILE)
 
 
-def derive_thresholds(strategies, unclipped, learning_rate, parameter_count, weight_norm=None):
+def derive_thresholds(strategies: list[Strategy], unclipped: ExperimentResult, learning_rate: float | None,
+                      parameter_count: int, weight_norm: float | None = None) -> dict[str, Any]:
     """Set the threshold of every strategy that has none, from the unclipped run's healthy steps.
 
     Args:
@@ -46,7 +54,9 @@ def derive_thresholds(strategies, unclipped, learning_rate, parameter_count, wei
     healthy = unclipped.healthy_grad_norms()
     if len(healthy):
         if weight_norm is None:
-            weight_norm = math.hypot(*(v.weight_norm for v in unclipped.first_healthy.variables))
+            first = unclipped.first_healthy
+            assert first is not None  # the first of the healthy steps just found
+            weight_norm = math.hypot(*(v.weight_norm for v in first.variables))
         bound, how = clip_threshold(healthy, learning_rate, weight_norm)
     else:
         bound = FALLBACK_THRESHOLD
@@ -71,7 +81,7 @@ def derive_thresholds(strategies, unclipped, learning_rate, parameter_count, wei
             "auto_min_healthy_steps": AUTO_MIN_HEALTHY_STEPS}
 
 
-def _auto_threshold(healthy, bound, how):
+def _auto_threshold(healthy: np.ndarray, bound: float, how: str) -> tuple[float, str, str]:
     """(threshold, how it was chosen, and from what: "percentile", "global_norm_bound" or "fallback") for `auto`."""
     if len(healthy) >= AUTO_MIN_HEALTHY_STEPS:
         return (round_threshold(float(np.percentile(healthy, CLIP_PERCENTILE))),

@@ -13,7 +13,17 @@ so no per-step host transfer is added:
                  (`nanscope.run.clipping.effect.verify_optimizer_clip`), not taken on trust.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from nanscope.engine.exact import Tensor
 from nanscope.runtime import tensorflow
+
+if TYPE_CHECKING:
+    from nanscope.run.clipping.strategies import Strategy
 
 # Per step: raw and clipped global norm, max per-variable norm, max |element|.
 STAT_COLUMNS = (
@@ -22,7 +32,7 @@ STAT_COLUMNS = (
 )
 
 
-def keras_clip(grads, mode, threshold):
+def keras_clip(grads: list[Tensor], mode: str, threshold: float | None) -> list[Tensor]:
     """The gradients as Keras 3's optimizer `_clip_gradients` leaves them for `mode` at `threshold`.
 
     clipnorm per variable (g * c / max(|g|, c)); global_clipnorm over all, a non-finite
@@ -41,7 +51,7 @@ def keras_clip(grads, mode, threshold):
     raise ValueError(f"not a Keras clip mode: {mode!r}")
 
 
-def manual_clip(grads, mode, threshold):
+def manual_clip(grads: list[Tensor], mode: str, threshold: float | None) -> list[Tensor]:
     """The gradients clipped as a custom training loop does: `tf.clip_by_norm` or `tf.clip_by_global_norm`."""
     tf, _ = tensorflow()
     if mode == "manual_clip_by_norm":
@@ -51,7 +61,7 @@ def manual_clip(grads, mode, threshold):
     raise ValueError(f"not a manual clip mode: {mode!r}")
 
 
-def gradient_stats(grads):
+def gradient_stats(grads: list[Tensor]) -> list[Tensor]:
     """[global norm, max per-variable norm, max |element|] of a list of gradients, as float32 tensors."""
     tf, _ = tensorflow()
     as_f32 = [tf.cast(g, tf.float32) for g in grads]
@@ -73,14 +83,14 @@ class ClipMonitor:
         ...; monitor.read(result.steps_run)  # (steps, 6) numpy array
     """
 
-    def __init__(self, strategy, steps):
+    def __init__(self, strategy: Strategy, steps: int) -> None:
         tf, _ = tensorflow()
         self.strategy = strategy
         self._stats = tf.Variable(tf.zeros([max(1, steps), len(STAT_COLUMNS)]), trainable=False,
                                   name="nanscope_clip_stats")
         self._row = tf.Variable(0, trainable=False, dtype=tf.int32, name="nanscope_clip_row")
 
-    def __call__(self, grads):
+    def __call__(self, grads: list[Tensor]) -> list[Tensor]:
         tf, _ = tensorflow()
         kind, threshold = self.strategy.kind, self.strategy.threshold
         if self.strategy.is_keras_option:
@@ -93,6 +103,6 @@ class ClipMonitor:
         self._row.assign_add(1)
         return applied
 
-    def read(self, steps):
+    def read(self, steps: int) -> np.ndarray:
         """The statistics of the first `steps` steps, one row per step (columns: STAT_COLUMNS)."""
         return self._stats.numpy()[:steps]

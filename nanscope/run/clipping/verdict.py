@@ -9,14 +9,22 @@ help (or, when strategies stayed finite without learning, that clipping only hid
 the problem) and points to trace-steps' diagnosis.
 """
 
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nanscope.run.clipping.baseline import Baseline
+    from nanscope.run.clipping.result import ClippingReport, StrategyRun
+    from nanscope.run.clipping.strategies import Strategy
 
 # Phases where the first non-finite value appears before any gradient exists:
 # clipping only changes the update, so it cannot prevent these.
 BEFORE_GRADIENTS = ("data", "forward", "loss")
 
 
-def decide(report):
+def decide(report: ClippingReport) -> None:
     """Fill `recommended`, `recommendations`, `diagnosis` and `hides_problem` of a ClippingReport."""
     finite = [run for run in report.runs if _stays_finite(run)]
     ranked = sorted((run for run in finite if _learns(run, report.baseline)), key=_score)
@@ -33,28 +41,28 @@ def decide(report):
         report.diagnosis = _why_nothing_helps(report)
 
 
-def _stays_finite(run):
+def _stays_finite(run: StrategyRun) -> bool:
     return run.result.finite and run.took_effect is not False and run.result.steps_run > 0
 
 
-def _learns(run, baseline):
+def _learns(run: StrategyRun, baseline: Baseline | None) -> bool:
     # A run that loss scaling kept from updating stays finite without learning anything.
     return not run.result.stalled and (baseline is None or baseline.beaten_by(_metric(run)[1]))
 
 
-def _metric(run):
+def _metric(run: StrategyRun) -> tuple[str, float | None]:
     """("validation loss" | "training loss", value) a strategy is ranked by."""
     if run.result.val_loss is not None:
         return "validation loss", run.result.val_loss
     return "training loss", run.result.final_loss
 
 
-def _score(run):
+def _score(run: StrategyRun) -> float:
     _, value = _metric(run)
     return value if value is not None and math.isfinite(value) else math.inf
 
 
-def _recommendation(run, report, rank):
+def _recommendation(run: StrategyRun, report: ClippingReport, rank: int) -> dict[str, Any]:
     metric, value = _metric(run)
     strategy = run.strategy
     unclipped = next((r for r in report.runs if r.strategy.kind == "none"), None)
@@ -87,7 +95,7 @@ APPLY_SCALED_GRADIENTS = ("optimizer.apply_gradients(zip([g * optimizer.dynamic_
                           "model.trainable_variables))")
 
 
-def fix_snippets(strategy, optimizer, loss_scaling=False):
+def fix_snippets(strategy: Strategy, optimizer: Any, loss_scaling: bool = False) -> tuple[str, str | None]:
     """(YAML for the run spec, Python for a training script) that apply `strategy`.
 
     Under loss scaling (`loss_scaling`) the script's gradients are those of the scaled loss: a manual clip
@@ -125,26 +133,28 @@ def fix_snippets(strategy, optimizer, loss_scaling=False):
     return yaml_text, code
 
 
-def _clipping_hides_it(report, finite):
+def _clipping_hides_it(report: ClippingReport, finite: list[StrategyRun]) -> str:
     best = min(finite, key=_score)
     metric, value = _metric(best)
     baseline, spec = report.baseline, report.run.get("spec") or "SPEC"
+    # Without a baseline a finite run fails to learn only by stalling: loss scaling skipped its updates.
+    why = (f"no better than the trivial baseline {baseline.value:.4g} ({baseline.how})" if baseline is not None
+           else "its updates skipped by loss scaling, so no weight changed")
     return (
         f"{len(finite)} strateg{'y' if len(finite) == 1 else 'ies'} stayed finite, but none learned: the best, "
-        f"{best.strategy.name}, ended with {metric} {value:.4g}, no better than the trivial baseline "
-        f"{baseline.value:.4g} ({baseline.how}). Clipping only hides the problem here: it keeps the weights finite "
-        f"while the model learns nothing. Run `nanscope trace-steps {spec}` for the diagnosis "
+        f"{best.strategy.name}, ended with {metric} {value:.4g}, {why}. Clipping only hides the problem here: it "
+        f"keeps the weights finite while the model learns nothing. Run `nanscope trace-steps {spec}` for the diagnosis "
         "(e.g. scale the targets or the inputs, lower the learning rate, repair bad rows)."
     )
 
 
-def _interrupted(report):
+def _interrupted(report: ClippingReport) -> str:
     finished = sum(1 for run in report.runs if run.result.steps_run)
     return (f"interrupted before a strategy could be recommended: {finished} strateg"
             f"{'y' if finished == 1 else 'ies'} ran, none finished finite; no verdict on the others")
 
 
-def _why_nothing_helps(report):
+def _why_nothing_helps(report: ClippingReport) -> str:
     unclipped = next((r for r in report.runs if r.strategy.kind == "none"), report.runs[0] if report.runs else None)
     if unclipped is None or not unclipped.result.steps_run:
         return "no strategy ran a step"
