@@ -6,13 +6,23 @@ per-output losses that do not match the model's outputs, are bad input reported
 against the spec field. `check_labels_fit` rejects targets the loss cannot take.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable
 
 from nanscope.errors import DataError, SpecError, did_you_mean, first_line
 from nanscope.model.factory import call_factory, load_callable
+from nanscope.engine.exact import Tensor
 from nanscope.runtime import tensorflow
+
+if TYPE_CHECKING:
+    from nanscope.model.models import LoadedModel
+    from nanscope.spec.sections import RunSpec
+
+# A Keras loss (a Loss object or a function) or the spec's entry for one: Keras ships no types (Any to mypy).
+LossFn = Callable[..., Any]
 
 
 @dataclass
@@ -24,18 +34,18 @@ class Loss:
     outputs and returns the weighted sum, as `model.compile(loss={...})` does.
     """
 
-    fn: Callable
+    fn: LossFn
     name: str
     from_logits: bool = False
     config: Any = None
-    outputs: list = field(default_factory=list)
+    outputs: list[OutputLoss] = field(default_factory=list)
 
     @property
-    def multi_output(self):
+    def multi_output(self) -> bool:
         """True when this is one loss per output of a multi-output model."""
         return bool(self.outputs)
 
-    def terms(self, y, y_pred):
+    def terms(self, y: Any, y_pred: Any) -> list[Tensor]:
         """Per output, the mean loss as a float32 scalar tensor; one term for a single-output model."""
         tf, _ = tensorflow()
         if not self.outputs:
@@ -43,7 +53,7 @@ class Loss:
         targets, predictions = tf.nest.flatten(y), tf.nest.flatten(y_pred)
         return [mean_loss(o.loss.fn, t, p) for o, t, p in zip(self.outputs, targets, predictions)]
 
-    def total(self, terms):
+    def total(self, terms: list[Tensor]) -> Tensor:
         """The weighted sum of `terms` (from `terms()`): the data loss that is minimised."""
         tf, _ = tensorflow()
         if not self.outputs:
@@ -60,7 +70,7 @@ class OutputLoss:
     weight: float = 1.0
 
 
-def mean_loss(fn, y, y_pred):
+def mean_loss(fn: LossFn, y: Any, y_pred: Tensor) -> Tensor:
     """mean(fn(y, y_pred)) as float32, the prediction cast to float32 first (mixed precision).
 
     Keras losses divide by the number of replicas when called under a tf.distribute
@@ -73,7 +83,7 @@ def mean_loss(fn, y, y_pred):
     return unscaled_for_replicas(value, fn)
 
 
-def unscaled_for_replicas(value, loss_fn):
+def unscaled_for_replicas(value: Tensor, loss_fn: LossFn) -> Tensor:
     """`value` of `loss_fn` without the 1 / replicas factor a Keras Loss applies under a tf.distribute strategy."""
     tf, _ = tensorflow()
     if divides_by_replicas(loss_fn) and tf.distribute.has_strategy():
@@ -88,13 +98,13 @@ def unscaled_for_replicas(value, loss_fn):
 _REPLICA_SCALED_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
 
 
-def divides_by_replicas(loss_fn):
+def divides_by_replicas(loss_fn: LossFn) -> bool:
     """True when a loss callable is a Keras Loss that scales its value by 1 / replicas under tf.distribute."""
     _, keras = tensorflow()
     return isinstance(loss_fn, keras.losses.Loss) and getattr(loss_fn, "reduction", None) in _REPLICA_SCALED_REDUCTIONS
 
 
-def resolve_loss(spec, loaded_model, output_names=None):
+def resolve_loss(spec: RunSpec, loaded_model: LoadedModel, output_names: list[str] | None = None) -> Loss:
     """The run's Loss, from `train.loss` or the compiled model.
 
     Args:
@@ -106,7 +116,8 @@ def resolve_loss(spec, loaded_model, output_names=None):
     Raises:
         SpecError: naming `train.loss` (or `train.loss_weights`) and what does not fit.
     """
-    loss_spec, where = spec.train.loss, f"{spec.source}: train.loss"
+    loss_spec: Any = spec.train.loss
+    where = f"{spec.source}: train.loss"
     if loss_spec is None:
         compiled = loaded_model.compiled_loss
         if compiled is None:
@@ -122,7 +133,7 @@ def resolve_loss(spec, loaded_model, output_names=None):
     return _combined(outputs)
 
 
-def _per_output(loss_spec, names, where):
+def _per_output(loss_spec: Any, names: list[str], where: str) -> list[Any]:
     """The loss entries in output order: one per name in `names` (one entry when there is at most one output)."""
     count = max(len(names), 1)
     if isinstance(loss_spec, dict):
@@ -142,9 +153,10 @@ def _per_output(loss_spec, names, where):
     return [loss_spec] * count
 
 
-def _loss_weights(spec, loaded_model, names, multi):
+def _loss_weights(spec: RunSpec, loaded_model: LoadedModel, names: list[str], multi: bool) -> list[float]:
     """One weight per output (1.0 where none is given), from `train.loss_weights` or the compiled model."""
-    weights, where = spec.train.loss_weights, f"{spec.source}: train.loss_weights"
+    weights: Any = spec.train.loss_weights
+    where = f"{spec.source}: train.loss_weights"
     if weights is None and spec.train.loss is None:
         weights, where = loaded_model.compiled_loss_weights, f"{spec.source}: model: the compiled loss_weights"
     if weights is None:
@@ -162,15 +174,15 @@ def _loss_weights(spec, loaded_model, names, multi):
     return [float(w) for w in weights]
 
 
-def _combined(outputs):
+def _combined(outputs: list[OutputLoss]) -> Loss:
     """A multi-output Loss: `fn` sums the weighted per-output mean losses."""
-    loss = Loss(fn=None, name=", ".join(f"{o.name}: {o.loss.name}" for o in outputs),
+    loss = Loss(fn=lambda y, y_pred: loss.total(loss.terms(y, y_pred)),
+                name=", ".join(f"{o.name}: {o.loss.name}" for o in outputs),
                 from_logits=any(o.loss.from_logits for o in outputs), outputs=outputs)
-    loss.fn = lambda y, y_pred: loss.total(loss.terms(y, y_pred))
     return loss
 
 
-def _one_loss(spec, loss_spec, where):
+def _one_loss(spec: RunSpec, loss_spec: Any, where: str) -> Loss:
     """One Loss from a LossSpec, a Keras loss object or name, or a function."""
     _, keras = tensorflow()
     if not hasattr(loss_spec, "model_extra"):  # a compiled model's loss: a name, a Loss object or a function
@@ -196,12 +208,12 @@ def _one_loss(spec, loss_spec, where):
     return _wrap(loss)
 
 
-def _loss_names(keras):
+def _loss_names(keras: Any) -> list[str]:
     return [n for n in dir(keras.losses) if n[:1].islower() and n not in ("get", "serialize", "deserialize")] + [
         "mse", "mae", "mape", "msle", "kld", "logcosh"]
 
 
-def _class_name(keras, name):
+def _class_name(keras: Any, name: str) -> str:
     """The Loss class for a loss name given as a function name (`mse`, `sparse_categorical_crossentropy`)."""
     aliases = {
         "mse": "MeanSquaredError", "mae": "MeanAbsoluteError", "mape": "MeanAbsolutePercentageError",
@@ -215,18 +227,18 @@ def _class_name(keras, name):
     return known.get(camel.lower(), known.get(name.lower(), name))
 
 
-def _wrap(loss):
+def _wrap(loss: LossFn) -> Loss:
     config = loss.get_config() if hasattr(loss, "get_config") else {}
     return Loss(loss, loss_name(loss), bool(config.get("from_logits", False)), config)
 
 
-def loss_name(loss):
+def loss_name(loss: LossFn) -> str:
     """The name of a Keras Loss object (its config's `name`) or of a loss function."""
-    config = loss.get_config() if hasattr(loss, "get_config") else {}
-    return config.get("name") or getattr(loss, "__name__", type(loss).__name__)
+    config: dict[str, Any] = loss.get_config() if hasattr(loss, "get_config") else {}
+    return str(config.get("name") or getattr(loss, "__name__", type(loss).__name__))
 
 
-def check_labels_fit(spec, loss, output, y):
+def check_labels_fit(spec: RunSpec, loss: Loss, output: Any, y: Any) -> None:
     """Reject targets that cannot fit the loss and the model's output width, before any step runs.
 
     A sparse categorical cross-entropy needs integer labels in [0, outputs); a label
@@ -252,7 +264,7 @@ def check_labels_fit(spec, loss, output, y):
         _check_output_labels(f"{spec.source}: data (output {part.name!r})", part.loss, prediction, targets)
 
 
-def _check_output_labels(where, loss, output, y):
+def _check_output_labels(where: str, loss: Loss, output: Any, y: Any) -> None:
     import numpy as np
 
     from nanscope.checkdata.labels import label_kind
