@@ -47,7 +47,7 @@ class NpzFile:
         origin: str. The file to name in error messages.
     """
 
-    def __init__(self, path: Path, origin: str) -> None:
+    def __init__(self, path: Path, origin: str | None) -> None:
         self.path, self.origin = path, origin
         try:
             self.archive = zipfile.ZipFile(path)
@@ -138,7 +138,7 @@ def _read_header(handle: IO[bytes]) -> Header:
 # --- npy ----------------------------------------------------------------------------------------------------
 
 
-def load_npy(path: Path, origin: str, field_name: str) -> np.ndarray:
+def load_npy(path: Path, origin: str | None, field_name: str) -> np.ndarray:
     """A memory-mapped .npy array of numbers (nothing is read until it is sliced)."""
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -152,7 +152,7 @@ def load_npy(path: Path, origin: str, field_name: str) -> np.ndarray:
 # --- csv ----------------------------------------------------------------------------------------------------
 
 
-def csv_header(path: Path, origin: str) -> list[str]:
+def csv_header(path: Path, origin: str | None) -> list[str]:
     """The stripped column names of a csv file's first line."""
     try:
         with open(path, newline="", encoding="utf-8") as handle:
@@ -170,7 +170,7 @@ def csv_columns(names: str | Iterable[str]) -> list[str]:
     return [names] if isinstance(names, str) else list(names)
 
 
-def csv_blocks(path: Path, header: list[str], origin: str, size: int) -> Iterator[np.ndarray]:
+def csv_blocks(path: Path, header: list[str], origin: str | None, size: int) -> Iterator[np.ndarray]:
     """Yield float64 [rows, len(header)] tables of at most `size` data lines each; blank lines are skipped.
 
     An empty cell is NaN; a cell that is not a number, or a line with the wrong number
@@ -190,7 +190,7 @@ def csv_blocks(path: Path, header: list[str], origin: str, size: int) -> Iterato
         raise _csv_error(path, origin, exc) from exc
 
 
-def _csv_error(path: str | os.PathLike[str], origin: str, exc: BaseException) -> DataError:
+def _csv_error(path: str | os.PathLike[str], origin: str | None, exc: BaseException) -> DataError:
     return DataError(f"{origin}: data.path: cannot read {path} as a UTF-8 csv: {first_line(exc)}")
 
 
@@ -223,7 +223,7 @@ def _parse_row(line: str, header: list[str], path: Path, number: int) -> list[fl
 # --- TFRecord -----------------------------------------------------------------------------------------------
 
 
-def tfrecord_blocks(path: Path, features: Mapping[str, tuple[str, Sequence[int]]], origin: str,
+def tfrecord_blocks(path: Path, features: Mapping[str, tuple[str, Sequence[int]]], origin: str | None,
                     size: int) -> Iterator[dict[str, np.ndarray]]:
     """Yield {feature: array} blocks of at most `size` tf.train.Example records, parsed with `features`.
 

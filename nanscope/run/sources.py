@@ -6,15 +6,23 @@ the input features and target columns for reports. A diagnosis run draws a few
 hundred batches, so the data is held in memory; `check-data` streams instead.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from nanscope.data import files, inputs, synthetic, targets
 from nanscope.data.datasets import materialize
+from nanscope.data.targets import Arrays
 from nanscope.errors import DataError, first_line
 from nanscope.model.factory import call_factory, load_callable, received
 
+
+if TYPE_CHECKING:
+    from nanscope.spec.sections import RunSpec
 
 # Rows per block when a file is read whole (the csv and TFRecord readers parse a block at a time).
 READ_ROWS = 65536
@@ -36,19 +44,19 @@ class LoadedData:
             inputs are fed to the model as float32, and this is how the rules still know they hold ids.
     """
 
-    x: np.ndarray
-    y: np.ndarray
+    x: Arrays
+    y: Arrays
     description: str
-    feature_names: list = field(default_factory=list)
-    target_names: list = field(default_factory=list)
-    input_dtypes: dict = field(default_factory=dict)
+    feature_names: list[str] = field(default_factory=list)
+    target_names: list[str] = field(default_factory=list)
+    input_dtypes: dict[str, str] = field(default_factory=dict)
 
     @property
-    def rows(self):
+    def rows(self) -> int:
         return inputs.rows(self.x)
 
 
-def load_data(spec):
+def load_data(spec: RunSpec) -> LoadedData:
     """Load the data section of a RunSpec.
 
     Raises:
@@ -60,13 +68,14 @@ def load_data(spec):
         s = data.synthetic
         loaded = LoadedData(x, y, f"synthetic {s.kind}, {s.samples} rows x {s.features} features (seed {s.seed})")
     elif data.factory is not None:
-        loaded = _from_factory(spec)
+        loaded = _from_factory(spec, data.factory)
     else:
+        assert data.path is not None  # DataSpec holds exactly one of synthetic, factory and path
         loaded = _from_file(spec, spec.resolve(data.path))
     return _checked(loaded, spec)
 
 
-def _from_file(spec, path):
+def _from_file(spec: RunSpec, path: Path) -> LoadedData:
     if not path.exists():
         raise DataError(f"{spec.source}: data.path: file not found: {path}")
     suffix = path.suffix.lower()
@@ -80,7 +89,7 @@ def _from_file(spec, path):
     return readers[suffix](spec, path)
 
 
-def _read_npz(spec, path):
+def _read_npz(spec: RunSpec, path: Path) -> LoadedData:
     with files.NpzFile(path, spec.source) as archive:
         keys = [spec.data.x, *targets.parts(spec.data.y)]
         for field_name, key in (("data.x", spec.data.x), *(("data.y", k) for k in targets.parts(spec.data.y))):
@@ -90,7 +99,7 @@ def _read_npz(spec, path):
     return LoadedData(x, y, f"{path.name}, {len(x)} rows")
 
 
-def _read_npy(spec, path):
+def _read_npy(spec: RunSpec, path: Path) -> LoadedData:
     y_paths = targets.convert(spec.data.y, spec.resolve)
     for y_path in targets.parts(y_paths):
         if not y_path.is_file():
@@ -102,7 +111,7 @@ def _read_npy(spec, path):
     return LoadedData(x, y, f"{path.name} + {names}, {len(x)} rows")
 
 
-def _read_csv(spec, path):
+def _read_csv(spec: RunSpec, path: Path) -> LoadedData:
     per_output = _target_columns(spec.data.target)
     columns = [c for group in per_output.values() for c in group]
     if not columns:
@@ -114,22 +123,23 @@ def _read_csv(spec, path):
     blocks = list(files.csv_blocks(path, header, spec.source, READ_ROWS))
     table = np.concatenate(blocks).astype(np.float32) if blocks else np.zeros((0, len(header)), np.float32)
     feature_idx = [i for i in range(len(header)) if header[i] not in columns]
-    y = {name: table[:, [header.index(c) for c in group]] for name, group in per_output.items()}
+    y: dict[Any, np.ndarray] = {name: table[:, [header.index(c) for c in group]] for name, group in per_output.items()}
     return LoadedData(
         table[:, feature_idx], y.get(None, y), f"{path.name}, {len(table)} rows",
         feature_names=[header[i] for i in feature_idx], target_names=columns,
     )
 
 
-def _target_columns(target):
+def _target_columns(target: Any) -> dict[str | None, list[str]]:
     """{output name: [columns]} from `data.target`; the key None when there is one output."""
     if isinstance(target, dict):
         return {name: files.csv_columns(cols) for name, cols in target.items()}
     return {None: files.csv_columns(target or [])}
 
 
-def _read_tfrecord(spec, path):
-    features, target = spec.data.features, spec.data.target
+def _read_tfrecord(spec: RunSpec, path: Path) -> LoadedData:
+    features = spec.data.features
+    target: Any = spec.data.target  # checked below: each label a str that names a feature
     labels = list(target.values()) if isinstance(target, dict) else [target]
     if not features or not all(isinstance(t, str) and t in features for t in labels):
         raise DataError(
@@ -150,9 +160,9 @@ def _read_tfrecord(spec, path):
                       target_names=labels)
 
 
-def _from_factory(spec):
+def _from_factory(spec: RunSpec, factory: str) -> LoadedData:
     field_name = "data.factory"
-    function = load_callable(spec.data.factory, spec.base_dir, f"{spec.source}: {field_name}", DataError)
+    function = load_callable(factory, spec.base_dir, f"{spec.source}: {field_name}", DataError)
     result = call_factory(function, spec.data.args, f"{spec.source}: {field_name}", DataError)
     if _is_tf_dataset(result):
         where = f"{spec.source}: {field_name}"
@@ -165,7 +175,7 @@ def _from_factory(spec):
     elif isinstance(result, (tuple, list)) and len(result) == 2:
         try:
             raw_x, raw_y = result
-            first_y = targets.parts(raw_y)[0] if isinstance(raw_y, (dict, tuple, list)) and len(raw_y) else raw_y
+            first_y: Any = targets.parts(raw_y)[0] if isinstance(raw_y, (dict, tuple, list)) and len(raw_y) else raw_y
             y_rows = len(first_y) if np.ndim(first_y) >= 1 else None
             x = inputs.convert(raw_x, np.asarray) if inputs.several(raw_x, y_rows) else np.asarray(raw_x)
             rows = inputs.rows(x) if np.ndim(inputs.parts(x)[0]) else 0
@@ -181,11 +191,11 @@ def _from_factory(spec):
     return LoadedData(x, y, f"{spec.data.factory}, {rows} rows")
 
 
-def _is_tf_dataset(value):
+def _is_tf_dataset(value: object) -> bool:
     return type(value).__module__.startswith("tensorflow") and hasattr(value, "element_spec")
 
 
-def _checked(loaded, spec):
+def _checked(loaded: LoadedData, spec: RunSpec) -> LoadedData:
     field_name = "data.path" if spec.data.path else "data.factory" if spec.data.factory else "data.synthetic"
     where = f"{spec.source}: {field_name}"
     if any(np.ndim(part) == 0 for part in [*inputs.parts(loaded.x), *targets.parts(loaded.y)]):
@@ -209,21 +219,21 @@ def _checked(loaded, spec):
     loaded.input_dtypes = {name: str(part.dtype) for name, part in inputs.named(loaded.x)}
     loaded.x = inputs.convert(loaded.x, _float_inputs)
     loaded.y = targets.convert(loaded.y, targets.as_float32)
-    if not loaded.feature_names and not inputs.is_multi(loaded.x) and loaded.x.ndim == 2:
+    if not loaded.feature_names and isinstance(loaded.x, np.ndarray) and loaded.x.ndim == 2:  # one input array
         loaded.feature_names = [f"x[{i}]" for i in range(loaded.x.shape[1])]
-    if not loaded.target_names and not targets.is_multi(loaded.y):
+    if not loaded.target_names and isinstance(loaded.y, np.ndarray):  # one target array
         loaded.target_names = [f"y[{i}]" for i in range(loaded.y.shape[1])] if loaded.y.ndim == 2 else ["y"]
     return loaded
 
 
-def _float_inputs(x):
+def _float_inputs(x: np.ndarray) -> np.ndarray:
     """float64, bool and integer inputs as float32, which is what the model computes in; other floats as given."""
     if x.dtype == np.float64 or x.dtype == bool or np.issubdtype(x.dtype, np.integer):
         return x.astype(np.float32)
     return x
 
 
-def split_validation(loaded, fraction):
+def split_validation(loaded: LoadedData, fraction: float) -> tuple[LoadedData, LoadedData | None]:
     """(train, validation) LoadedData: the last `fraction` of rows held out, as Keras' validation_split."""
     n_val = round(loaded.rows * fraction)
     if n_val == 0:
@@ -232,7 +242,7 @@ def split_validation(loaded, fraction):
         raise DataError(f"data.validation.fraction={fraction} leaves no training rows out of {loaded.rows}")
     cut = loaded.rows - n_val
 
-    def part(sl):
+    def part(sl: slice) -> LoadedData:
         return LoadedData(inputs.take(loaded.x, sl), targets.take(loaded.y, sl), loaded.description,
                           loaded.feature_names, loaded.target_names, loaded.input_dtypes)
 
