@@ -13,11 +13,14 @@ and every optimizer are created under its scope, and `instrumented_step` returns
 starts TensorFlow, and the `Cluster` it spans (nanscope/engine/cluster.py).
 """
 
+from __future__ import annotations
+
 import contextlib
 import math
 import weakref
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,6 +36,13 @@ from nanscope.run.losses import Loss, check_labels_fit, resolve_loss
 from nanscope.model.models import LoadedModel, load_model, output_names
 from nanscope.model.optimizers import build_optimizer
 from nanscope.runtime import tensorflow
+
+if TYPE_CHECKING:
+    from nanscope.data.targets import Arrays
+    from nanscope.engine.cluster import Cluster
+    from nanscope.engine.records import StepRecord
+    from nanscope.engine.step import GradTransform
+    from nanscope.spec.sections import RunSpec
 
 
 @dataclass
@@ -52,29 +62,31 @@ class Session:
         output_names: list of str. The model's outputs, flattened (one name for a single output).
     """
 
-    spec: Any
+    spec: RunSpec
     train: LoadedData
     validation: LoadedData | None
     order: BatchOrder
     model: LoadedModel
     loss: Loss
-    initial_weights: list
+    initial_weights: list[np.ndarray]
     unsafe: bool = False
     strategy: Any = None
-    output_names: list = field(default_factory=list)
-    cluster: Any = None
+    output_names: list[str] = field(default_factory=list)
+    cluster: Cluster | None = None
 
-    def batch(self, step):
+    def batch(self, step: int) -> tuple[Arrays, Arrays]:
         """(x, y) of the batch drawn at `step`."""
         return batch(self.train, self.order, step)
 
     @property
-    def scales_loss(self):
+    def scales_loss(self) -> bool:
         """True when training wraps the optimizer in a LossScaleOptimizer (the `mixed_float16` policy, as
         `model.compile` does)."""
         return self.spec.train.mixed_precision == "mixed_float16"
 
-    def instrumented_step(self, optimizer_overrides=None, grad_transform=None, model=None, loss_scaling=None):
+    def instrumented_step(self, optimizer_overrides: dict[str, Any] | None = None,
+                          grad_transform: GradTransform | None = None, model: LoadedModel | None = None,
+                          loss_scaling: bool | None = None) -> InstrumentedStep:
         """A compiled InstrumentedStep for `model` (default: this session's) with a fresh optimizer.
 
         `loss_scaling` wraps the optimizer in Keras' LossScaleOptimizer; by default it is
@@ -95,7 +107,8 @@ class Session:
             source=self.spec.source,
         )
 
-    def _distributed_step(self, model, optimizer_overrides, grad_transform):
+    def _distributed_step(self, model: LoadedModel, optimizer_overrides: dict[str, Any] | None,
+                          grad_transform: GradTransform | None) -> InstrumentedStep:
         from nanscope.engine.distributed import DistributedStep
 
         with self.strategy.scope():
@@ -105,7 +118,8 @@ class Session:
         return DistributedStep(self.strategy, model, self.loss, optimizer, x, y, grad_transform=grad_transform,
                                source=self.spec.source, workers=workers)
 
-    def next_records(self, engine, runner, step, total, stop_on_nonfinite):
+    def next_records(self, engine: InstrumentedStep, runner: ChunkRunner | None, step: int, total: int,
+                     stop_on_nonfinite: bool) -> tuple[list[StepRecord], BaseException | None]:
         """(records, None) of the next step, or of the next chunk of steps when `runner` is set.
 
         When a TensorFlow op fails inside a step, returns the records of the steps
@@ -124,7 +138,7 @@ class Session:
         except ChunkFailure as failure:
             return failure.records, failure.error
 
-    def chunk_runner(self, engine, expected=()):
+    def chunk_runner(self, engine: InstrumentedStep, expected: Collection[int] = ()) -> ChunkRunner | None:
         """A ChunkRunner for `engine` when the training arrays fit on the device, else None (one call per step).
 
         `expected`: indices of layers whose non-finite outputs are intended; they do not end a chunk.
@@ -134,7 +148,7 @@ class Session:
         return ChunkRunner(engine, self.train.x, self.train.y, expected)
 
     @contextlib.contextmanager
-    def using_data(self, change=None):
+    def using_data(self, change: Callable[[LoadedData], LoadedData] | None = None) -> Iterator[Session]:
         """Train on `change(train)` and validate on `change(validation)` inside the block; None changes nothing."""
         if change is None:
             yield self
@@ -147,13 +161,13 @@ class Session:
         finally:
             self.train, self.validation = kept
 
-    def reset_weights(self, model=None):
+    def reset_weights(self, model: LoadedModel | None = None) -> None:
         """Put the model's variables back to their initial values (same seed, same start)."""
         model = model or self.model
         for variable, value in zip(_state_variables(model), self.initial_weights):
             variable.assign(value)
 
-    def initial_weight_norm(self):
+    def initial_weight_norm(self) -> float:
         """The L2 norm of the trainable weights before the first step (from the initial values kept)."""
         trainable = {id(v) for v in self.model.trainable_variables}
         squares = [float(np.sum(np.square(value, dtype=np.float64)))
@@ -161,7 +175,7 @@ class Session:
                    if id(variable) in trainable]
         return math.sqrt(sum(squares))
 
-    def evaluate(self, step_engine, data=None):
+    def evaluate(self, step_engine: InstrumentedStep, data: LoadedData | None = None) -> float | None:
         """Mean data loss of `data` (default: the validation rows) under the step's current weights, or None."""
         data = data if data is not None else self.validation
         if data is None:
@@ -169,7 +183,7 @@ class Session:
         return evaluate_loss(step_engine, data, self.order.batch_size)
 
 
-def open_session(spec, unsafe=False):
+def open_session(spec: RunSpec, unsafe: bool = False) -> Session:
     """Load data, model and loss for `spec`, seeding everything from `train.seed`.
 
     Under `multi_worker`, a collective that fails while the model is built (a worker that
@@ -197,7 +211,7 @@ def open_session(spec, unsafe=False):
     return Session(spec, train, validation, order, model, loss, initial, unsafe, strategy, names, cluster)
 
 
-def distribution_strategy(spec):
+def distribution_strategy(spec: RunSpec) -> tuple[Any, Cluster | None]:
     """(strategy, cluster) that `train.distribute` asks for, or (None, None); contradicting settings are bad input."""
     kind = spec.train.distribute
     if kind is None:
@@ -224,7 +238,7 @@ def distribution_strategy(spec):
 
 
 @contextlib.contextmanager
-def start_up_failures(cluster):
+def start_up_failures(cluster: Cluster | None) -> Iterator[None]:
     """Under multi_worker, turn a collective that fails before the first step into ClusterError (exit 2)."""
     if cluster is None:
         yield
@@ -241,7 +255,7 @@ def start_up_failures(cluster):
 
 
 @contextlib.contextmanager
-def dtype_policy(name):
+def dtype_policy(name: str | None) -> Iterator[None]:
     """Build under Keras' global dtype policy `name` (None: leave it), restoring the previous one after."""
     _, keras = tensorflow()
     if name is None:
@@ -255,15 +269,15 @@ def dtype_policy(name):
         keras.mixed_precision.set_dtype_policy(previous)
 
 
-def _state_variables(model):
+def _state_variables(model: LoadedModel) -> list[Any]:
     return list(model.keras_model.variables) if model.keras_model is not None else list(model.variables)
 
 
 # Each step engine's compiled evaluation, made on its first evaluate_loss and gone with the engine.
-_EVALUATORS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+_EVALUATORS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
-def evaluate_loss(step_engine, data, batch_size):
+def evaluate_loss(step_engine: InstrumentedStep, data: LoadedData, batch_size: int) -> float | None:
     """Row-weighted mean of the loss over `data`, in inference mode, compiled once per engine."""
     tf, _ = tensorflow()
     fn = _EVALUATORS.get(step_engine)
@@ -271,10 +285,10 @@ def evaluate_loss(step_engine, data, batch_size):
         model, loss = step_engine.model, step_engine.loss
 
         @tf.function(autograph=False, reduce_retracing=True)
-        def fn(x, y):
+        def compiled(x: Any, y: Any) -> Any:
             return loss.total(loss.terms(y, model.call(x, training=False)))
 
-        _EVALUATORS[step_engine] = fn
+        fn = _EVALUATORS[step_engine] = compiled
     total, rows = 0.0, 0
     for start in range(0, data.rows, batch_size):
         part = slice(start, start + batch_size)
