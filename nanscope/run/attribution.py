@@ -5,12 +5,17 @@ the `NanScope` callback: each passes the names its step records refer to, so non
 needs the others' engine or session objects.
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from nanscope.data import inputs, targets
-from nanscope.engine.records import first_nonfinite_replica, first_nonfinite_worker
+from nanscope.data.targets import Arrays
+from nanscope.engine.records import StepRecord, first_nonfinite_replica, first_nonfinite_worker
 from nanscope.report.model import FirstNonfinite
 
 SHOWN = 8
@@ -27,13 +32,13 @@ class StepNames:
         outputs: list of str. Model output names, in the order of `record.outputs`.
     """
 
-    layers: list = field(default_factory=list)
-    call_order: list = field(default_factory=list)
-    variables: list = field(default_factory=list)
-    outputs: list = field(default_factory=list)
+    layers: list[tuple[str, str]] = field(default_factory=list)
+    call_order: list[str] = field(default_factory=list)
+    variables: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
 
 
-def attribute_from_record(record, names):
+def attribute_from_record(record: StepRecord, names: StepNames) -> FirstNonfinite:
     """The FirstNonfinite a compiled step's record shows: phase, output, first layer (forward) or variable.
 
     The data phase's detail (which features and rows) needs the batch: see `describe_bad_batch`.
@@ -43,6 +48,7 @@ def attribute_from_record(record, names):
         names: StepNames. What the record's columns refer to.
     """
     phase = record.phase
+    assert phase is not None  # only a non-finite step is attributed
     first = FirstNonfinite(step=record.step, phase=phase, replica=first_nonfinite_replica(record),
                            worker=first_nonfinite_worker(record))
     output = record.nonfinite_output(phase)
@@ -66,7 +72,7 @@ def attribute_from_record(record, names):
     return first
 
 
-def _first_bad_layer(record, names):
+def _first_bad_layer(record: StepRecord, names: StepNames) -> tuple[str | None, str | None]:
     """(name, class) of the first layer called whose output was non-finite and not expected to be; (None, None)."""
     index_of = {name: i for i, (name, _) in enumerate(names.layers)}
     for name in names.call_order:
@@ -76,7 +82,8 @@ def _first_bad_layer(record, names):
     return None, None
 
 
-def describe_bad_batch(x, y, rows, feature_names=(), target_names=(), output_names=()):
+def describe_bad_batch(x: Arrays, y: Arrays, rows: np.ndarray, feature_names: Sequence[str] = (),
+                       target_names: Sequence[str] = (), output_names: Sequence[str] = ()) -> list[str]:
     """Which features and which dataset rows of a batch hold non-finite values, one line per input or target.
 
     Args:
@@ -87,12 +94,13 @@ def describe_bad_batch(x, y, rows, feature_names=(), target_names=(), output_nam
         target_names: list of str. Names of y's columns (one output), when known.
         output_names: list of str. Names of the outputs of a multi-output model.
     """
+    arrays: list[tuple[str, Any, list[str]]]
     if targets.is_multi(y):
         arrays = [(name, part, []) for name, part in zip(output_names or [f"y{i}" for i in range(len(y))], y)]
     else:
         arrays = [("y", y, list(target_names))]
     features = [(label, part, list(feature_names) if label == "x" else []) for label, part in inputs.named(x)]
-    lines = []
+    lines: list[str] = []
     for label, array, names in (*features, *arrays):
         if not np.issubdtype(array.dtype, np.floating):
             continue
@@ -102,7 +110,8 @@ def describe_bad_batch(x, y, rows, feature_names=(), target_names=(), output_nam
     return lines
 
 
-def bad_values_line(label, array, rows, names=(), kind="value", rows_are="dataset rows"):
+def bad_values_line(label: str, array: Any, rows: Any, names: Sequence[str] = (), kind: str = "value",
+                    rows_are: str = "dataset rows") -> str | None:
     """One line naming the columns and rows of a float array that hold NaN/Inf; None when it holds none.
 
     Args:

@@ -14,9 +14,18 @@
   loss's units), against the best fix's; verified fixes are ranked by it.
 """
 
-import math
+from __future__ import annotations
 
-from nanscope.run.clipping.baseline import trivial_baseline
+import math
+from typing import TYPE_CHECKING, Any
+
+from nanscope.run.clipping.baseline import Baseline, trivial_baseline
+
+if TYPE_CHECKING:
+    from nanscope.rules.fixes import Change
+    from nanscope.rules.rule import Recommendation
+    from nanscope.run.experiment import ExperimentResult
+    from nanscope.run.session import Session
 
 # A fix must stay finite at least this many times past the unfixed run's failing step: a failure
 # that comes back at 2x or 3x the step was delayed, not fixed.
@@ -26,7 +35,7 @@ HORIZON_FACTOR = 4
 MAX_HORIZON_STEPS = 2000
 
 
-def horizon(steps, failing_step, slowdown=1.0):
+def horizon(steps: int, failing_step: int | None, slowdown: float = 1.0) -> tuple[int, int]:
     """(steps to run, steps the horizon wants) for a fix of a run of `steps` that failed at `failing_step`.
 
     Args:
@@ -40,16 +49,16 @@ def horizon(steps, failing_step, slowdown=1.0):
     return min(wanted, max(steps, MAX_HORIZON_STEPS)), wanted
 
 
-def slowdown(change, run):
+def slowdown(change: Change, run: dict[str, Any]) -> float:
     """k when `change` lowers the run's learning rate k times, else 1."""
     before = (run.get("optimizer_config") or {}).get("learning_rate")
     after = change.optimizer_overrides.get("learning_rate")
-    if not all(isinstance(v, (int, float)) and v > 0 for v in (before, after)) or after >= before:
+    if not (isinstance(before, (int, float)) and isinstance(after, (int, float)) and 0 < after < before):
         return 1.0
     return before / after
 
 
-def baseline_of(session, change=None):
+def baseline_of(session: Session, change: Change | None = None) -> Baseline | None:
     """The trivial Baseline of the session's loss on the data `change` trains on (its own units when it rescales
     the targets), or None when nanscope has no constant for the loss or computing it failed."""
     try:
@@ -59,7 +68,8 @@ def baseline_of(session, change=None):
         return None
 
 
-def judge(result, baseline, steps, unfixed_step, fallback_reference):
+def judge(result: ExperimentResult, baseline: Baseline | None, steps: tuple[int, int], unfixed_step: int | None,
+          fallback_reference: float | None) -> dict[str, Any]:
     """The verification row's verdict fields for one fix's ExperimentResult.
 
     Args:
@@ -78,10 +88,12 @@ def judge(result, baseline, steps, unfixed_step, fallback_reference):
     else:
         learns = bool(metric is not None and math.isfinite(metric) and (
             fallback_reference is None or not math.isfinite(fallback_reference) or metric < fallback_reference))
-    relative = metric / abs(baseline.value) if baseline is not None and baseline.value and learns else None
+    relative = None
+    if baseline is not None and baseline.value and learns and metric is not None:  # a fix that learns has a loss
+        relative = metric / abs(baseline.value)
     if not result.finite:
         step = result.first_nonfinite_step
-        later = unfixed_step is not None and step > unfixed_step
+        later = unfixed_step is not None and step is not None and step > unfixed_step
         verdict = f"delays the failure to step {step}" if later else f"fails at step {step}"
     elif result.stalled:
         verdict = "stays finite only because loss scaling skipped its updates: it does not train"
@@ -98,7 +110,7 @@ def judge(result, baseline, steps, unfixed_step, fallback_reference):
     }
 
 
-def score(rec):
+def score(rec: Recommendation) -> float:
     """A verified recommendation's rank key among the verified: its best fix's loss relative to its baseline
     (or its loss, without a baseline); lower is better."""
     values = [row.get("relative_loss") if row.get("relative_loss") is not None else row.get("judged_loss")
@@ -107,7 +119,7 @@ def score(rec):
     return min(values) if values else math.inf
 
 
-def mark_best(recommendations):
+def mark_best(recommendations: list[Recommendation]) -> None:
     """On every fix that trains: `vs_best`, its relative loss over the best such fix's (1.0 for the best)."""
     rows = [row for rec in recommendations for row in rec.verification
             if row.get("helped") and row.get("relative_loss") is not None]
