@@ -13,9 +13,21 @@ none is proven, the rollback lowers the learning rate instead. Every trial leave
 variable as it found it.
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from nanscope.data.targets import Arrays
+
+if TYPE_CHECKING:
+    from nanscope.engine.step import InstrumentedStep
+    from nanscope.report.model import TraceReport
+    from nanscope.rules.fixes import Change
+    from nanscope.run.session import Session
 
 # Optimizer settings a live run can take: a float learning rate is a variable (no retrace); the others are read
 # when the step is traced, so the step is traced again.
@@ -28,8 +40,8 @@ class Candidate:
 
     rule: str
     name: str
-    overrides: dict
-    params: dict = field(default_factory=dict)
+    overrides: dict[str, Any]
+    params: dict[str, Any] = field(default_factory=dict)
 
 
 class FixProver:
@@ -42,23 +54,25 @@ class FixProver:
         expected: list of int. Layers whose non-finite outputs are intended.
     """
 
-    def __init__(self, engine, session, report, expected=()):
+    def __init__(self, engine: InstrumentedStep, session: Session, report: TraceReport,
+                 expected: Iterable[int] = ()) -> None:
         self.engine, self.session, self.report, self.expected = engine, session, report, list(expected)
 
-    def candidates(self):
+    def candidates(self) -> list[Candidate]:
         """The in-process fixes of the recommendations for the run so far, in their order."""
         from nanscope.rules.diagnose import diagnose
         from nanscope.rules.evidence import evidence_from_session
         from nanscope.run.verify import changes_for
 
-        found = []
+        found: list[Candidate] = []
         for rec in diagnose(self.report, evidence_from_session(self.session)):
             for change in changes_for(rec, self.session, self.report):
                 if in_process(change):
                     found.append(Candidate(rec.id, change.name, dict(change.optimizer_overrides), dict(change.params)))
         return found
 
-    def prove(self, start, failing, exclude=()):
+    def prove(self, start: int, failing: int, exclude: Collection[str] = ()
+              ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """From the state now (the one restored, before step `start`): the first candidate (not named in
         `exclude`) under which steps `start..failing` stay finite and the loss does not grow, applied.
 
@@ -66,7 +80,8 @@ class FixProver:
             (fix, tried): the intervention's entry for the fix applied ({} when none is proven; nothing is then
             changed), and per candidate tried its name, rule and what its trial did.
         """
-        tried, steps = [], range(start, failing + 1)
+        tried: list[dict[str, Any]] = []
+        steps = range(start, failing + 1)
         before = self._loss_on(steps)
         for candidate in self.candidates():
             if candidate.name in exclude:
@@ -85,7 +100,7 @@ class FixProver:
                                f"it step {failing} was non-finite"}, tried
         return {}, tried
 
-    def _trial(self, steps, before):
+    def _trial(self, steps: range, before: float) -> tuple[bool, str]:
         """`steps` again from the state now: (proven, what they did in words). Proven: each step stays finite
         and the loss on their batches (in inference mode) falls from `before`."""
         for step in steps:
@@ -99,16 +114,18 @@ class FixProver:
             return False, f"finite, but it does not learn ({change})"
         return True, f"finite, and it learns ({change})"
 
-    def _loss_on(self, steps):
+    def _loss_on(self, steps: range) -> float:
         """The mean loss, in inference mode, of the batches of `steps` with the weights now."""
         from nanscope.data import inputs
         from nanscope.run.session import evaluate_loss
 
-        losses = []
+        losses: list[float] = []
         for step in steps:
             x, y = self.session.batch(step)
             rows = inputs.rows(x)
-            losses.append(evaluate_loss(self.engine, _Batch(x, y, rows), rows))
+            loss = evaluate_loss(self.engine, _Batch(x, y, rows), rows)
+            assert loss is not None  # a batch has rows
+            losses.append(loss)
         return sum(losses) / len(losses)
 
 
@@ -116,12 +133,12 @@ class FixProver:
 class _Batch:
     """One batch as `evaluate_loss` reads data."""
 
-    x: object
-    y: object
+    x: Arrays
+    y: Arrays
     rows: int
 
 
-def in_process(change):
+def in_process(change: Change) -> bool:
     """True for a Change that only sets optimizer settings a live run can take (a float learning rate)."""
     overrides = change.optimizer_overrides
     if not overrides or any(getattr(change, part) is not None for part in ("grad_transform", "model", "data",
@@ -132,7 +149,7 @@ def in_process(change):
     return not ("learning_rate" in overrides and not isinstance(overrides["learning_rate"], (int, float)))
 
 
-def set_overrides(optimizer, overrides, retrace):
+def set_overrides(optimizer: Any, overrides: dict[str, Any], retrace: Callable[[], object]) -> Callable[[], None]:
     """Set `overrides` on `optimizer` (the inner one under loss scaling), calling `retrace()` where the step's graph
     reads them (every setting but a float learning rate); return the callable that puts the settings back."""
     from nanscope.model.learning_rate import inner_optimizer
@@ -143,12 +160,12 @@ def set_overrides(optimizer, overrides, retrace):
     return lambda: _set(optimizer, before, retrace)
 
 
-def _read(optimizer, key):
+def _read(optimizer: Any, key: str) -> Any:
     value = getattr(optimizer, key, None)
     return float(np.asarray(value)) if key == "learning_rate" else value
 
 
-def _set(optimizer, values, retrace):
+def _set(optimizer: Any, values: dict[str, Any], retrace: Callable[[], object]) -> None:
     for key, value in values.items():
         setattr(optimizer, key, value)
     if set(values) - {"learning_rate"}:

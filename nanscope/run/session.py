@@ -20,7 +20,7 @@ import math
 import weakref
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -273,11 +273,24 @@ def _state_variables(model: LoadedModel) -> list[Any]:
     return list(model.keras_model.variables) if model.keras_model is not None else list(model.variables)
 
 
+class Rows(Protocol):
+    """Rows to evaluate the loss on: a LoadedData, or one batch of it (run.proven_fix)."""
+
+    @property
+    def x(self) -> Arrays: ...
+
+    @property
+    def y(self) -> Arrays: ...
+
+    @property
+    def rows(self) -> int: ...
+
+
 # Each step engine's compiled evaluation, made on its first evaluate_loss and gone with the engine.
 _EVALUATORS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
-def evaluate_loss(step_engine: InstrumentedStep, data: LoadedData, batch_size: int) -> float | None:
+def evaluate_loss(step_engine: InstrumentedStep, data: Rows, batch_size: int) -> float | None:
     """Row-weighted mean of the loss over `data`, in inference mode, compiled once per engine."""
     tf, _ = tensorflow()
     fn = _EVALUATORS.get(step_engine)

@@ -13,9 +13,13 @@ nanscope cannot apply it (a Log in the user's own loss: the evidence then names 
 """
 
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
-from nanscope.run.experiment import Change, run_experiment
+from nanscope.run.experiment import Change, ExperimentResult, run_experiment
 from nanscope.run.fix_verdict import baseline_of, horizon, judge, mark_best, score, slowdown
 from nanscope.rules.bounded_activation import relu6_model
 from nanscope.rules.learning_rate import LR_FACTORS
@@ -23,11 +27,17 @@ from nanscope.rules.optimizer_epsilon import SAFE_EPSILON
 from nanscope.rules.registry import verify_fixers
 from nanscope.rules.scale import standardized_inputs, standardized_targets
 
+if TYPE_CHECKING:
+    from nanscope.report.model import TraceReport
+    from nanscope.rules.rule import Recommendation
+    from nanscope.run.session import Session
+    from nanscope.run.sources import LoadedData
+
 __all__ = ["FIXES", "LR_FACTORS", "SAFE_EPSILON", "changes_for", "combined", "ranked_by_verification", "relu6_model",
            "standardized_inputs", "standardized_targets", "verify_recommendations"]
 
 
-def verify_recommendations(session, report):
+def verify_recommendations(session: Session, report: TraceReport) -> TraceReport:
     """Run the fix experiments for `report.recommendations`, record the results on each, rank by them.
 
     Each fix is judged by `fix_verdict`: it must stay finite to its horizon (extended past the
@@ -40,7 +50,7 @@ def verify_recommendations(session, report):
     learn) rank last; within the last two groups the order of the diagnosis stays.
     """
     judging = _Judging(session, report)
-    tried = {}
+    tried: dict[str, tuple[Recommendation, list[Change]]] = {}
     for rec in report.recommendations:
         changes = changes_for(rec, session, report)
         if not changes:
@@ -59,13 +69,13 @@ def verify_recommendations(session, report):
 class _Judging:
     """Runs one fix to its horizon and judges it against the unfixed run (`fix_verdict.judge`)."""
 
-    def __init__(self, session, report):
+    def __init__(self, session: Session, report: TraceReport) -> None:
         self.session, self.run = session, report.run
         self.unfixed = _baseline(report)
         self.failing_step = report.first_nonfinite.step if report.first_nonfinite is not None else None
         self.baseline = baseline_of(session)
 
-    def row(self, change):
+    def row(self, change: Change) -> dict[str, Any]:
         steps = horizon(self.session.spec.train.steps, self.failing_step, slowdown(change, self.run))
         result = run_experiment(self.session, change, steps=steps[0])
         baseline = baseline_of(self.session, change) if change.rescales_loss else self.baseline
@@ -89,7 +99,7 @@ COMBINATIONS = (
 MAX_COMBINATIONS = 3
 
 
-def _verify_combinations(tried, judging):
+def _verify_combinations(tried: dict[str, tuple[Recommendation, list[Change]]], judging: _Judging) -> None:
     runs = 0
     for ids in COMBINATIONS:
         if runs == MAX_COMBINATIONS:
@@ -109,16 +119,17 @@ def _verify_combinations(tried, judging):
             return
 
 
-def combined(changes):
+def combined(changes: list[Change]) -> Change:
     """One Change that applies every change in `changes`: their data changes in turn, their optimizer
     overrides merged, the first changed model; its loss is rescaled when any member's is."""
-    def data(loaded):
+    def data(loaded: LoadedData) -> LoadedData:
         for change in changes:
             if change.data is not None:
                 loaded = change.data(loaded)
         return loaded
 
-    overrides, params = {}, {}
+    overrides: dict[str, Any] = {}
+    params: dict[str, Any] = {}
     for change in changes:
         overrides.update(change.optimizer_overrides)
         params.update(change.params)
@@ -132,14 +143,14 @@ def combined(changes):
     )
 
 
-def ranked_by_verification(recommendations):
+def ranked_by_verification(recommendations: list[Recommendation]) -> list[Recommendation]:
     """Fixes that train first, by their best fix's loss relative to its baseline (`fix_verdict.score`); then those
     not tried; then those tried that did not train; stable within the last two."""
     rank = {True: 0, None: 1, False: 2}
     return sorted(recommendations, key=lambda rec: (rank[rec.verified], score(rec) if rec.verified else 0.0))
 
 
-def changes_for(rec, session, report):
+def changes_for(rec: Recommendation, session: Session, report: TraceReport) -> list[Change]:
     """The Changes that apply `rec` to this run; [] when nanscope cannot apply it itself."""
     fix = FIXES.get(rec.id)
     return fix(rec, session, report.run) if fix is not None else []
@@ -150,7 +161,7 @@ def changes_for(rec, session, report):
 FIXES = verify_fixers()
 
 
-def _baseline(report):
+def _baseline(report: TraceReport) -> dict[str, Any]:
     history = report.history
     losses = history.column("loss") if history is not None else np.empty(0)
     phases = history.phases() if history is not None else np.empty(0, np.int64)
@@ -164,7 +175,7 @@ def _baseline(report):
     }
 
 
-def _row(result, baseline):
+def _row(result: ExperimentResult, baseline: dict[str, Any]) -> dict[str, Any]:
     """The measured part of a verification row: what the fixed run did, next to the unfixed run."""
     return {
         "fix": result.name, "params": result.params, "finite": result.finite,
