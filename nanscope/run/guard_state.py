@@ -8,12 +8,24 @@ so nothing of the batch is copied. A step's logs, metrics and callbacks do not e
 here: a skipped step stays in the history, with its intervention.
 """
 
+from __future__ import annotations
+
 import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import numpy as np
 
 from nanscope.guard.host import GuestGuard
 from nanscope.guard.state import LearningRates
+
+if TYPE_CHECKING:
+    from nanscope.data.targets import Arrays
+    from nanscope.engine.records import StepRecord
+    from nanscope.engine.step import InstrumentedStep
+    from nanscope.guard.options import GuardOptions
+    from nanscope.report.model import FirstNonfinite, TraceReport
+    from nanscope.run.session import Session
 
 
 class TraceState(LearningRates):
@@ -24,43 +36,43 @@ class TraceState(LearningRates):
         batch_of: callable(step) -> (x, y). The batch the session draws at a step.
     """
 
-    def __init__(self, engine, batch_of):
+    def __init__(self, engine: InstrumentedStep, batch_of: Callable[[int], tuple[Arrays, Arrays]]) -> None:
         super().__init__([engine.optimizer])
         self.engine, self.batch_of = engine, batch_of
         self.variables = engine.guarded_variables()
         self.held = -1
 
-    def ran(self, records):
+    def ran(self, records: list[StepRecord]) -> None:
         """After an execution: the snapshot holds the state before its last step."""
         if records:
             self.held = records[-1].step
 
-    def held_step(self):
+    def held_step(self) -> int:
         return self.held
 
-    def batch(self):
+    def batch(self) -> tuple[Arrays, Arrays]:
         return self.batch_of(self.held)
 
-    def current(self):
+    def current(self) -> list[np.ndarray]:
         """The guarded variables' values now, as numpy arrays (a ring entry)."""
         return [np.array(v.numpy(), copy=True) for v in self.variables]
 
-    def put(self, values):
+    def put(self, values: Iterable[np.ndarray]) -> None:
         for variable, value in zip(self.variables, values):
             variable.assign(value)
 
-    def restore_before_step(self):
+    def restore_before_step(self) -> None:
         """Put back the weights and the optimizer's variables as they were before the held step."""
         self.engine.restore_before_step(optimizer=True)
 
-    def restore_metrics(self):
+    def restore_metrics(self) -> None:
         """trace-steps keeps no metrics."""
 
-    def thaw(self):
+    def thaw(self) -> None:
         """trace-steps' snapshot never freezes (one step at a time, or a chunk that stops at the step)."""
 
     @contextlib.contextmanager
-    def before_step(self, values=None):
+    def before_step(self, values: Iterable[np.ndarray] | None = None) -> Iterator[None]:
         """For the block: the state before the held step (or the ring entry `values`); afterwards every variable
         and the snapshot's copies as they were (a re-run through the engine copies the state again)."""
         with self.engine.state_kept():
@@ -69,7 +81,7 @@ class TraceState(LearningRates):
                 self.put(values)
             yield
 
-    def nbytes(self):
+    def nbytes(self) -> int:
         return sum(int(v.shape.num_elements() or 0) * v.dtype.size for v in self.variables)
 
 
@@ -81,26 +93,27 @@ class TraceView:
         expected: list of int. Layers whose non-finite outputs are intended.
     """
 
-    def __init__(self, report, expected):
+    def __init__(self, report: TraceReport, expected: Iterable[int]) -> None:
         self.report, self.expected = report, list(expected)
 
     @property
-    def first_nonfinite(self):
+    def first_nonfinite(self) -> FirstNonfinite | None:
         return self.report.first_nonfinite
 
 
-def active(options):
+def active(options: GuardOptions | None) -> TypeGuard[GuardOptions]:
     """True when trace-steps needs a guard: it may skip or roll back, or it keeps a ring (`snapshot_every`)."""
     return options is not None and (options.intervenes or bool(options.ring_every))
 
 
-def prepare_guard(options, engine):
+def prepare_guard(options: GuardOptions | None, engine: InstrumentedStep) -> None:
     """Before the step is traced: under a guard, the step copies the optimizer's variables too (one device)."""
     if active(options) and hasattr(engine, "keep_optimizer_state"):
         engine.keep_optimizer_state()
 
 
-def trace_guard(options, engine, session, report, expected):
+def trace_guard(options: GuardOptions | None, engine: InstrumentedStep, session: Session, report: TraceReport,
+                expected: Iterable[int]) -> TraceGuard | None:
     """The TraceGuard of one trace-steps run, or None when the guard has nothing to do (stop or continue, no ring).
 
     Under tf.distribute no state is kept: the guard then stops the run at a step that needs one, with a note.
@@ -118,7 +131,7 @@ def trace_guard(options, engine, session, report, expected):
         return made
     state = TraceState(engine, session.batch)
 
-    def rerun(batch):
+    def rerun(batch: tuple[Arrays, Arrays]) -> Any:
         return attributed(engine.run(-1, *batch), view)
 
     fixer = FixProver(engine, session, report, expected) if options.on_nonfinite == "rollback" else None
@@ -131,7 +144,7 @@ def trace_guard(options, engine, session, report, expected):
 class TraceGuard(GuestGuard):
     """A GuestGuard fed by the trace-steps loop: it learns which step the snapshot holds from the records."""
 
-    def observe(self, records):
+    def observe(self, records: list[StepRecord]) -> Any:
         if self.guard.state is not None:
             self.guard.state.ran(records)
         return super().observe(records)
