@@ -198,3 +198,14 @@ def test_tensor_stats_counts_zeros_unless_the_schedule_says_not(count_zeros):
     row = tf.function(lambda t: tensor_stats([tf.nn.relu(t)], due), autograph=False)(x).numpy()
     assert row[LAYER.at("max_abs")] == pytest.approx(x.max())
     assert row[LAYER.at("zeros")] == (NOT_COUNTED if count_zeros is False else (x == 0).sum())
+
+
+def test_the_instrumented_step_is_traced_once():
+    # nanscope's own variables are made before the step is traced: one made while a tf.function traces its first
+    # call makes TensorFlow trace it a second time (its zeros counter did, doubling every trace-steps start-up).
+    step = instrumented(classifier(), keras.optimizers.Adam(0.01))
+    x, y = batch(1)
+    assert len(step.layer_call_order) == 2
+    for i in range(3):
+        step.run(i, x, y)
+    assert step._compiled.experimental_get_tracing_count() == 1

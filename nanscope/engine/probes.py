@@ -183,7 +183,12 @@ class LayerRecorder:
         self.traced = False  # set once a step function has been traced with the probes attached
         self._graph: Any = None
         self._thread = threading.local()
-        self._steps: Any = None  # steps begun, for the zeros schedule (a variable, made on first use)
+        # Steps begun, for the zeros schedule. Made here, not on first use: a variable made while a tf.function
+        # traces its first call makes TensorFlow trace that function a second time (`_created_variables`), which
+        # doubled the tracing of every instrumented step.
+        tf, _ = tensorflow()
+        with tf.init_scope():
+            self._steps = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="nanscope_probe_steps")
 
     @contextlib.contextmanager
     def attached(self) -> Iterator["LayerRecorder"]:
@@ -205,9 +210,6 @@ class LayerRecorder:
     def _zeros_due(self) -> Tensor:
         """A boolean scalar: this step counts the exact zeros (one step in ZEROS_EVERY, the first included)."""
         tf, _ = tensorflow()
-        if self._steps is None:
-            with tf.init_scope():
-                self._steps = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="nanscope_probe_steps")
         begun = self._steps.assign_add(constant(1, "int64"))
         return tf.equal(tf.math.floormod(begun - constant(1, "int64"), constant(ZEROS_EVERY, "int64")),
                         constant(0, "int64"))
