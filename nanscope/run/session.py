@@ -118,7 +118,7 @@ class Session:
         return DistributedStep(self.strategy, model, self.loss, optimizer, x, y, grad_transform=grad_transform,
                                source=self.spec.source, workers=workers)
 
-    def next_records(self, engine: InstrumentedStep, runner: ChunkRunner | None, step: int, total: int,
+    def next_records(self, engine: Runs, runner: ChunkRunner | None, step: int, total: int,
                      stop_on_nonfinite: bool) -> tuple[list[StepRecord], BaseException | None]:
         """(records, None) of the next step, or of the next chunk of steps when `runner` is set.
 
@@ -271,6 +271,12 @@ def dtype_policy(name: str | None) -> Iterator[None]:
 
 def _state_variables(model: LoadedModel) -> list[Any]:
     return list(model.keras_model.variables) if model.keras_model is not None else list(model.variables)
+
+
+class Runs(Protocol):
+    """What runs one step: an InstrumentedStep, or the sentinel that stands in for it (guard.trace_sentinel)."""
+
+    def run(self, step: int, x: Arrays, y: Arrays) -> StepRecord: ...
 
 
 class Rows(Protocol):

@@ -12,9 +12,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nanscope import interrupt
 from nanscope.run.attribution import StepNames, attribute_from_record, describe_bad_batch
@@ -22,6 +23,7 @@ from nanscope.data import inputs, targets
 from nanscope.engine.failures import step_failure
 from nanscope.engine.loss_scale import LossScaleWatch
 from nanscope.engine.cluster import collective_failure_message, is_collective_failure
+from nanscope.engine.distributed import DistributedStep
 from nanscope.engine.records import expected_layer_indices, first_nonfinite_worker
 from nanscope.errors import SpecError
 from nanscope.finishing import optional_part
@@ -40,6 +42,17 @@ from nanscope.store.lines import AggregatesLine, ErrorLine, SummaryLine
 from nanscope.store.tracefile import TraceWriter
 
 if TYPE_CHECKING:
+    from nanscope.data.targets import Arrays
+    from nanscope.engine.cluster import Cluster
+    from nanscope.engine.records import StepRecord
+    from nanscope.engine.chunk import ChunkRunner
+    from nanscope.engine.step import InstrumentedStep
+    from nanscope.guard.options import GuardOptions
+    from nanscope.guard.trace_sentinel import TraceSentinel
+    from nanscope.report.model import FirstNonfinite
+    from nanscope.report.tensorboard import TensorBoardLog
+    from nanscope.run.guard_state import TraceGuard
+    from nanscope.run.session import Session
     from nanscope.spec.sections import RunSpec
 
 DEFAULT_RUNS_DIR = Path("nanscope-runs")
@@ -117,7 +130,7 @@ def stopped_before_training(spec_source: str | os.PathLike) -> TraceReport:
                        interrupted=True, notes=[STOPPED_BEFORE_TRAINING])
 
 
-def _for_this_worker(options, cluster):
+def _for_this_worker(options: TraceOptions, cluster: Cluster | None) -> TraceOptions:
     """The options a worker other than the chief runs with: it writes nothing and replays nothing."""
     if cluster is None or cluster.is_chief:
         return options
@@ -129,26 +142,32 @@ class _NoTrace:
 
     path = None
 
-    def write(self, line):
+    def write(self, line: object) -> None:
         pass
 
-    def step(self, record, kept):
+    def step(self, record: StepRecord, kept: Iterable[StepRecord]) -> None:
         pass
 
-    def rows(self, records):
+    def rows(self, records: Iterable[StepRecord]) -> None:
         pass
 
-    def flush_steps(self):
+    def flush_steps(self) -> None:
         pass
 
-    def __enter__(self):
+    def __enter__(self) -> _NoTrace:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         pass
 
 
-def _run_steps(session, engine, runner, report, writer, options, expected, guard=None, sentinel=None):
+# Where a run's lines go: the trace file, or nowhere (a worker other than the chief).
+Writer = TraceWriter | _NoTrace
+
+
+def _run_steps(session: Session, engine: InstrumentedStep, runner: ChunkRunner | None, report: TraceReport,
+               writer: Writer, options: TraceOptions, expected: list[int], guard: TraceGuard | None = None,
+               sentinel: TraceSentinel | None = None) -> None:
     report.notes.extend(_expected_notes(session.spec.train.expect_nonfinite, engine, expected))
     board = _open_board(options.tensorboard, report)
     # Every worker takes part in every step's collectives: a signal must not stop one worker
@@ -162,7 +181,7 @@ def _run_steps(session, engine, runner, report, writer, options, expected, guard
             board.close()
 
 
-def _open_board(logdir, report):
+def _open_board(logdir: str | os.PathLike[str] | None, report: TraceReport) -> TensorBoardLog | None:
     if logdir is None:
         return None
     from nanscope.report.tensorboard import TensorBoardLog
@@ -170,7 +189,7 @@ def _open_board(logdir, report):
     return TensorBoardLog(logdir, report.layers, report.variables, report.output_names)
 
 
-def _expected_notes(patterns, engine, expected):
+def _expected_notes(patterns: Sequence[str], engine: InstrumentedStep, expected: list[int]) -> list[str]:
     if not patterns:
         return []
     names = [engine.layer_info[i].name for i in expected]
@@ -179,7 +198,9 @@ def _expected_notes(patterns, engine, expected):
     return [f"non-finite outputs of {', '.join(names)} are expected (train.expect_nonfinite) and not counted"]
 
 
-def _run_step_loop(session, engine, runner, report, writer, options, expected, board, guard, sentinel):
+def _run_step_loop(session: Session, engine: InstrumentedStep, runner: ChunkRunner | None, report: TraceReport,
+                   writer: Writer, options: TraceOptions, expected: list[int], board: TensorBoardLog | None,
+                   guard: TraceGuard | None, sentinel: TraceSentinel | None) -> None:
     step, total = 0, session.spec.train.steps
     # A guard that skips or rolls back needs the chunk to end at every non-finite step: the snapshot holds it then.
     every_bad_step = guard is not None and guard.guard.options.intervenes
@@ -219,7 +240,7 @@ def _run_step_loop(session, engine, runner, report, writer, options, expected, b
                 sentinel.around_event()
             if guard.stopped:
                 return
-        if cluster is not None and engine.stop_requested_by:
+        if cluster is not None and isinstance(engine, DistributedStep) and engine.stop_requested_by:
             report.interrupted = True
             report.notes.append(f"stopped after step {step} by a signal to "
                                 f"{', '.join(cluster.describe(w) for w in engine.stop_requested_by)}")
@@ -229,19 +250,22 @@ def _run_step_loop(session, engine, runner, report, writer, options, expected, b
             _raise_step_failure(failure, step, session.spec, writer)
 
 
-def keep(history, writer, record):
+def keep(history: StepHistory | None, writer: Writer, record: StepRecord) -> None:
     """Put one step in the history and the trace: its scalars, and its full row where the history keeps it."""
+    assert history is not None  # a trace-steps report has its history from the start
     writer.step(record, history.add(record))
 
 
-def finish_trace(writer, report):
+def finish_trace(writer: Writer, report: TraceReport) -> None:
     """End the trace: the last steps' full rows, the exact aggregates, the summary."""
-    writer.rows(report.history.unwritten())
-    writer.write(AggregatesLine.of(report.history))
+    history = report.history
+    assert history is not None  # a trace-steps report has its history from the start
+    writer.rows(history.unwritten())
+    writer.write(AggregatesLine.of(history))
     writer.write(SummaryLine.of(report))
 
 
-def _raise_step_failure(exc, step, spec, writer):
+def _raise_step_failure(exc: BaseException, step: int, spec: RunSpec, writer: Writer) -> None:
     """End the run on a TensorFlow failure inside `step` (XLA, out of memory, a failed op) with one clear line.
 
     The steps done are already in the trace; an `error` line records why the run stopped.
@@ -255,7 +279,8 @@ def _raise_step_failure(exc, step, spec, writer):
     raise error from exc
 
 
-def _finish(session, engine, report, options=None, learning_rate=None):
+def _finish(session: Session, engine: InstrumentedStep, report: TraceReport, options: TraceOptions | None = None,
+            learning_rate: LearningRateView | None = None) -> None:
     settle_learning_rate(report, learning_rate)
     if report.first_nonfinite is None and report.steps_run:
         with optional_part(report.notes, "the validation loss"):
@@ -272,7 +297,8 @@ def _finish(session, engine, report, options=None, learning_rate=None):
             report.notes.append("--verify was interrupted: recommendations not yet re-run stay unverified")
 
 
-def locate_first_nonfinite(record, engine, session, x, y, options=None):
+def locate_first_nonfinite(record: StepRecord, engine: InstrumentedStep, session: Session, x: Arrays, y: Arrays,
+                           options: TraceOptions | None = None) -> FirstNonfinite:
     """Attribute a non-finite step to its phase, its producing layer and op, and the user line behind it.
 
     The compiled record names the phase and the first layer or variable that shows
@@ -301,18 +327,19 @@ def locate_first_nonfinite(record, engine, session, x, y, options=None):
     return first
 
 
-def step_names(engine):
+def step_names(engine: InstrumentedStep) -> StepNames:
     """The StepNames of an instrumented step: its layers, their call order, its variables, the model's outputs."""
     return StepNames(layers=[(info.name, info.cls) for info in engine.layer_info], call_order=engine.layer_call_order,
                      variables=engine.variable_names, outputs=[o.name for o in engine.loss.outputs])
 
 
-def _worker_part(record, engine, session, x, y):
+def _worker_part(record: StepRecord, engine: InstrumentedStep, session: Session, x: Arrays, y: Arrays
+                 ) -> tuple[Arrays, Arrays, Any, str | None]:
     """(x, y, dataset rows, description) of the part of the batch that the first worker with a non-finite count
     trained on; the whole batch (description None) unless several workers trained."""
     rows = session.order.indices(record.step)
     worker = first_nonfinite_worker(record)
-    if worker is None:
+    if worker is None or not isinstance(engine, DistributedStep):  # workers are counted across a cluster only
         return x, y, rows, None
     start, end = engine.worker_rows(len(rows), worker)
     part = slice(start, end)
@@ -320,7 +347,8 @@ def _worker_part(record, engine, session, x, y):
     return targets.take(x, part), targets.take(y, part), rows[part], described
 
 
-def _attribute(record, engine, session, x, y, rows=None):
+def _attribute(record: StepRecord, engine: InstrumentedStep, session: Session, x: Arrays, y: Arrays,
+               rows: Any = None) -> FirstNonfinite:
     first = attribute_from_record(record, step_names(engine))
     if first.phase == "data":
         rows = session.order.indices(record.step) if rows is None else rows
@@ -329,13 +357,14 @@ def _attribute(record, engine, session, x, y, rows=None):
     return first
 
 
-def _loss_of(loss, output):
+def _loss_of(loss: Any, output: str | None) -> str:
     """The loss of output `output` of a multi-output model ("kind: sparse_categorical_crossentropy"), or the loss."""
     named = next((o for o in loss.outputs if o.name == output), None)
     return f"{named.loss.name} of output {named.name!r}" if named else loss.name
 
 
-def describe_run(session, engine, learning_rate=None):
+def describe_run(session: Session, engine: InstrumentedStep, learning_rate: LearningRateView | None = None
+                 ) -> dict[str, Any]:
     """The run header: what was run, for the report and the trace (`learning_rate`: the optimizer's
     LearningRateView, which adds the schedule under one)."""
     spec = session.spec
@@ -366,18 +395,18 @@ def describe_run(session, engine, learning_rate=None):
     )
 
 
-def _outputs(session):
+def _outputs(session: Session) -> list[dict[str, Any]]:
     """Per model output: its name, its loss and the loss's weight in the total."""
     if session.loss.multi_output:
         return [{"name": o.name, "loss": o.loss.name, "weight": o.weight} for o in session.loss.outputs]
     return [{"name": name, "loss": session.loss.name, "weight": 1.0} for name in session.output_names[:1]]
 
 
-def _distribution(engine):
+def _distribution(engine: InstrumentedStep) -> dict[str, Any]:
     """The `distribute` entry of the run header under tf.distribute (strategy and replicas); nothing on one device."""
-    strategy = getattr(engine, "strategy", None)
-    if strategy is None:
+    if not isinstance(engine, DistributedStep):
         return {}
+    strategy = engine.strategy
     tf, _ = tensorflow()
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):  # its class is CollectiveAllReduceStrategy
         return {"distribute": {"strategy": "MultiWorkerMirroredStrategy", "replicas": strategy.num_replicas_in_sync,
@@ -386,16 +415,16 @@ def _distribution(engine):
     return {"distribute": described}
 
 
-def _sentinel_notes(guard_options, sentinel):
+def _sentinel_notes(guard_options: GuardOptions | None, sentinel: TraceSentinel | None) -> list[str]:
     """What the report says of `--mode sentinel` where the run cannot take it (tf.distribute)."""
     if guard_options is None or guard_options.mode != "sentinel" or sentinel is not None:
         return []
     return ["mode=sentinel: not under train.distribute; every step was recorded in full"]
 
 
-def run_notes(spec):
+def run_notes(spec: RunSpec) -> list[str]:
     """What the report should say about how the run was made."""
-    notes = []
+    notes: list[str] = []
     if not spec.train.jit_compile:
         notes.append("the traced step runs without XLA (jit_compile: false) so every layer output can be probed")
     if spec.train.distribute == "multi_worker":
@@ -408,7 +437,7 @@ def run_notes(spec):
     return notes
 
 
-def default_trace_path(spec):
+def default_trace_path(spec: RunSpec) -> Path:
     """nanscope-runs/<spec file stem>/trace.jsonl, under the current folder."""
     stem = Path(spec.source).stem if spec.source else "run"
     return DEFAULT_RUNS_DIR / re.sub(r"[^A-Za-z0-9_.-]+", "_", stem) / "trace.jsonl"
