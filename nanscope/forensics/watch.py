@@ -238,7 +238,8 @@ class OpWatch:
         if index < len(forward_inputs) and is_float_tensor(forward_inputs[index]):
             event.inputs = {**operand_stats(forward_inputs[index].numpy()),
                             **exponent_stats(forward_op, forward_inputs)}
-            event.operand = SECOND_OPERAND[forward_op] if index == 1 else "input"
+            # index 1 only for an op in SECOND_OPERAND, which names no None
+            event.operand = SECOND_OPERAND[forward_op] if index == 1 and forward_op is not None else "input"
         return event
 
     def _differentiated_record(self, forward_op: str | None, forward_inputs: list[Tensor],

@@ -10,6 +10,9 @@ level: `nanscope --help` does not import it.
 """
 
 import contextlib
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
 
 # --- tf.function ----------------------------------------------------------------------------------------
 
@@ -18,7 +21,7 @@ import contextlib
 JIT_COMPILE = "_jit_compile"
 
 
-def jit_compile_of(function):
+def jit_compile_of(function: Any) -> Any:
     """The `jit_compile` a tf.function was made with (True, False or None); None for a plain function."""
     return getattr(function, JIT_COMPILE, None)
 
@@ -27,7 +30,7 @@ def jit_compile_of(function):
 
 
 @contextlib.contextmanager
-def op_callback(callback):
+def op_callback(callback: Callable[..., Any]) -> Iterator[None]:
     """Call `callback(op_type, inputs, attrs, outputs, op_name=None, graph=None)` for every op run eagerly in
     the block (`tensorflow.python.framework.op_callbacks`); always removed."""
     from tensorflow.python.framework import op_callbacks
@@ -44,7 +47,7 @@ def op_callback(callback):
 GRADIENT_FUNCTION = "_gradient_function"
 
 
-def differentiated_op(frame):
+def differentiated_op(frame: FrameType | None) -> tuple[str | None, list[Any], list[Any]]:
     """(op type, inputs, outputs) of the forward op whose gradient is being computed, found in the frames
     from `frame` outward (TensorFlow's `_gradient_function` locals); (None, [], []) outside a gradient."""
     while frame is not None:
@@ -58,7 +61,7 @@ def differentiated_op(frame):
 # --- the eager context's function library and op execution (forensics/functions.py) --------------------
 
 
-def function_graph(name):
+def function_graph(name: str) -> Any:
     """The FuncGraph of the function `name` in the eager context's library (a SavedModel's inner function, a
     call op's `f`), rebuilt from its FunctionDef (`function_def_to_graph`)."""
     from tensorflow.python.eager import context
@@ -67,7 +70,7 @@ def function_graph(name):
     return function_def_to_graph(context.context().get_function_def(name))
 
 
-def execute_op(op_type, outputs, operands, attrs):
+def execute_op(op_type: str, outputs: int, operands: list[Any], attrs: tuple[Any, ...]) -> Any:
     """Run one op eagerly (`execute.execute`): `outputs` results of `op_type` on `operands`, with `attrs` the
     flat (name, value, ...) tuple of its attributes."""
     from tensorflow.python.eager import context, execute
@@ -78,7 +81,7 @@ def execute_op(op_type, outputs, operands, attrs):
 # --- the collective runtime of a multi-worker run (engine/cluster.py, engine/deadline.py) ---------------
 
 
-def coordination_config_module():
+def coordination_config_module() -> Any:
     """TensorFlow's `coordination_config_pb2`: under `tensorflow.compiler.xla.tsl.protobuf` since TensorFlow 2.17,
     `tensorflow.tsl.protobuf` before (2.16, the oldest supported)."""
     try:
@@ -88,7 +91,8 @@ def coordination_config_module():
     return coordination_config_pb2
 
 
-def configure_coordination(workers, register_timeout_ms, heartbeat_timeout_ms, shutdown_timeout_ms):
+def configure_coordination(workers: int, register_timeout_ms: int, heartbeat_timeout_ms: int,
+                           shutdown_timeout_ms: int) -> None:
     """Configure TensorFlow's standalone coordination service for `workers` tasks of the job "worker", led by
     task 0 (`context.configure_coordination_service`); before the strategy joins the cluster."""
     from tensorflow.python.eager import context
@@ -101,21 +105,21 @@ def configure_coordination(workers, register_timeout_ms, heartbeat_timeout_ms, s
         coordinated_jobs=[coordination_config_pb2.CoordinatedJob(name="worker", num_tasks=workers)])
 
 
-def set_config_key_value(key, value):
+def set_config_key_value(key: str, value: str) -> None:
     """Publish `value` (a str) under `key` in the cluster's coordination key-value store."""
     from tensorflow.python.eager import context
 
     context.context().set_config_key_value(key, value)
 
 
-def get_config_key_value(key, timeout_ms):
+def get_config_key_value(key: str, timeout_ms: int) -> Any:
     """The value under `key` in the coordination key-value store, waiting up to `timeout_ms` for it to be set."""
     from tensorflow.python.eager import context
 
     return context.context().get_config_key_value(key, timeout_ms)
 
 
-def abort_collective_ops(message):
+def abort_collective_ops(message: str) -> None:
     """Fail every pending and future collective op of the process with DeadlineExceeded(`message`)."""
     from tensorflow.python.eager import context
     from tensorflow.python.framework import errors
@@ -130,7 +134,7 @@ INITIALIZE_LOCAL_DEVICES = "_initialize_local_devices"
 
 
 @contextlib.contextmanager
-def local_devices_chosen(choose):
+def local_devices_chosen(choose: Callable[..., tuple[Any, Any]]) -> Iterator[None]:
     """While the block runs, a MultiWorkerMirroredStrategy created in it takes its local devices from
     `choose(devices, kind, worker_device) -> (devices, kind)`, given what TensorFlow picked; always put back.
     """
@@ -139,7 +143,7 @@ def local_devices_chosen(choose):
     extended = collective.CollectiveAllReduceExtended
     original = getattr(extended, INITIALIZE_LOCAL_DEVICES)
 
-    def local_devices(self, cluster_resolver, worker_device):
+    def local_devices(self: Any, cluster_resolver: Any, worker_device: str) -> tuple[Any, Any]:
         return choose(*original(self, cluster_resolver, worker_device), worker_device)
 
     setattr(extended, INITIALIZE_LOCAL_DEVICES, local_devices)
