@@ -43,7 +43,7 @@ from nanscope.spec.options import TraceOptions
 from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()
-FIRST, LAST = 50, 450  # the steps between the two snapshots: 400 executions
+FIRST, LAST = 50, 250  # the steps between the two snapshots: 200 executions
 COLUMNS = "*/nanscope/store/series.py"  # every step's scalars, in chunks that double
 REPO = Path(__file__).resolve().parent.parent
 
@@ -75,7 +75,7 @@ def growth():
 
 
 def test_no_line_of_nanscope_keeps_memory_per_execution(growth):
-    # 8 bytes an execution (one list entry) would be 3.2 KB here; a bounded set that was full before the first
+    # 8 bytes an execution (one list entry) would be 1.6 KB here; a bounded set that was full before the first
     # snapshot only swaps one record for another.
     grown = {str(stat.traceback): stat.size_diff for stat in growth if stat.size_diff > 1024}
     assert grown == {}

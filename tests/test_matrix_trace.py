@@ -97,16 +97,17 @@ def free_ports(count):
     return ports
 
 
-def two_workers(args, folder):
-    """Run `python args...` as the two tasks of a loopback cluster; [(returncode, stdout, stderr)] per task."""
+def two_workers(args, folder, replicas=1):
+    """Run `python args...` as the two tasks of a loopback cluster, `replicas` logical CPUs each;
+    [(returncode, stdout, stderr)] per task."""
     ports = free_ports(2)
     processes = []
     for task in range(2):
         config = json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
                              "task": {"type": "worker", "index": task}})
+        env = {**os.environ, "TF_CONFIG": config, "TF_CPP_MIN_LOG_LEVEL": "3", "NANSCOPE_CPU_REPLICAS": str(replicas)}
         processes.append(subprocess.Popen([sys.executable, *[a.format(task=task) for a in args]], cwd=folder,
-                                          env={**os.environ, "TF_CONFIG": config, "TF_CPP_MIN_LOG_LEVEL": "3"},
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     done = []
     for process in processes:
         out, err = process.communicate(timeout=240)
@@ -115,13 +116,18 @@ def two_workers(args, folder):
 
 
 def test_trace_steps_multi_worker_trains_as_one_process(write_spec, tmp_path):
-    name = "exponential-decay+adamw"
+    # Two workers with two replicas each: global_clipnorm acts on the gradient summed over all four, as one
+    # process's on the whole batch's.
+    name = "cosine-warmup+ema+global-clipnorm"
     path = write_spec(run_spec(name, distribute="multi_worker", distribute_timeout_s=60))
     done = two_workers(["-m", "nanscope", "trace-steps", str(path), "--json", "w{task}.json", "--trace",
-                        "w{task}.jsonl"], tmp_path)
+                        "w{task}.jsonl"], tmp_path, replicas=2)
     for code, _, err in done:
         assert code == 0, err[-3000:]
     doc = json.loads((tmp_path / "w0.json").read_text())
-    assert doc["run"]["distribute"]["strategy"] == "MultiWorkerMirroredStrategy"
+    assert doc["run"]["distribute"] == {"strategy": "MultiWorkerMirroredStrategy", "replicas": 4, "workers": 2,
+                                        "replicas_per_worker": 2}
+    assert "MultiWorkerMirroredStrategy, 2 workers x 2 replicas" in done[0][1]
+    assert all(step["replica_nonfinite"] == [0, 0, 0, 0] for step in doc["steps"])
     assert_report_right(name, doc, done[0][1])
     np.testing.assert_allclose([s["loss"] for s in doc["steps"]], plain_steps(CELLS[name]), rtol=1e-4)
