@@ -1,14 +1,22 @@
 """`bounded-activation`: a layer's outputs growing toward its dtype's overflow bound, or past it."""
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
-from nanscope.internals import flatten_layers
-from nanscope.rules.fixes import Change, StepFix
 from nanscope.engine.limits import activation_limit
-from nanscope.rules.rule import Fixtures, Rule
+from nanscope.engine.step import KerasModel
+from nanscope.internals import flatten_layers
+from nanscope.rules.facts import Facts, Layer, LayerFacts
+from nanscope.rules.fixes import Bundle, Change, Session, StepFix
+from nanscope.rules.rule import Finding, Fixtures, Recommendation, Rule
 from nanscope.rules.trends import geometric_growth
 from nanscope.rules.weight_constraint import WEIGHT_GROWTH_LIMIT
 from nanscope.runtime import tensorflow
+
+if TYPE_CHECKING:
+    from nanscope.model.models import LoadedModel
 
 BOUNDED_ACTIVATION = Rule(
     "bounded-activation",
@@ -30,7 +38,7 @@ OUTPUT_GROWTH_MIN_TOTAL = 1e4
 WEIGHTS_GROWING = WEIGHT_GROWTH_LIMIT
 
 
-def detect(facts):
+def detect(facts: Facts) -> list[Finding]:
     """(score, Recommendation) pairs for the first layer whose healthy outputs passed their dtype's bound, or grew
     geometrically through a relu-like activation."""
     weights = weight_growth(facts)
@@ -57,7 +65,7 @@ def detect(facts):
     return []
 
 
-def weight_growth(facts):
+def weight_growth(facts: Facts) -> float | None:
     """The weights' norm at the last healthy step over its start (the initial norm where known), when that is
     WEIGHTS_GROWING or more; else None."""
     norms = facts.healthy.weight_norm
@@ -69,7 +77,7 @@ def weight_growth(facts):
     return growth if growth >= WEIGHTS_GROWING else None
 
 
-def bound_for(layer):
+def bound_for(layer: LayerFacts) -> str:
     """The fix for `layer`'s growing outputs: relu6 where its activation is relu-like; otherwise a float32 layer
     (a float16 one) or a LayerNormalization after it, since relu6 cannot bound an exp or a linear output."""
     if layer.relu_like:
@@ -79,7 +87,7 @@ def bound_for(layer):
     return f"keras.layers.LayerNormalization()  # after layer {layer.name}: its outputs are not bounded"
 
 
-def verify_fixes(rec, session, run):
+def verify_fixes(rec: Recommendation, session: Session, run: dict[str, Any]) -> list[Change]:
     """The run again with every relu made relu6 (a model nanscope can clone), where the growing layer is relu-like."""
     if not rec.data.get("relu", True):
         return []
@@ -88,7 +96,7 @@ def verify_fixes(rec, session, run):
     return [Change("relu->relu6", {"activation": "relu6"}, model=model)] if model is not None else []
 
 
-def relu6_model(loaded):
+def relu6_model(loaded: "LoadedModel") -> "LoadedModel | None":
     """A clone of a Sequential/functional Keras model with every relu made relu6, weights copied; None if not
     possible."""
     _tf, keras = tensorflow()
@@ -96,7 +104,7 @@ def relu6_model(loaded):
     if model is None or not _has_relu(model):
         return None
 
-    def clone_layer(layer):
+    def clone_layer(layer: Layer) -> Layer:
         config = layer.get_config()
         if config.get("activation") == "relu":
             config["activation"] = "relu6"
@@ -114,7 +122,7 @@ def relu6_model(loaded):
     return from_keras(clone, f"{loaded.description} with relu6")
 
 
-def _has_relu(model):
+def _has_relu(model: KerasModel) -> bool:
     for layer in flatten_layers(model):
         config = layer.get_config() if hasattr(layer, "get_config") else {}
         if config.get("activation") == "relu" or type(layer).__name__ == "ReLU":
@@ -122,7 +130,7 @@ def _has_relu(model):
     return False
 
 
-def bundle_fixes(rec, bundle, run):
+def bundle_fixes(rec: Recommendation, bundle: Bundle, run: dict[str, Any]) -> list[StepFix]:
     """The saved step with every relu layer's activation made relu6 (put back after), where the growing layer is
     relu-like."""
     if not rec.data.get("relu", True):
@@ -135,12 +143,17 @@ def bundle_fixes(rec, bundle, run):
     if not layers:
         return []
 
-    def change(model):
+    def change(model: KerasModel) -> Callable[[], None]:
         del model  # Unused
         saved = [(layer, "activation", layer.activation) if hasattr(layer, "activation") and
                  layer.activation is relu else (layer, "max_value", layer.max_value) for layer in layers]
         for layer, name, _ in saved:
             setattr(layer, name, keras.activations.relu6 if name == "activation" else 6.0)
-        return lambda: [setattr(layer, name, old) for layer, name, old in saved]
+
+        def undo() -> None:
+            for layer, name, old in saved:
+                setattr(layer, name, old)
+
+        return undo
 
     return [StepFix("relu->relu6", {"activation": "relu6"}, acts_on="step", change=change)]

@@ -6,6 +6,9 @@ module (`rules/registry.py` lists them). A detector that finds evidence for a ru
 `Recommendation`: the rule's id and title plus the evidence measured in this run.
 """
 
+from collections.abc import Iterable
+from typing import Any
+
 from nanscope.rules.registry import rules
 from nanscope.rules.rule import SEVERITIES, Recommendation, Rule
 
@@ -14,6 +17,7 @@ RULES = {rule.id: rule for rule in rules()}
 __all__ = ["RULES", "SEVERITIES", "Recommendation", "Rule", "recommend"]
 
 
-def recommend(rule_id, severity, evidence, fix=None, data=None):
+def recommend(rule_id: str, severity: str, evidence: Iterable[str], fix: str | None = None,
+              data: dict[str, Any] | None = None) -> Recommendation:
     """A Recommendation for `rule_id` with this run's evidence; `fix` defaults to the rule's."""
     return RULES[rule_id].recommend(severity, evidence, fix, data)

@@ -1,9 +1,12 @@
 """`clean-input-data`: NaN or Inf in the batch itself (phase `data`)."""
 
+from typing import Any
+
 import numpy as np
 
-from nanscope.rules.fixes import StepFix
-from nanscope.rules.rule import Fixtures, Rule
+from nanscope.rules.facts import Facts
+from nanscope.rules.fixes import Bundle, StepFix
+from nanscope.rules.rule import Finding, Fixtures, Recommendation, Rule
 from nanscope.runtime import tensorflow
 
 CLEAN_INPUT_DATA = Rule(
@@ -16,7 +19,7 @@ RULES = (CLEAN_INPUT_DATA,)
 FIXTURES = Fixtures(fires=("nan-feature-row",), quiet=("tabular-regression-adam",))
 
 
-def detect(facts):
+def detect(facts: Facts) -> list[Finding]:
     """(score, Recommendation) pairs: the first non-finite value was in the batch."""
     first = facts.first
     if first is None or first.phase != "data":
@@ -25,7 +28,7 @@ def detect(facts):
     return [(1.0, CLEAN_INPUT_DATA.recommend("error", evidence, data={"step": first.step}))]
 
 
-def bundle_fixes(rec, bundle, run):
+def bundle_fixes(rec: Recommendation, bundle: Bundle, run: dict[str, Any]) -> list[StepFix]:
     """The saved batch without its rows that hold a non-finite value (none when every row or no row does)."""
     del rec, run  # Unused
     tf, _ = tensorflow()

@@ -1,11 +1,14 @@
 """`clip-gradients`: the gradient norm growing geometrically toward float32's overflow."""
 
 import math
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
-from nanscope.rules.fixes import Change, StepFix, optimizer_setting
-from nanscope.rules.rule import Fixtures, Rule
+from nanscope.rules.facts import Facts, HealthySteps
+from nanscope.rules.fixes import Bundle, Change, Session, StepFix, optimizer_setting
+from nanscope.rules.rule import Finding, Fixtures, Recommendation, Rule
 from nanscope.rules.trends import geometric_growth
 
 CLIP_GRADIENTS = Rule(
@@ -32,7 +35,7 @@ CLIP_UPDATE_FRACTION = 0.01
 CLIP_PERCENTILE = 10
 
 
-def detect(facts):
+def detect(facts: Facts) -> list[Finding]:
     """(score, Recommendation) pairs for a gradient norm growing geometrically to the last healthy step."""
     healthy = facts.healthy
     found = growth(healthy)
@@ -58,12 +61,12 @@ def detect(facts):
     return [(0.8, CLIP_GRADIENTS.recommend("error" if facts.failed else "warning", evidence, fix, data))]
 
 
-def growth(healthy):
+def growth(healthy: HealthySteps) -> tuple[float, int] | None:
     """(per-step growth factor, onset step) of the gradient norm's geometric rise to the last healthy step, or None."""
     return geometric_growth(healthy.steps, healthy.grad_norm, GROWTH_RATE_LIMIT, GROWTH_MIN_STEPS, GROWTH_MIN_TOTAL)
 
 
-def projected_overflow_step(step, norm, rate):
+def projected_overflow_step(step: int, norm: float, rate: float) -> float | None:
     """The step at which `norm`, growing `rate`x per step from `step`, passes float32's max; None if it cannot be said.
 
     A norm of exactly 0 (a run that fits its data perfectly) or a denormal one gives no
@@ -75,7 +78,7 @@ def projected_overflow_step(step, norm, rate):
     return step + steps_left if math.isfinite(steps_left) else None
 
 
-def clip_threshold(grad_norms, lr, weight_norm):
+def clip_threshold(grad_norms: ArrayLike, lr: float | None, weight_norm: float) -> tuple[float, str]:
     """A clipping threshold from the healthy steps' global gradient norms, and how it was chosen.
 
     Args:
@@ -102,7 +105,7 @@ def clip_threshold(grad_norms, lr, weight_norm):
     return round_threshold(percentile), f"the {CLIP_PERCENTILE}th percentile of the healthy steps' gradient norms"
 
 
-def round_threshold(value):
+def round_threshold(value: float) -> float:
     """`value` to one significant digit (0.0347 -> 0.03); 1.0 for a value that is not positive and finite."""
     if value <= 0 or not math.isfinite(value):
         return 1.0
@@ -110,7 +113,7 @@ def round_threshold(value):
     return round(value, digits)
 
 
-def verify_fixes(rec, session, run):
+def verify_fixes(rec: Recommendation, session: Session, run: dict[str, Any]) -> list[Change]:
     """The run again with global clipping at the threshold the finding computed."""
     del session, run  # Unused
     threshold = rec.data.get("threshold") or 1.0
@@ -118,7 +121,7 @@ def verify_fixes(rec, session, run):
                    {"global_clipnorm": threshold, "clipnorm": None, "clipvalue": None})]
 
 
-def bundle_fixes(rec, bundle, run):
+def bundle_fixes(rec: Recommendation, bundle: Bundle, run: dict[str, Any]) -> list[StepFix]:
     """The saved step with global clipping at the finding's threshold."""
     del bundle, run  # Unused
     threshold = rec.data.get("threshold") or 1.0

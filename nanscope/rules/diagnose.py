@@ -12,8 +12,11 @@ from nanscope.rules import registry
 from nanscope.rules.clip_gradients import (CLIP_PERCENTILE, CLIP_UPDATE_FRACTION, FLOAT32_MAX, GROWTH_MIN_STEPS,
                                            GROWTH_MIN_TOTAL, GROWTH_RATE_LIMIT, clip_threshold, growth,
                                            projected_overflow_step, round_threshold)
-from nanscope.rules.facts import facts_from
+from nanscope.rules.evidence import RunEvidence
+from nanscope.rules.facts import Report, facts_from
 from nanscope.rules.learning_rate import LOSS_PROGRESS_FRACTION, RULE_FIX_LR, UPDATE_RATIO_LIMIT
+from nanscope.rules.registry import Detector
+from nanscope.rules.rule import Recommendation
 from nanscope.rules.scale import EXTREME_SCALE, MSE_LIKE_LOSSES, SCALE_LIMIT
 
 __all__ = ["CLIP_PERCENTILE", "CLIP_UPDATE_FRACTION", "EXTREME_SCALE", "FLOAT32_MAX", "GROWTH_MIN_STEPS",
@@ -22,7 +25,7 @@ __all__ = ["CLIP_PERCENTILE", "CLIP_UPDATE_FRACTION", "EXTREME_SCALE", "FLOAT32_
            "projected_overflow_step", "round_threshold"]
 
 
-def diagnose(report, evidence):
+def diagnose(report: Report, evidence: RunEvidence) -> list[Recommendation]:
     """Recommendations for a TraceReport, most likely cause first.
 
     A detector that raises is a bug in nanscope, not in the user's run: its rules are
@@ -44,7 +47,8 @@ def diagnose(report, evidence):
     # Findings that fired above info come first, then by how directly the evidence implicates
     # them. Stable sort: equal keys keep detector order, so the same evidence gives the same order.
     found.sort(key=lambda pair: (pair[1].severity == "info", -pair[0]))
-    by_id, ordered = {}, []
+    by_id: dict[str, Recommendation] = {}
+    ordered: list[Recommendation] = []
     for _, rec in found:
         if rec.id in by_id:
             by_id[rec.id].evidence.extend(line for line in rec.evidence if line not in by_id[rec.id].evidence)
@@ -54,7 +58,7 @@ def diagnose(report, evidence):
     return calibrated(ordered)
 
 
-def calibrated(ordered):
+def calibrated(ordered: list[Recommendation]) -> list[Recommendation]:
     """`ordered` with every trajectory finding (`registry.TRAJECTORY_RULES`) at most a warning where another finding
     at error level names the producer of the first non-finite value: an error is a finding that explains that value
     and whose fix would stop its producer, and lowering the rate or bounding a norm does not stop an Exp overflow,
@@ -72,6 +76,6 @@ def calibrated(ordered):
     return ordered
 
 
-def detectors():
+def detectors() -> tuple[tuple[tuple[str, ...], Detector], ...]:
     """(rule ids it can fire, detector(facts)) for every detector, in the order their findings tie-break."""
     return registry.detectors()

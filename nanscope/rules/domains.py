@@ -7,6 +7,9 @@ the zero and negative fractions) falls outside the op's domain.
 
 import math
 from dataclasses import dataclass
+from typing import Any
+
+from nanscope.rules.facts import FirstNonfinite
 
 
 @dataclass(frozen=True)
@@ -66,23 +69,23 @@ OVERFLOW = Domain("|result| <= the dtype's max (3.4e38 in float32, 65504 in floa
                   "or normalise x first")
 
 
-def domain_of(op):
+def domain_of(op: str | None) -> Domain:
     """The Domain of op type `op` (OVERFLOW for an op without an entry)."""
-    return OP_DOMAINS.get(op, OVERFLOW)
+    return OP_DOMAINS.get(op, OVERFLOW) if op is not None else OVERFLOW
 
 
-def domain_text(op, backward):
+def domain_text(op: str | None, backward: bool) -> str:
     """The words of op's domain: its gradient's when `backward`, else its forward one."""
     domain = domain_of(op)
     return domain.gradient if backward else domain.forward
 
 
-def producer(first, op, backward):
+def producer(first: FirstNonfinite, op: str | None, backward: bool) -> str:
     """The producer as the evidence names it: `first.op`, and `(gradient of OP)` on the backward pass."""
     return f"{first.op}{f' (gradient of {op})' if backward else ''}"
 
 
-def measured(first, inputs, op=None):
+def measured(first: FirstNonfinite, inputs: dict[str, Any], op: str | None = None) -> tuple[str | None, str, str]:
     """(op, the producer as the evidence names it, the operand against the domain in words) for the op that
     produced the first non-finite value: "outside ...'s domain ..." when min and max show it, else "domain ..." of the
     pass it failed in (the gradient's on the backward pass). `op` defaults to the op the replay measured."""
@@ -91,9 +94,11 @@ def measured(first, inputs, op=None):
     return op, producer(first, op, backward), outside(op, inputs, backward) or f"domain {domain_text(op, backward)}"
 
 
-def outside(op, inputs, backward):
+def outside(op: str | None, inputs: dict[str, Any], backward: bool) -> str | None:
     """How the measured operand `inputs` falls outside op's (gradient's) domain, in words; None if min and max
     do not show it (the operand then looks in range, and the result overflowed)."""
+    if op is None:
+        return None
     low, high = inputs.get("min", math.nan), inputs.get("max", math.nan)
     zeros, negatives = inputs.get("zero_fraction", 0.0), inputs.get("negative_fraction", 0.0)
     checks = {

@@ -1,7 +1,10 @@
 """`double-where`: a NaN gradient from an op whose forward value a tf.where threw away."""
 
+from typing import Any
+
+from nanscope.rules.facts import Facts, FirstNonfinite
 from nanscope.rules.operand import finding_data, operand
-from nanscope.rules.rule import Fixtures, Rule
+from nanscope.rules.rule import Fixtures, Recommendation, Rule
 
 DOUBLE_WHERE = Rule(
     "double-where",
@@ -19,12 +22,12 @@ UNARY = {"Log": ("tf.math.log", "x > 0"), "Sqrt": ("tf.sqrt", "x > 0"), "Rsqrt":
          "Reciprocal": ("tf.math.reciprocal", "x != 0"), "Inv": ("tf.math.reciprocal", "x != 0")}
 
 
-def matches(first):
+def matches(first: FirstNonfinite) -> bool:
     """True for a backward-pass producer whose forward value a tf.where discarded."""
     return first.phase == "backward" and bool((first.context or {}).get("discarded_by"))
 
 
-def finding(facts, first, where, inputs):
+def finding(facts: Facts, first: FirstNonfinite, where: str, inputs: dict[str, Any]) -> Recommendation:
     """The Recommendation for the gradient of an op inside the untaken branch of a tf.where."""
     del facts  # Unused
     context = first.context or {}
@@ -41,7 +44,7 @@ def finding(facts, first, where, inputs):
         snippet = ("safe = tf.where(count > 0, count, 1.0)  # make the input safe inside the branch first\n"
                    "mean = tf.where(count > 0, total / safe, 0.0)")
     else:
-        op_call, guard = UNARY.get(forward_op, ("f", "x > 0"))
+        op_call, guard = UNARY.get(forward_op, ("f", "x > 0")) if forward_op is not None else ("f", "x > 0")
         snippet = (f"safe = tf.where({guard}, x, 1.0)  # make the input safe inside the branch first\n"
                    f"y = tf.where({guard}, {op_call}(safe), 0.0)")
     lines = [f"# {first.source}: the op" if first.source else None,

@@ -7,12 +7,21 @@ hand the rules the same plain numbers.
 """
 
 import warnings
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeAlias
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from nanscope.data import inputs
-from nanscope.rules.outliers import glitch_rows, glitches_in
+from nanscope.data.targets import Arrays
+from nanscope.engine.step import KerasModel
+from nanscope.rules.fixes import Session
+from nanscope.rules.outliers import Glitches, glitch_rows, glitches_in
+
+# The dataset rows of a step's batch, where the run knows its batch order.
+BatchRows: TypeAlias = Callable[[int], np.ndarray]
 
 
 @dataclass
@@ -23,7 +32,7 @@ class FeatureScale:
     """
 
     name: str
-    key: object
+    key: int | str
     std: float
     mean_abs: float
 
@@ -54,15 +63,15 @@ class RunEvidence:
             (`outliers.glitches_in`); None when the run's arrays were not seen.
     """
 
-    keras_model: object = None
-    features: list | None = None
-    targets: list | None = None
-    initial_weight_norm: object = None
-    batch_rows: object = None
-    glitches: dict | None = None
+    keras_model: KerasModel = None
+    features: list[FeatureScale] | None = None
+    targets: list[TargetScale] | None = None
+    initial_weight_norm: Callable[[], float] | None = None
+    batch_rows: BatchRows | None = None
+    glitches: Glitches | None = None
 
 
-def feature_scales(x, feature_names=(), ids=()):
+def feature_scales(x: Arrays, feature_names: Sequence[str] = (), ids: Collection[str] = ()) -> list[FeatureScale]:
     """FeatureScale per column of each float input of `x` (an array, or one array per input).
 
     `ids` names the inputs that hold token or category ids (`inputs.id_inputs`): they have no scale to fix.
@@ -78,7 +87,7 @@ def feature_scales(x, feature_names=(), ids=()):
     return found
 
 
-def target_scales(pairs):
+def target_scales(pairs: Iterable[tuple[str | None, str, np.ndarray]]) -> list[TargetScale]:
     """TargetScale per (output name or None, loss name, targets) whose targets are numbers: floats, or integers (whole
     dollars; class labels are judged by their loss, which the scale rule reads)."""
     found = []
@@ -90,13 +99,13 @@ def target_scales(pairs):
     return found
 
 
-def without_glitches(array):
+def without_glitches(array: np.ndarray) -> np.ndarray:
     """`array` without the rows that hold glitches (`outliers.glitch_rows`): the scale of the real data."""
     rows = glitch_rows(array)
     return np.delete(array, sorted(rows), axis=0) if rows else array
 
 
-def finite_spread(values, axis=None):
+def finite_spread(values: ArrayLike, axis: int | None = None) -> tuple[Any, Any]:
     """(std, mean |x|) of the finite values, in float64; NaN where there are none.
 
     A NaN or Inf in the data is clean-input-data's evidence; a scale quoted from it
@@ -109,7 +118,7 @@ def finite_spread(values, axis=None):
         return np.nanstd(array, axis=axis), np.nanmean(np.abs(array), axis=axis)
 
 
-def evidence_from_session(session):
+def evidence_from_session(session: Session) -> RunEvidence:
     """RunEvidence of a trace-steps session: its Keras model and its training arrays, measured."""
     train, loss = session.train, session.loss
     known = {"keras_model": session.model.keras_model, "initial_weight_norm": session.initial_weight_norm,

@@ -7,15 +7,82 @@ and the scale of the training data (`rules.evidence`). No live Keras model, no r
 """
 
 from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 
-from nanscope.engine.step import probed_layers
+from nanscope.engine.records import StepRecord
+from nanscope.engine.step import KerasModel, probed_layers
+from nanscope.rules.evidence import BatchRows, FeatureScale, RunEvidence, TargetScale
+from nanscope.rules.outliers import Glitches
+from nanscope.store.history import StepHistory
 
 # The step columns the rules read of every step (SERIES names; see history.series_columns).
 STEP_COLUMNS = ("phase", "update_skipped", "loss_scale", "loss_scale_before", "grad_nonfinite")
 # Keras activations that grow without bound, as relu does (the bounded-activation rule's case).
 RELU_NAMES = {"relu", "leaky_relu", "elu", "relu6"}
+# A Keras layer: Keras ships no types, so it is Any to mypy.
+Layer: TypeAlias = Any
+
+
+class FirstNonfinite(Protocol):
+    """The first non-finite value, as far as the rules read it (report.model.FirstNonfinite, a layer up)."""
+
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def phase(self) -> str: ...
+
+    @property
+    def layer(self) -> str | None: ...
+
+    @property
+    def layer_class(self) -> str | None: ...
+
+    @property
+    def op(self) -> str | None: ...
+
+    @property
+    def source(self) -> str | None: ...
+
+    @property
+    def inputs(self) -> dict[str, Any] | None: ...
+
+    @property
+    def detail(self) -> list[str]: ...
+
+    @property
+    def output(self) -> str | None: ...
+
+    @property
+    def loss(self) -> str | None: ...
+
+    @property
+    def context(self) -> dict[str, Any]: ...
+
+
+class Report(Protocol):
+    """The report the rules diagnose, as far as `facts_from` and `diagnose` read it (report.model.TraceReport, a
+    layer up)."""
+
+    @property
+    def run(self) -> dict[str, Any] | None: ...
+
+    @property
+    def first_nonfinite(self) -> FirstNonfinite | None: ...
+
+    @property
+    def history(self) -> StepHistory | None: ...
+
+    @property
+    def records(self) -> list[StepRecord]: ...
+
+    @property
+    def layers(self) -> list[tuple[str, str]]: ...
+
+    @property
+    def notes(self) -> list[str]: ...
 
 
 @dataclass
@@ -28,7 +95,7 @@ class HealthySteps:
     update_ratio: np.ndarray
     weight_norm: np.ndarray
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.steps)
 
 
@@ -78,25 +145,25 @@ class Facts:
             knows its batch order (a trace does not).
     """
 
-    run: dict
-    first: object = None
+    run: dict[str, Any]
+    first: FirstNonfinite | None = None
     healthy: HealthySteps = field(default_factory=lambda: _healthy(None))
-    steps: dict | None = None
-    kept: list = field(default_factory=list)
-    layers: list = field(default_factory=list)
-    features: list | None = None
-    targets: list | None = None
-    glitches: dict | None = None
+    steps: dict[str, np.ndarray] | None = None
+    kept: list[tuple[int, float]] = field(default_factory=list)
+    layers: list[LayerFacts] = field(default_factory=list)
+    features: list[FeatureScale] | None = None
+    targets: list[TargetScale] | None = None
+    glitches: Glitches | None = None
     initial_weight_norm: float | None = None
-    batch_rows: object = None
+    batch_rows: BatchRows | None = None
 
     @property
-    def failed(self):
+    def failed(self) -> bool:
         """True when the run went non-finite."""
         return self.first is not None
 
 
-def facts_from(report, evidence):
+def facts_from(report: Report, evidence: RunEvidence) -> Facts:
     """The Facts of a TraceReport and its RunEvidence (`rules.evidence`).
 
     The initial weight norm is measured here; a failure to measure it leaves it None (the
@@ -111,7 +178,7 @@ def facts_from(report, evidence):
         batch_rows=evidence.batch_rows)
 
 
-def _healthy(history):
+def _healthy(history: StepHistory | None) -> HealthySteps:
     if history is None:
         empty = np.empty(0)
         return HealthySteps(np.empty(0, np.int64), empty, empty, empty, empty)
@@ -119,21 +186,21 @@ def _healthy(history):
     return HealthySteps(found.steps, found.loss, found.grad_norm, found.update_ratio, found.weight_norm)
 
 
-def _steps(history):
+def _steps(history: StepHistory | None) -> dict[str, np.ndarray] | None:
     if history is None or not history.count:
         return None
     return {"step": history.steps(), **{name: history.column(name) for name in STEP_COLUMNS}}
 
 
-def _layers(names, history, keras_model):
+def _layers(names: list[tuple[str, str]], history: StepHistory | None, keras_model: KerasModel) -> list[LayerFacts]:
     by_name = {layer.name: layer for layer in probed_layers(keras_model)}
     found = []
     for index, (name, cls) in enumerate(names):
         layer = by_name.get(name)
         facts = LayerFacts(name, cls, str(getattr(layer, "compute_dtype", "float32")) if layer is not None
                            else "float32", _relu_like(layer))
-        aggregate = history.layers[index] if history is not None and index < len(history.layers) else None
-        if aggregate is not None:
+        if history is not None and index < len(history.layers):
+            aggregate = history.layers[index]
             facts.called_steps, facts.max_abs = aggregate.called_steps, aggregate.max_abs
             facts.max_abs_healthy, facts.underflow_max = aggregate.max_abs_healthy, aggregate.underflow_max
             facts.trend_steps, facts.trend_values = history.layer_trend(index)
@@ -141,13 +208,13 @@ def _layers(names, history, keras_model):
     return found
 
 
-def _relu_like(layer):
+def _relu_like(layer: Layer | None) -> bool:
     activation = getattr(layer, "activation", None)
     name = getattr(activation, "__name__", "") if activation is not None else ""
     return name in RELU_NAMES or type(layer).__name__ in ("ReLU", "LeakyReLU")
 
 
-def _initial(evidence):
+def _initial(evidence: RunEvidence) -> float | None:
     measure = evidence.initial_weight_norm
     if measure is None:
         return None

@@ -2,8 +2,11 @@
 (a sign slip) or a score forced with `float("inf")` gives. A row masked at every position with -inf is
 `masked-softmax`'s."""
 
+from typing import Any
+
+from nanscope.rules.facts import Facts, FirstNonfinite
 from nanscope.rules.operand import finding_data, operand, source_fix
-from nanscope.rules.rule import Fixtures, Rule
+from nanscope.rules.rule import Fixtures, Recommendation, Rule
 
 FINITE_LOGITS = Rule(
     "finite-logits",
@@ -18,13 +21,13 @@ FIXTURES = Fixtures(fires=("attention-pooling-plus-inf-fill",), quiet=("attentio
 OPS = {"Softmax", "LogSoftmax"}
 
 
-def matches(first, inputs, op):
+def matches(first: FirstNonfinite, inputs: dict[str, Any], op: str | None) -> bool:
     """True for a softmax fed non-finite logits."""
     del first  # Unused
     return op in OPS and inputs.get("nonfinite", 0) > 0
 
 
-def finding(facts, first, where, inputs):
+def finding(facts: Facts, first: FirstNonfinite, where: str, inputs: dict[str, Any]) -> Recommendation:
     """The Recommendation for a softmax of infinite logits."""
     del facts  # Unused
     evidence = [f"{where}: {first.op} fed {inputs.get('nonfinite')} non-finite logits ({operand(inputs)} over the "

@@ -6,10 +6,58 @@ A rule module that can apply its own fix defines `verify_fixes(rec, session, run
 """
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import numpy as np
+
+from nanscope.engine.step import GradTransform, KerasModel
+
+if TYPE_CHECKING:
+    from nanscope.data.batches import BatchOrder
+    from nanscope.model.models import LoadedModel
+    from nanscope.spec.sections import RunSpec
+
+# A session's training rows (run.sources.LoadedData) and its loss (run.losses.Loss) are defined a layer up, and
+# reach into further types of that layer: to mypy they are Any here.
+LoadedData: TypeAlias = Any
+Loss: TypeAlias = Any
+# A fix's change of the training and validation rows (`Change.data`).
+DataChange: TypeAlias = Callable[[LoadedData], LoadedData]
+# A fix's change of the saved step's model or optimizer: it returns what puts them back (`StepFix.change`).
+ModelChange: TypeAlias = Callable[[KerasModel], Callable[[], None]]
+
+
+class Session(Protocol):
+    """The trace-steps session a fix re-runs, as far as the rules read it (run.session.Session, a layer up)."""
+
+    @property
+    def spec(self) -> "RunSpec": ...
+
+    @property
+    def train(self) -> LoadedData: ...
+
+    @property
+    def loss(self) -> Loss: ...
+
+    @property
+    def model(self) -> "LoadedModel": ...
+
+    @property
+    def order(self) -> "BatchOrder": ...
+
+    def initial_weight_norm(self) -> float: ...
+
+
+class Bundle(Protocol):
+    """A saved fit step (keras.bundle_load.FitBundle, a layer up), as far as its fixes read it."""
+
+    @property
+    def model(self) -> KerasModel: ...
+
+    @property
+    def batch(self) -> Any: ...
 
 
 @dataclass
@@ -30,12 +78,12 @@ class Change:
     """
 
     name: str
-    params: dict = field(default_factory=dict)
-    optimizer_overrides: dict = field(default_factory=dict)
-    grad_transform: Any = None
-    model: Any = None
+    params: dict[str, Any] = field(default_factory=dict)
+    optimizer_overrides: dict[str, Any] = field(default_factory=dict)
+    grad_transform: GradTransform | None = None
+    model: "LoadedModel | None" = None
     loss_scaling: bool | None = None
-    data: Any = None
+    data: DataChange | None = None
     rescales_loss: bool = False
 
 
@@ -52,13 +100,13 @@ class StepFix:
     """
 
     name: str
-    params: dict = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
     acts_on: str = "update"
-    change: object = None
-    batch: object = None
+    change: ModelChange | None = None
+    batch: Any = None
 
 
-def moments(array):
+def moments(array: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per last-axis feature: (mean, std) over every other axis, NaN-aware, std 0 taken as 1."""
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns
@@ -69,15 +117,20 @@ def moments(array):
     return np.nan_to_num(shift), scale
 
 
-def optimizer_setting(name, value, also=None):
+def optimizer_setting(name: str, value: Any, also: dict[str, Any] | None = None) -> ModelChange:
     """A StepFix change that sets optimizer attributes (the inner optimizer under loss scaling) and puts them back."""
     values = {name: value, **(also or {})}
 
-    def change(model):
+    def change(model: KerasModel) -> Callable[[], None]:
         inner = getattr(model.optimizer, "inner_optimizer", model.optimizer)
         before = {key: getattr(inner, key) for key in values}
         for key, new in values.items():
             setattr(inner, key, new)
-        return lambda: [setattr(inner, key, old) for key, old in before.items()]
+
+        def undo() -> None:
+            for key, old in before.items():
+                setattr(inner, key, old)
+
+        return undo
 
     return change

@@ -4,9 +4,12 @@ NaN is left without advice. A fallback (`registry.FALLBACKS`): it runs only when
 warning or error level, since guarding an op that overflows because training diverged (a MatMul under a too-large
 learning rate) would only hide the divergence that the other rules name."""
 
+from typing import Any
+
 from nanscope.rules.domains import domain_of, domain_text, outside, producer
+from nanscope.rules.facts import Facts, FirstNonfinite
 from nanscope.rules.operand import finding_data, operand, source_fix, where
-from nanscope.rules.rule import Fixtures, Rule
+from nanscope.rules.rule import Finding, Fixtures, Recommendation, Rule
 
 GUARD_OP = Rule(
     "guard-op",
@@ -21,7 +24,7 @@ FIXTURES = Fixtures(fires=("compound-growth-product",), quiet=("compound-growth-
 SCORE = 0.3
 
 
-def detect(facts):
+def detect(facts: Facts) -> list[Finding]:
     """(score, Recommendation) pairs for the producer op of the first non-finite value, when the replay named one."""
     first = facts.first
     if first is None or first.phase in ("data", "update"):
@@ -32,7 +35,7 @@ def detect(facts):
     return [(SCORE, finding(facts, first, where(first), inputs))]
 
 
-def finding(facts, first, where, inputs):
+def finding(facts: Facts, first: FirstNonfinite, where: str, inputs: dict[str, Any]) -> Recommendation:
     """The Recommendation for a producer op that no other rule covers."""
     del facts  # Unused
     op = inputs.get("op") or first.op

@@ -1,9 +1,12 @@
 """`clamp-inverse-trig`: acos, asin or atanh fed values outside (-1, 1), as angular-margin losses (ArcFace,
 CosFace) do when a cosine rounds to 1.0000001 or reaches exactly 1 (the gradient -1/sqrt(1 - x^2) is infinite)."""
 
+from typing import Any
+
 from nanscope.rules.domains import measured
+from nanscope.rules.facts import Facts, FirstNonfinite
 from nanscope.rules.operand import finding_data, operand, source_fix
-from nanscope.rules.rule import Fixtures, Rule
+from nanscope.rules.rule import Fixtures, Recommendation, Rule
 
 CLAMP_INVERSE_TRIG = Rule(
     "clamp-inverse-trig",
@@ -18,16 +21,17 @@ OPS = {"Acos", "Asin", "Atanh"}
 CALLS = {"Acos": "tf.acos", "Asin": "tf.asin", "Atanh": "tf.atanh"}
 
 
-def matches(first, inputs, op):
+def matches(first: FirstNonfinite, inputs: dict[str, Any], op: str | None) -> bool:
     """True for an inverse-trigonometric producer."""
     del first, inputs  # Unused
     return op in OPS
 
 
-def finding(facts, first, where, inputs):
+def finding(facts: Facts, first: FirstNonfinite, where: str, inputs: dict[str, Any]) -> Recommendation:
     """The Recommendation for an inverse-trigonometric op outside (-1, 1)."""
     del facts  # Unused
     op, name, domain = measured(first, inputs)
+    assert op is not None  # `matches` took the producer for one of OPS
     extremes = f" (min {inputs.get('min', float('nan')):.9g}, max {inputs.get('max', float('nan')):.9g})"
     evidence = [f"{where}: {name} fed {operand(inputs)}{extremes}; "
                 f"{domain}: "

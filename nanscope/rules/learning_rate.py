@@ -1,10 +1,16 @@
 """`lower-learning-rate`: updates far larger than healthy training makes, or a loss growing geometrically."""
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
-from nanscope.model.learning_rate import inner_optimizer, lowered_learning_rate_fix, scaled_schedule, schedule_of
-from nanscope.rules.fixes import Change, StepFix, optimizer_setting
-from nanscope.rules.rule import Fixtures, Rule
+from nanscope.engine.step import KerasModel
+from nanscope.model.learning_rate import (Schedule, inner_optimizer, lowered_learning_rate_fix, scaled_schedule,
+                                          schedule_of)
+from nanscope.rules.facts import Facts, HealthySteps
+from nanscope.rules.fixes import Bundle, Change, ModelChange, Session, StepFix, optimizer_setting
+from nanscope.rules.rule import Finding, Fixtures, Recommendation, Rule
 from nanscope.rules.trends import geometric_growth
 
 LOWER_LEARNING_RATE = Rule(
@@ -43,7 +49,7 @@ LR_FACTORS = (10, 100)
 RULE_FIX_LR = LOWER_LEARNING_RATE.fix
 
 
-def detect_update_ratio(facts):
+def detect_update_ratio(facts: Facts) -> list[Finding]:
     """(score, Recommendation) pairs for a median update ratio far above healthy training's."""
     healthy = facts.healthy
     ratios = healthy.update_ratio[1:]
@@ -62,7 +68,7 @@ def detect_update_ratio(facts):
     return [(0.75, LOWER_LEARNING_RATE.recommend(severity, evidence, fix, {"median_update_ratio": median}))]
 
 
-def update_ratio_limit(run):
+def update_ratio_limit(run: dict[str, Any]) -> tuple[float, str]:
     """(limit, what is normal, in words) of the median update ratio for the run's optimizer."""
     name = run.get("optimizer")
     if name in ADAPTIVE_OPTIMIZERS:
@@ -70,7 +76,7 @@ def update_ratio_limit(run):
     return UPDATE_RATIO_LIMIT, "healthy runs: ~1e-3"
 
 
-def loss_falling(healthy):
+def loss_falling(healthy: HealthySteps) -> bool:
     """True when the mean loss over the last third of the healthy steps is below that of the first third."""
     losses = healthy.loss[np.isfinite(healthy.loss)]
     if len(losses) < 6:
@@ -79,7 +85,7 @@ def loss_falling(healthy):
     return float(np.mean(losses[-third:])) < LOSS_PROGRESS_FRACTION * float(np.mean(losses[:third]))
 
 
-def detect_loss_growth(facts):
+def detect_loss_growth(facts: Facts) -> list[Finding]:
     """(score, Recommendation) pairs for a loss growing geometrically while the weights move."""
     healthy = facts.healthy
     ratios = healthy.update_ratio[1:]
@@ -97,7 +103,7 @@ def detect_loss_growth(facts):
                                                                             "onset_step": onset}))]
 
 
-def verify_fixes(rec, session, run):
+def verify_fixes(rec: Recommendation, session: Session, run: dict[str, Any]) -> list[Change]:
     """The run again at the learning rate divided by each of LR_FACTORS (a schedule: the same one, scaled)."""
     del rec  # Unused
     lr = run.get("optimizer_config", {}).get("learning_rate")
@@ -111,7 +117,7 @@ def verify_fixes(rec, session, run):
     return [Change(f"lr/{f}", {"learning_rate": lr / f}, {"learning_rate": lr / f}) for f in LR_FACTORS] if lr else []
 
 
-def bundle_fixes(rec, bundle, run):
+def bundle_fixes(rec: Recommendation, bundle: Bundle, run: dict[str, Any]) -> list[StepFix]:
     """The saved step at the learning rate divided by each of LR_FACTORS (a schedule: the same one, scaled)."""
     del rec  # Unused
     schedule = schedule_of(bundle.model.optimizer)
@@ -125,14 +131,14 @@ def bundle_fixes(rec, bundle, run):
             for f in LR_FACTORS]
 
 
-def _schedule(original, scaled):
+def _schedule(original: Schedule, scaled: Schedule) -> ModelChange:
     """A change that gives the optimizer another schedule (Keras' public setter takes one) and puts the original
     back after."""
-    def change(model):
+    def change(model: KerasModel) -> Callable[[], None]:
         inner = inner_optimizer(model.optimizer)
         inner.learning_rate = scaled
 
-        def undo():
+        def undo() -> None:
             inner.learning_rate = original
 
         return undo

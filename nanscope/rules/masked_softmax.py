@@ -2,8 +2,9 @@
 
 import numpy as np
 
+from nanscope.rules.facts import Facts, FirstNonfinite
 from nanscope.rules.operand import finding_data, listed
-from nanscope.rules.rule import Fixtures, Rule
+from nanscope.rules.rule import Fixtures, Recommendation, Rule
 
 MASKED_SOFTMAX = Rule(
     "masked-softmax",
@@ -24,12 +25,12 @@ MASK_FILL = {"float16": float(np.finfo(np.float16).min) / 2}
 DEFAULT_MASK_FILL = -1e9
 
 
-def matches(first):
+def matches(first: FirstNonfinite) -> bool:
     """True when the replay found fully masked softmax rows around the producing op."""
     return bool((first.context or {}).get("masked_rows"))
 
 
-def finding(facts, first, where):
+def finding(facts: Facts, first: FirstNonfinite, where: str) -> Recommendation:
     """The Recommendation for a softmax whose rows were masked at every position."""
     context = first.context or {}
     dataset_rows = _dataset_rows(facts, first.step)
@@ -64,7 +65,7 @@ def finding(facts, first, where):
     return MASKED_SOFTMAX.recommend("error", evidence, fix, data)
 
 
-def _dataset_rows(facts, step):
+def _dataset_rows(facts: Facts, step: int) -> list[int] | None:
     """The dataset rows of `step`'s batch, as ints, when the run knows its batch order."""
     if facts.batch_rows is None:
         return None

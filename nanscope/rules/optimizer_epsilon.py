@@ -1,8 +1,11 @@
 """`optimizer-epsilon`: a non-finite update from finite gradients (Adam's epsilon underflowing in float16)."""
 
-from nanscope.rules.fixes import Change, StepFix, optimizer_setting
+from typing import Any
+
+from nanscope.rules.facts import Facts, FirstNonfinite
+from nanscope.rules.fixes import Bundle, Change, Session, StepFix, optimizer_setting
 from nanscope.rules.operand import operand
-from nanscope.rules.rule import Fixtures, Rule
+from nanscope.rules.rule import Fixtures, Recommendation, Rule
 
 OPTIMIZER_EPSILON = Rule(
     "optimizer-epsilon",
@@ -16,12 +19,12 @@ FIXTURES = Fixtures(fires=("adam-epsilon-zero-dead-relu",), quiet=("tabular-regr
 SAFE_EPSILON = 1e-4
 
 
-def matches(facts, first):
+def matches(facts: Facts, first: FirstNonfinite) -> bool:
     """True when the update went non-finite at a step whose gradients were all finite."""
-    return first.phase == "update" and not _any_bad_grad(facts)
+    return first.phase == "update" and not _any_bad_grad(facts, first.step)
 
 
-def finding(facts, first, where, inputs):
+def finding(facts: Facts, first: FirstNonfinite, where: str, inputs: dict[str, Any]) -> Recommendation:
     """The Recommendation for a non-finite update from finite gradients."""
     epsilon = facts.run.get("optimizer_config", {}).get("epsilon")
     evidence = [f"{where}: the gradients were finite but the update was not"
@@ -32,15 +35,15 @@ def finding(facts, first, where, inputs):
                                                                 "epsilon": epsilon})
 
 
-def _any_bad_grad(facts):
+def _any_bad_grad(facts: Facts, step: int) -> bool:
     steps = facts.steps
     if steps is None:
         return False
-    at = steps["step"] == facts.first.step
+    at = steps["step"] == step
     return bool((steps["grad_nonfinite"][at] != 0).any())
 
 
-def verify_fixes(rec, session, run):
+def verify_fixes(rec: Recommendation, session: Session, run: dict[str, Any]) -> list[Change]:
     """The run again with epsilon at SAFE_EPSILON, for an optimizer that has one."""
     del rec, run  # Unused
     if "epsilon" not in _optimizer_arguments(session):
@@ -48,7 +51,7 @@ def verify_fixes(rec, session, run):
     return [Change(f"epsilon={SAFE_EPSILON:g}", {"epsilon": SAFE_EPSILON}, {"epsilon": SAFE_EPSILON})]
 
 
-def _optimizer_arguments(session):
+def _optimizer_arguments(session: Session) -> set[str]:
     spec = session.spec.train.optimizer
     if spec is None:
         return set()
@@ -57,7 +60,7 @@ def _optimizer_arguments(session):
     return set(build_optimizer(session.spec, session.model).get_config())
 
 
-def bundle_fixes(rec, bundle, run):
+def bundle_fixes(rec: Recommendation, bundle: Bundle, run: dict[str, Any]) -> list[StepFix]:
     """The saved step with epsilon at SAFE_EPSILON."""
     del rec, run  # Unused
     optimizer = bundle.model.optimizer

@@ -9,10 +9,14 @@ the column instead would divide the real signal by a scale the glitch inflated.
 """
 
 import warnings
+from collections.abc import Callable, Collection
+from typing import TypeAlias
 
 import numpy as np
 
 from nanscope.data import inputs, targets
+from nanscope.data.targets import Arrays
+from nanscope.rules.fixes import DataChange, LoadedData, Session
 
 # 1.4826 x MAD estimates the standard deviation of normal data.
 MAD_TO_STD = 1.4826
@@ -24,11 +28,15 @@ EXTREME_Z = 10.0
 MAX_FRACTION = 0.01
 # Rows named in the evidence.
 SHOWN_ROWS = 5
+# One far value of a row: (column, value, robust z, the column's median, its robust std).
+Cell: TypeAlias = tuple[int, float, float, float, float]
+# {array label ("x", "y", "<input>"): {row: its far values}} (`glitches_in`).
+Glitches: TypeAlias = dict[str, dict[int, list[Cell]]]
 # A value this many rows share exactly, far out and apart from the rest, is a missing-value code (9999, -999).
 CODE_ROWS = 2
 
 
-def detached(far, inner_low, inner_high, scale):
+def detached(far: dict[float, int], inner_low: float, inner_high: float, scale: float) -> dict[float, int]:
     """The far values that stand apart from their column: beyond a gap of EXTREME_Z robust std.
 
     A long tail (exponential, lognormal) reaches its far values through a run of values in
@@ -56,12 +64,12 @@ def detached(far, inner_low, inner_high, scale):
     return found
 
 
-def missing_value_codes(values):
+def missing_value_codes(values: dict[float, int]) -> dict[float, int]:
     """{value: rows} of the detached values that CODE_ROWS or more rows share exactly."""
     return {value: rows for value, rows in values.items() if rows >= CODE_ROWS}
 
 
-def robust_scale(values):
+def robust_scale(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(median, robust std) per column of a 2-D float array, over its finite values (NaN where none).
 
     The robust std is 1.4826 x MAD; where the MAD is 0 (a column mostly of one value) it falls
@@ -78,7 +86,7 @@ def robust_scale(values):
     return median, np.where(scale > 0, scale, mean_dev)
 
 
-def glitch_rows(array):
+def glitch_rows(array: np.ndarray) -> dict[int, list[Cell]]:
     """{row: [(column, value, z)]} of the values over EXTREME_Z robust standard deviations from their
     column's median; {} when there are none or too many to be glitches (a heavy tail)."""
     flat = np.asarray(array).reshape(len(array), -1)
@@ -102,14 +110,14 @@ def glitch_rows(array):
     rows, columns = np.nonzero(far)
     if len(rows) == 0 or len(np.unique(rows)) > MAX_FRACTION * len(flat):
         return {}
-    found = {}
-    for row, column in zip(rows.tolist(), columns.tolist()):
-        found.setdefault(row, []).append((column, float(flat[row, column]), float(z[row, column]),
-                                          float(median[column]), float(scale[column])))
+    found: dict[int, list[Cell]] = {}
+    for row, col in zip(rows.tolist(), columns.tolist()):
+        found.setdefault(row, []).append((col, float(flat[row, col]), float(z[row, col]), float(median[col]),
+                                          float(scale[col])))
     return found
 
 
-def glitches_in(x, y, ids=()):
+def glitches_in(x: Arrays, y: Arrays, ids: Collection[str] = ()) -> Glitches:
     """{array label: glitch_rows} over the float regression targets and the float inputs that are not `ids`."""
     found = {}
     for label, part in inputs.named(x):
@@ -120,7 +128,7 @@ def glitches_in(x, y, ids=()):
     return {label: rows for label, rows in found.items() if rows}
 
 
-def repaired(session):
+def repaired(session: Session) -> DataChange:
     """A data change for --verify: every glitch value replaced by its column's training median (rows kept, so
     the batch order stays), in the training and the validation rows alike."""
     glitches = glitches_in(session.train.x, session.train.y, inputs.ids_of(session.train, session.model.keras_model))
@@ -130,7 +138,7 @@ def repaired(session):
             for column, _, _, median, scale in cells:
                 thresholds[(label, column)] = (median, EXTREME_Z * scale)
 
-    def fix(part, label):
+    def fix(part: np.ndarray, label: str) -> np.ndarray:
         mine = {c: t for (name, c), t in thresholds.items() if name == label}
         if not mine:
             return part
@@ -140,7 +148,7 @@ def repaired(session):
             flat[bad, column] = median
         return flat.reshape(part.shape).astype(part.dtype)
 
-    def change(data):
+    def change(data: LoadedData) -> LoadedData:
         from dataclasses import replace
 
         x = _relabelled(data.x, "x", fix)
@@ -150,7 +158,7 @@ def repaired(session):
     return change
 
 
-def _relabelled(value, label, fix):
+def _relabelled(value: Arrays, label: str, fix: Callable[[np.ndarray, str], np.ndarray]) -> Arrays:
     named = targets.named(value, label)
     if isinstance(value, dict):
         return {k: fix(part, name) for k, (name, part) in zip(value, named)}

@@ -1,9 +1,12 @@
 """`avoid-poles`: lgamma, digamma, xlogy or log1p at a pole, as Poisson, negative-binomial, Beta and Dirichlet
 losses reach when a rate or a concentration comes straight from a relu (0), or log1p gets a prediction below -1."""
 
+from typing import Any
+
 from nanscope.rules.domains import measured
+from nanscope.rules.facts import Facts, FirstNonfinite
 from nanscope.rules.operand import finding_data, operand, source_fix
-from nanscope.rules.rule import Fixtures, Rule
+from nanscope.rules.rule import Fixtures, Recommendation, Rule
 
 AVOID_POLES = Rule(
     "avoid-poles",
@@ -33,15 +36,16 @@ SNIPPETS = {
 }
 
 
-def matches(first, inputs, op):
+def matches(first: FirstNonfinite, inputs: dict[str, Any], op: str | None) -> bool:
     """True for a producer with poles: Lgamma, Digamma, Xlogy, Xlog1py, Log1p."""
     del first, inputs  # Unused
     return op in OPS
 
 
-def finding(facts, first, where, inputs):
+def finding(facts: Facts, first: FirstNonfinite, where: str, inputs: dict[str, Any]) -> Recommendation:
     """The Recommendation for an op at one of its poles."""
     del facts  # Unused
     op, name, domain = measured(first, inputs)
+    assert op is not None  # `matches` took the producer for one of OPS
     evidence = [f"{where}: {name} fed {operand(inputs)}; {WHY[op]} ({domain})"]
     return AVOID_POLES.recommend("error", evidence, source_fix(first, SNIPPETS[op]), finding_data(first, inputs))

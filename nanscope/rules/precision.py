@@ -6,14 +6,17 @@ may go below 1. Occasional skips are how it works; skipping most updates means n
 happens at all (keras#16100): `engine.loss_scale` judges that.
 """
 
+from typing import Any
+
 import numpy as np
 
 from nanscope.engine import loss_scale
 from nanscope.engine.loss_scale import collapsed_window
 from nanscope.engine.schema import PHASES
-from nanscope.rules.fixes import Change
+from nanscope.rules.facts import Facts, FirstNonfinite
+from nanscope.rules.fixes import Change, Session
 from nanscope.rules.operand import finding_data, operand
-from nanscope.rules.rule import Fixtures, Rule
+from nanscope.rules.rule import Finding, Fixtures, Recommendation, Rule
 
 LOSS_SCALING = Rule(
     "loss-scaling",
@@ -49,7 +52,7 @@ UNDERFLOW_FRACTION_LIMIT = 0.1
 BEFORE_GRADIENTS = tuple(PHASES.index(phase) for phase in loss_scale.BEFORE_GRADIENTS)
 
 
-def detect(facts):
+def detect(facts: Facts) -> list[Finding]:
     """(score, Recommendation) pairs for float16 layers and loss scaling."""
     found = []
     found.extend(_skipped_updates(facts))
@@ -57,7 +60,7 @@ def detect(facts):
     return found
 
 
-def overflow_rule(run, phase):
+def overflow_rule(run: dict[str, Any], phase: str) -> Rule:
     """The rule for a float16 value that overflows in `phase`: keeping the layer in float32 when the value came
     before any gradient (the forward pass, the loss: loss scaling multiplies only the loss it differentiates, so it
     cannot stop a forward overflow) or when a LossScaleOptimizer is already in use (`run["loss_scaling"]`: scaling
@@ -65,12 +68,12 @@ def overflow_rule(run, phase):
     return FLOAT32_LAYER if run.get("loss_scaling") or phase in loss_scale.BEFORE_GRADIENTS else LOSS_SCALING
 
 
-def matches_float16(first, inputs):
+def matches_float16(first: FirstNonfinite, inputs: dict[str, Any]) -> bool:
     """True when the producing op computed in float16 before the update."""
     return inputs.get("dtype") == "float16" and first.phase != "update"
 
 
-def float16_finding(facts, first, where, inputs):
+def float16_finding(facts: Facts, first: FirstNonfinite, where: str, inputs: dict[str, Any]) -> Recommendation:
     """The Recommendation for an op whose float16 value overflowed."""
     evidence = [f"{where}: {first.op} overflowed float16 (largest finite value {FLOAT16_MAX:g}); "
                 f"{operand(inputs)}"]
@@ -84,7 +87,7 @@ def float16_finding(facts, first, where, inputs):
     return rule.recommend("error", evidence, fix, data=finding_data(first, inputs))
 
 
-def _skipped_updates(facts):
+def _skipped_updates(facts: Facts) -> list[Finding]:
     columns = facts.steps
     if columns is None:
         return []
@@ -108,7 +111,7 @@ def _skipped_updates(facts):
         "skipped": len(skipped), "window": len(window), "loss_scale": last_scale}))]
 
 
-def _float16_layers(facts):
+def _float16_layers(facts: Facts) -> list[Finding]:
     found = []
     dtypes = facts.run.get("layer_dtypes") or {}
     for layer in facts.layers:
@@ -128,12 +131,12 @@ def _float16_layers(facts):
     return found
 
 
-def _keep_float32(cls):
+def _keep_float32(cls: str | None) -> str:
     return (f"keras.layers.{cls}(..., dtype='float32')   # keep this layer in float32 under mixed precision\n"
             "# and keep loss scaling on: keras.optimizers.LossScaleOptimizer(optimizer)")
 
 
-def verify_fixes(rec, session, run):
+def verify_fixes(rec: Recommendation, session: Session, run: dict[str, Any]) -> list[Change]:
     """The run again under a LossScaleOptimizer (loss-scaling), when some layer computes in float16 without one."""
     del session  # Unused
     if rec.id != "loss-scaling" or not _float16_without_loss_scaling(run):
@@ -141,7 +144,7 @@ def verify_fixes(rec, session, run):
     return [Change("loss scaling", {"optimizer": "LossScaleOptimizer"}, loss_scaling=True)]
 
 
-def _float16_without_loss_scaling(run):
+def _float16_without_loss_scaling(run: dict[str, Any]) -> bool:
     """True when some layer computes in float16 and the run's optimizer does not scale the loss."""
     dtypes = (run.get("layer_dtypes") or {}).values()
     return "float16" in dtypes and not run.get("loss_scaling")

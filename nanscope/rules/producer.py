@@ -8,9 +8,13 @@ source line and the values. A producer that no rule explains gets `guard-op` (a 
 `registry.FALLBACKS`): the op's operand against its domain (`rules/domains.py`) and a guarded form.
 """
 
+from types import ModuleType
+
 from nanscope.rules import (double_where, finite_logits, inverse_trig, masked_softmax, optimizer_epsilon, poles,
                             precision, safe_division, safe_pow, safe_sqrt, stable_exp, stable_log)
+from nanscope.rules.facts import Facts
 from nanscope.rules.operand import where
+from nanscope.rules.rule import Finding
 
 # The op rules for an ordinary producer, in order: the first that matches gives the finding.
 OP_RULES = (stable_log, stable_exp, safe_division, safe_sqrt, safe_pow, inverse_trig, poles, finite_logits)
@@ -20,11 +24,11 @@ RULE_IDS = ("masked-softmax", "double-where", "stable-log", "stable-exp", "safe-
             "finite-logits")
 
 
-def detect(facts):
+def detect(facts: Facts) -> list[Finding]:
     """(score, Recommendation) pairs for the op that produced the first non-finite value."""
     first = facts.first
     units = explaining(facts)
-    if not units:
+    if first is None or not units:
         return []
     inputs, at = first.inputs or {}, where(first)
     found = []
@@ -38,7 +42,7 @@ def detect(facts):
     return found
 
 
-def explaining(facts):
+def explaining(facts: Facts) -> list[ModuleType]:
     """The op rule modules that explain the producer of the first non-finite value, in finding order; empty when
     the run stayed finite, failed in its data, or no op rule knows the producer (guard-op's case)."""
     first = facts.first

@@ -7,10 +7,23 @@ order their findings tie-break), `verify_fixes(rec, session, run)` for `trace-st
 --verify` and `bundle_fixes(rec, bundle, run)` for `replay DIR --verify`.
 """
 
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, TypeAlias
+
 from nanscope.rules import (bounded_activation, clean_input_data, clip_gradients, double_where,
                             drop_constant_features, drop_outlier_rows, finite_logits, fix_labels, guard_op,
                             inverse_trig, learning_rate, masked_softmax, optimizer_epsilon, poles, precision, producer,
                             safe_division, safe_pow, safe_sqrt, scale, stable_exp, stable_log, weight_constraint)
+from nanscope.rules.facts import Facts
+from nanscope.rules.fixes import Bundle, Change, Session, StepFix
+from nanscope.rules.rule import Finding, Fixtures, Recommendation, Rule
+
+# A detector: the findings it makes of a run's Facts.
+Detector: TypeAlias = Callable[[Facts], list[Finding]]
+# A rule module's `verify_fixes(rec, session, run)` and `bundle_fixes(rec, bundle, run)`.
+VerifyFixer: TypeAlias = Callable[[Recommendation, Session, dict[str, Any]], list[Change]]
+BundleFixer: TypeAlias = Callable[[Recommendation, Bundle, dict[str, Any]], list[StepFix]]
 
 # Catalogue order: the order `nanscope rules`, docs/rules/ and the README table list the rules in.
 UNITS = (clean_input_data, drop_outlier_rows, scale, learning_rate, clip_gradients, bounded_activation, stable_log,
@@ -46,38 +59,38 @@ TRAJECTORY_RULES = ("lower-learning-rate", "clip-gradients", "bounded-activation
 _NO_VERIFY_FIX = {"float32-layer"}
 
 
-def detectors():
+def detectors() -> tuple[tuple[tuple[str, ...], Detector], ...]:
     """(rule ids it can fire, detector(facts)) for every detector, in the order their findings tie-break."""
     return tuple((rule_ids, getattr(module, name)) for rule_ids, module, name in DETECTORS)
 
 
-def fallbacks():
+def fallbacks() -> tuple[tuple[tuple[str, ...], Detector], ...]:
     """(rule ids it can fire, detector(facts)) for every fallback, in order."""
     return tuple((rule_ids, getattr(module, name)) for rule_ids, module, name in FALLBACKS)
 
 
-def unit_of(rule_id):
+def unit_of(rule_id: str) -> ModuleType:
     """The module that declares `rule_id`."""
     return next(unit for unit in UNITS if any(rule.id == rule_id for rule in unit.RULES))
 
 
-def rules():
+def rules() -> list[Rule]:
     """Every Rule, in catalogue order."""
     return [rule for unit in UNITS for rule in unit.RULES]
 
 
-def fixtures(rule_id):
+def fixtures(rule_id: str) -> Fixtures:
     """The rule's Fixtures."""
     declared = unit_of(rule_id).FIXTURES
     return declared[rule_id] if isinstance(declared, dict) else declared
 
 
-def verify_fixers():
+def verify_fixers() -> dict[str, VerifyFixer]:
     """{rule id: verify_fixes(rec, session, run)} of every rule whose fix `trace-steps --verify` can apply."""
     return {rule.id: unit.verify_fixes for unit in UNITS if hasattr(unit, "verify_fixes") for rule in unit.RULES
             if rule.id not in _NO_VERIFY_FIX}
 
 
-def bundle_fixers():
+def bundle_fixers() -> dict[str, BundleFixer]:
     """{rule id: bundle_fixes(rec, bundle, run)} of every rule whose fix `replay DIR --verify` can apply."""
     return {rule.id: unit.bundle_fixes for unit in UNITS if hasattr(unit, "bundle_fixes") for rule in unit.RULES}

@@ -5,7 +5,9 @@ Each rule module (`nanscope/rules/<rule>.py`, listed in `rules/registry.py`) dec
 names of its fixtures in the realistic corpus (`tests/realistic/cases.py`).
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any, TypeAlias
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -27,11 +29,12 @@ class Rule:
     fix: str
 
     @property
-    def docs(self):
+    def docs(self) -> str:
         """The rule's page, relative to the repository root."""
         return f"docs/rules/{self.id}.md"
 
-    def recommend(self, severity, evidence, fix=None, data=None):
+    def recommend(self, severity: str, evidence: Iterable[str], fix: str | None = None,
+                  data: dict[str, Any] | None = None) -> "Recommendation":
         """A Recommendation of this rule with this run's evidence; `fix` defaults to the rule's."""
         if severity not in SEVERITIES:
             raise ValueError(f"`severity` must be one of {SEVERITIES}. Received: severity={severity!r}")
@@ -48,8 +51,8 @@ class Fixtures:
         quiet: tuple of str. Healthy cases, as close to the buggy ones as can be, where it must not fire.
     """
 
-    fires: tuple
-    quiet: tuple
+    fires: tuple[str, ...]
+    quiet: tuple[str, ...]
 
 
 @dataclass
@@ -71,9 +74,13 @@ class Recommendation:
     id: str
     title: str
     severity: str
-    evidence: list
+    evidence: list[str]
     fix: str
     verified: bool | None = None
-    data: dict = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
     verification: list = field(default_factory=list)
     docs: str | None = None
+
+
+# What a detector returns for each finding: (score, Recommendation), most direct evidence scoring highest.
+Finding: TypeAlias = tuple[float, Recommendation]

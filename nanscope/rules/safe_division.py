@@ -1,7 +1,10 @@
 """`safe-division`: a RealDiv, Reciprocal or Rsqrt whose denominator holds exact zeros."""
 
+from typing import Any
+
+from nanscope.rules.facts import Facts, FirstNonfinite
 from nanscope.rules.operand import finding_data, operand, source_fix
-from nanscope.rules.rule import Fixtures, Rule
+from nanscope.rules.rule import Fixtures, Recommendation, Rule
 
 SAFE_DIVISION = Rule(
     "safe-division",
@@ -33,7 +36,7 @@ SNIPPETS = {
 }
 
 
-def in_loss(first):
+def in_loss(first: FirstNonfinite) -> bool:
     """True when the division is in the loss (a term of its mean), not in a layer."""
     return first.phase == "loss" or bool(getattr(first, "loss", None))
 
@@ -41,13 +44,13 @@ def in_loss(first):
 OPS = {"RealDiv", "Div", "Reciprocal", "Inv", "Rsqrt", "FloorDiv", "TruncateDiv", "Xdivy", "RsqrtGrad"}
 
 
-def matches(first, inputs, op):
+def matches(first: FirstNonfinite, inputs: dict[str, Any], op: str | None) -> bool:
     """True for a division-like producer."""
     del first, inputs  # Unused
     return op in OPS
 
 
-def finding(facts, first, where, inputs):
+def finding(facts: Facts, first: FirstNonfinite, where: str, inputs: dict[str, Any]) -> Recommendation:
     """The Recommendation for a division by zero."""
     del facts  # Unused
     evidence = [f"{where}: {first.op} fed {operand(inputs)}; dividing by 0 gives inf or NaN"]

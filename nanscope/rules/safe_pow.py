@@ -2,10 +2,12 @@
 exponent, or in the backward pass a zero base with an exponent below 1 (its gradient y * x^(y-1) is infinite)."""
 
 import math
+from typing import Any
 
 from nanscope.rules.domains import measured
+from nanscope.rules.facts import Facts, FirstNonfinite
 from nanscope.rules.operand import finding_data, operand, source_fix
-from nanscope.rules.rule import Fixtures, Rule
+from nanscope.rules.rule import Fixtures, Recommendation, Rule
 
 SAFE_POW = Rule(
     "safe-pow",
@@ -21,13 +23,13 @@ FIXTURES = Fixtures(fires=("gem-pooling-without-clamp", "focal-loss-gamma-half")
 OPS = {"Pow"}
 
 
-def matches(first, inputs, op):
+def matches(first: FirstNonfinite, inputs: dict[str, Any], op: str | None) -> bool:
     """True for a Pow producer."""
     del first, inputs  # Unused
     return op in OPS
 
 
-def finding(facts, first, where, inputs):
+def finding(facts: Facts, first: FirstNonfinite, where: str, inputs: dict[str, Any]) -> Recommendation:
     """The Recommendation for a Pow outside its domain."""
     del facts  # Unused
     backward = first.phase == "backward"
@@ -51,7 +53,7 @@ def finding(facts, first, where, inputs):
     return SAFE_POW.recommend("error", evidence, source_fix(first, snippet), data)
 
 
-def _exponent(inputs):
+def _exponent(inputs: dict[str, Any]) -> str:
     """"0.5" or "from 2.9 to 3.1" of the exponent's range the replay measured; "" when it was not."""
     low, high = inputs.get("exponent_min"), inputs.get("exponent_max")
     if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):

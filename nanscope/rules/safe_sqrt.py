@@ -1,7 +1,10 @@
 """`safe-sqrt`: Sqrt of 0 (its gradient is infinite) or of negative values (NaN)."""
 
+from typing import Any
+
+from nanscope.rules.facts import Facts, FirstNonfinite
 from nanscope.rules.operand import finding_data, operand, source_fix
-from nanscope.rules.rule import Fixtures, Rule
+from nanscope.rules.rule import Fixtures, Recommendation, Rule
 
 SAFE_SQRT = Rule(
     "safe-sqrt",
@@ -14,13 +17,13 @@ FIXTURES = Fixtures(fires=("norm-of-zero-activations",), quiet=("tabular-regress
 OPS = {"Sqrt"}
 
 
-def matches(first, inputs, op):
+def matches(first: FirstNonfinite, inputs: dict[str, Any], op: str | None) -> bool:
     """True for a Sqrt producer."""
     del first, inputs  # Unused
     return op in OPS
 
 
-def finding(facts, first, where, inputs):
+def finding(facts: Facts, first: FirstNonfinite, where: str, inputs: dict[str, Any]) -> Recommendation:
     """The Recommendation for a sqrt at 0 or of a negative value."""
     del facts  # Unused
     why = ("its gradient 0.5/sqrt(x) is infinite at x = 0" if first.phase == "backward"

@@ -2,13 +2,15 @@
 
 import math
 from dataclasses import replace
+from typing import Any, TypeAlias
 
 import numpy as np
 
 from nanscope.data import inputs
 from nanscope.rules import producer
-from nanscope.rules.fixes import Change, StepFix, moments
-from nanscope.rules.rule import Fixtures, Rule
+from nanscope.rules.facts import Facts
+from nanscope.rules.fixes import Bundle, Change, LoadedData, Session, StepFix, moments
+from nanscope.rules.rule import Finding, Fixtures, Recommendation, Rule
 from nanscope.runtime import tensorflow
 
 NORMALIZE_INPUTS = Rule(
@@ -46,10 +48,12 @@ ROOT_CAUSE_SCORE = 1.05
 # The op rules whose producer overflowed or underflowed (a magnitude the data sets); the others name a value at a
 # domain edge (an exact zero, a fully masked row, an inf fill) that no scaling moves.
 MAGNITUDE_RULES = {"stable-exp", "stable-log", "loss-scaling", "float32-layer"}
+# A batch's eager tensor: TensorFlow ships no types, so it is Any to mypy.
+Tensor: TypeAlias = Any
 MSE_LIKE_LOSSES = {"mean_squared_error", "mse", "mean_absolute_error", "mae", "huber", "huber_loss", "log_cosh"}
 
 
-def detect_targets(facts):
+def detect_targets(facts: Facts) -> list[Finding]:
     """(score, Recommendation) pairs for regression targets far from unit scale under an MSE-like loss."""
     if facts.targets is None:  # a run whose targets were not measured
         return []
@@ -67,7 +71,7 @@ def detect_targets(facts):
     return found
 
 
-def detect_inputs(facts):
+def detect_inputs(facts: Facts) -> list[Finding]:
     """(score, Recommendation) pairs for input features far from unit scale."""
     if facts.features is None:
         return []
@@ -83,19 +87,20 @@ def detect_inputs(facts):
                                                                              if f in largest[:20]]})]
 
 
-def _ranked(facts, rule, score, spread, lines, data):
+def _ranked(facts: Facts, rule: Rule, score: float, spread: float, lines: list[str],
+            data: dict[str, Any]) -> Finding:
     """(score, Recommendation) of a scale rule: first, at error level, where the scale is the failure's root cause.
     A spread (std) past SCALE_LIMIT is needed for that: an offset alone is absorbed by a bias."""
-    if not (spread > SCALE_LIMIT and root_cause(facts)):
-        return score, rule.recommend(scale_severity(facts, spread), lines, data=data)
     first = facts.first
+    if not (spread > SCALE_LIMIT and first is not None and root_cause(facts)):
+        return score, rule.recommend(scale_severity(facts, spread), lines, data=data)
     lines = [*lines, f"the run went non-finite at step {first.step}, before training moved the weights far from "
                      f"their initial values: the {first.op or 'non-finite'} value took its magnitude from the data; "
                      "scale the data before guarding the op"]
     return ROOT_CAUSE_SCORE, rule.recommend("error", lines, data={**data, "root_cause": True})
 
 
-def root_cause(facts):
+def root_cause(facts: Facts) -> bool:
     """True when data far from unit scale explains the run's failure: it went non-finite outside the data phase
     within ROOT_CAUSE_STEPS steps, and its producer overflowed or underflowed (MAGNITUDE_RULES, or an op no rule
     knows, such as a MatMul that overflowed) rather than hit a domain edge that scaling does not move."""
@@ -105,12 +110,12 @@ def root_cause(facts):
     return all(rule.id in MAGNITUDE_RULES for unit in producer.explaining(facts) for rule in unit.RULES)
 
 
-def _far(std, mean_abs):
+def _far(std: float, mean_abs: float) -> bool:
     """A finite spread or mean magnitude past SCALE_LIMIT; NaN (nothing finite was measured) is not."""
     return math.isfinite(std) and math.isfinite(mean_abs) and max(std, mean_abs) > SCALE_LIMIT
 
 
-def scale_severity(facts, spread):
+def scale_severity(facts: Facts, spread: float) -> str:
     """The severity of a scale rule (normalize-inputs, normalize-targets) whose data has std `spread`.
 
     info in a run that stayed finite; at most a warning when the run went non-finite, since a
@@ -124,7 +129,7 @@ def scale_severity(facts, spread):
     return "error" if first.phase != "data" and spread > EXTREME_SCALE else "warning"
 
 
-def verify_fixes(rec, session, run):
+def verify_fixes(rec: Recommendation, session: Session, run: dict[str, Any]) -> list[Change]:
     """Training on standardised inputs (normalize-inputs) or targets (normalize-targets)."""
     del run  # Unused
     if rec.id == "normalize-inputs":
@@ -132,7 +137,7 @@ def verify_fixes(rec, session, run):
     return [standardized_targets(session, rec.data.get("output"))]
 
 
-def standardized_targets(session, output=None):
+def standardized_targets(session: Session, output: str | None = None) -> Change:
     """A Change that trains on standardised regression targets: of `output`, or of the only output.
 
     Mean and standard deviation come from the training rows and are applied to the
@@ -142,7 +147,7 @@ def standardized_targets(session, output=None):
     y = session.train.y if index is None else session.train.y[index]
     shift, scale = moments(y)
 
-    def change(data):
+    def change(data: LoadedData) -> LoadedData:
         if index is None:
             return replace(data, y=((data.y - shift) / scale).astype(data.y.dtype))
         parts = list(data.y)
@@ -153,7 +158,7 @@ def standardized_targets(session, output=None):
     return Change(f"standardise {target}", {"standardize": target}, data=change, rescales_loss=True)
 
 
-def standardized_inputs(session):
+def standardized_inputs(session: Session) -> Change:
     """A Change that trains on standardised input features (per feature, as `keras.layers.Normalization`);
     each input of a model with several is standardised on its own features. Inputs that hold ids (integer
     inputs, inputs that feed an `Embedding`: `inputs.id_inputs`) are left as they are."""
@@ -161,11 +166,11 @@ def standardized_inputs(session):
     found = {label: moments(part) for label, part in inputs.named(session.train.x)
              if np.issubdtype(part.dtype, np.floating) and label not in ids}
 
-    def standardized(label, part):
+    def standardized(label: str, part: np.ndarray) -> np.ndarray:
         moment = found.get(label)
         return part if moment is None else ((part - moment[0]) / moment[1]).astype(part.dtype)
 
-    def change(data):
+    def change(data: LoadedData) -> LoadedData:
         if not inputs.is_multi(data.x):
             return replace(data, x=standardized("x", data.x))
         keys = list(data.x) if isinstance(data.x, dict) else range(len(data.x))
@@ -175,7 +180,7 @@ def standardized_inputs(session):
     return Change("standardise x", {"standardize": "x"}, data=change)
 
 
-def bundle_fixes(rec, bundle, run):
+def bundle_fixes(rec: Recommendation, bundle: Bundle, run: dict[str, Any]) -> list[StepFix]:
     """The saved batch with its inputs (normalize-inputs) or targets standardised by the batch's own moments."""
     del run  # Unused
     which = "x" if rec.id == "normalize-inputs" else "y"
@@ -191,6 +196,6 @@ def bundle_fixes(rec, bundle, run):
                     batch=batch)]
 
 
-def _standardised(part):
+def _standardised(part: Tensor) -> np.ndarray:
     shift, scale = moments(np.asarray(part))
     return ((np.asarray(part) - shift) / scale).astype(np.asarray(part).dtype)

@@ -1,11 +1,13 @@
 """`stable-exp`: an Exp fed values past log(dtype max)."""
 
 import math
+from typing import Any
 
 import numpy as np
 
+from nanscope.rules.facts import Facts, FirstNonfinite
 from nanscope.rules.operand import finding_data, operand, source_fix
-from nanscope.rules.rule import Fixtures, Rule
+from nanscope.rules.rule import Fixtures, Recommendation, Rule
 
 STABLE_EXP = Rule(
     "stable-exp",
@@ -28,19 +30,20 @@ EXP_CLAMP = {"float16": 11.0, "float32": 80.0, "float64": 80.0, "bfloat16": 80.0
 FAR_PAST = 2.0
 
 
-def matches(first, inputs, op):
+def matches(first: FirstNonfinite, inputs: dict[str, Any], op: str | None) -> bool:
     """True for an exp-like producer fed a value past its dtype's overflow bound."""
     del first  # Unused
-    return op in OPS and inputs.get("max", 0.0) > EXP_OVERFLOW.get(inputs.get("dtype"), EXP_OVERFLOW["float32"])
+    bound = EXP_OVERFLOW.get(inputs.get("dtype", "float32"), EXP_OVERFLOW["float32"])
+    return op in OPS and inputs.get("max", 0.0) > bound
 
 
-def finding(facts, first, where, inputs):
+def finding(facts: Facts, first: FirstNonfinite, where: str, inputs: dict[str, Any]) -> Recommendation:
     """The Recommendation for an exp that overflowed."""
     del facts  # Unused
-    bound = EXP_OVERFLOW.get(inputs.get("dtype"), EXP_OVERFLOW["float32"])
+    bound = EXP_OVERFLOW.get(inputs.get("dtype", "float32"), EXP_OVERFLOW["float32"])
     evidence = [f"{where}: {first.op} fed {operand(inputs)}; exp overflows {inputs.get('dtype', 'float32')} "
                 f"past {bound:.4g} (log of the dtype's max)"]
-    clamp = EXP_CLAMP.get(inputs.get("dtype"), EXP_CLAMP["float32"])
+    clamp = EXP_CLAMP.get(inputs.get("dtype", "float32"), EXP_CLAMP["float32"])
     high = inputs.get("max", 0.0)
     if high > FAR_PAST * bound:
         # A clamp this far below the operand saturates it: exp(clamp) everywhere, no gradient, nothing learned.

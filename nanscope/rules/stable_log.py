@@ -1,7 +1,10 @@
 """`stable-log`: a Log fed 0 or negative values, or its gradient 1/x overflowing."""
 
+from typing import Any
+
+from nanscope.rules.facts import Facts, FirstNonfinite
 from nanscope.rules.operand import finding_data, operand, source_fix
-from nanscope.rules.rule import Fixtures, Rule
+from nanscope.rules.rule import Fixtures, Recommendation, Rule
 
 STABLE_LOG = Rule(
     "stable-log",
@@ -17,13 +20,13 @@ FIXTURES = Fixtures(fires=("log-of-softmax-layer",), quiet=("cnn-softmax-onehot"
 OPS = {"Log"}
 
 
-def matches(first, inputs, op):
+def matches(first: FirstNonfinite, inputs: dict[str, Any], op: str | None) -> bool:
     """True for a log-like producer."""
     del first, inputs  # Unused
     return op in OPS
 
 
-def finding(facts, first, where, inputs):
+def finding(facts: Facts, first: FirstNonfinite, where: str, inputs: dict[str, Any]) -> Recommendation:
     """The Recommendation for a log of 0 or of a negative value."""
     del facts  # Unused
     why = "log(0) = -inf and log(x<0) = NaN" if first.phase != "backward" else "the gradient 1/x overflows near x = 0"

@@ -3,9 +3,11 @@
 import math
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 
-def geometric_growth(steps, values, rate_limit, min_steps, min_total):
+def geometric_growth(steps: ArrayLike, values: ArrayLike, rate_limit: float, min_steps: int,
+                     min_total: float) -> tuple[float, int] | None:
     """(per-step growth factor, onset step) of a geometric rise that lasts to the last value, or None.
 
     For every start step, fits log(value) against step by least squares over the values
@@ -21,43 +23,43 @@ def geometric_growth(steps, values, rate_limit, min_steps, min_total):
     spike, but it did not grow geometrically from that window's start, and claiming so
     would send the user after the wrong cause.
     """
-    values, steps = np.asarray(values, dtype=np.float64), np.asarray(steps, dtype=np.float64)
-    if not len(values) or not (np.isfinite(values[-1]) and values[-1] > 0):
+    series, times = np.asarray(values, dtype=np.float64), np.asarray(steps, dtype=np.float64)
+    if not len(series) or not (np.isfinite(series[-1]) and series[-1] > 0):
         return None  # a value that ends at 0 (a perfect fit) or non-finite is no rise lasting to the end
-    ok = np.isfinite(values) & (values > 0)
-    values, steps = values[ok], steps[ok]
-    window = fit_window(float(values.max() / values.min()) if len(values) else 1.0, rate_limit)
+    ok = np.isfinite(series) & (series > 0)
+    series, times = series[ok], times[ok]
+    window = fit_window(float(series.max() / series.min()) if len(series) else 1.0, rate_limit)
     if window is not None:  # earlier starts cannot qualify: the same answer, in memory that does not grow with the run
-        values, steps = values[-window:], steps[-window:]
-    if len(values) < max(min_steps, 2):
+        series, times = series[-window:], times[-window:]
+    if len(series) < max(min_steps, 2):
         return None
-    x = steps - steps.mean()  # a shift leaves every slope as it is and keeps the sums small
-    y = np.log(values)
+    x = times - times.mean()  # a shift leaves every slope as it is and keeps the sums small
+    y = np.log(series)
 
-    def suffix(a):
+    def suffix(a: np.ndarray) -> np.ndarray:
         return np.cumsum(a[::-1])[::-1]
 
     count, sx, sy, sxx, sxy = suffix(np.ones_like(x)), suffix(x), suffix(y), suffix(x * x), suffix(x * y)
-    starts = np.arange(0, len(values) - min_steps + 1)
+    starts = np.arange(0, len(series) - min_steps + 1)
     denominator = count[starts] * sxx[starts] - sx[starts] ** 2
     with np.errstate(divide="ignore", invalid="ignore"):
         slope = (count[starts] * sxy[starts] - sx[starts] * sy[starts]) / denominator
     rate = np.exp(np.clip(slope, -700, 700))
-    total = values[-1] / values[starts]
+    total = series[-1] / series[starts]
     hits = np.flatnonzero((denominator > 0) & (rate > rate_limit) & (total > min_total))
     for hit in hits[::max(1, len(hits) // SUSTAIN_CHECKS)]:
         start = starts[hit]
-        factors = np.diff(y[start:]) / np.diff(steps[start:])
+        factors = np.diff(y[start:]) / np.diff(times[start:])
         head = factors[:max(2, len(factors) // 3)]
         jumps = np.diff(y[start:])
         without_largest = jumps.sum() - jumps.max()
         if min(np.median(factors), np.median(head)) > 0.5 * math.log(rate_limit) and \
                 without_largest > 0.5 * math.log(min_total):
-            return float(rate[hit]), int(steps[start])
+            return float(rate[hit]), int(times[start])
     return None
 
 
-def fit_window(spread, rate_limit):
+def fit_window(spread: float, rate_limit: float) -> int | None:
     """The most trailing points a fit can span whose growth exceeds `rate_limit`, for values on distinct integer steps
     whose largest is `spread` times their smallest.
 

@@ -3,7 +3,8 @@
 import itertools
 import math
 
-from nanscope.rules.rule import Fixtures, Rule
+from nanscope.rules.facts import Facts
+from nanscope.rules.rule import Finding, Fixtures, Rule
 
 WEIGHT_CONSTRAINT = Rule(
     "weight-constraint",
@@ -20,7 +21,7 @@ FIXTURES = Fixtures(fires=(), quiet=("tabular-regression-adam",))
 WEIGHT_GROWTH_LIMIT = 10.0
 
 
-def detect(facts):
+def detect(facts: Facts) -> list[Finding]:
     """(score, Recommendation) pairs for a weight norm ten times its start and still rising."""
     norms = facts.healthy.weight_norm.tolist()
     if len(norms) < 8 or not all(math.isfinite(n) for n in norms) or norms[0] <= 0:
