@@ -15,15 +15,34 @@ the owner's to catch (one warning, a note); the guard never raises into the user
 """
 
 import math
+from collections.abc import Callable, Collection, Iterable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import numpy as np
 
+from nanscope.engine.records import StepRecord
+from nanscope.guard.options import GuardOptions
+
 from nanscope.guard.interventions import BoundedLog, Intervention, Spike
-from nanscope.guard.ring import SnapshotRing
+from nanscope.guard.ring import RingEntry, SnapshotRing
 from nanscope.guard.spikes import SpikeDetector
+from nanscope.guard.state import Batch, State
 from nanscope.guard.verdicts import judge
 
+if TYPE_CHECKING:
+    from nanscope.report.model import FirstNonfinite
+
 JUMP = 3.0  # a variable's update ratio this many times its recent median counts as a jump at a spike
+# The compiled step again on a batch, from the variables as they are; each batch row's loss.
+Rerun: TypeAlias = Callable[[Batch], StepRecord]
+RowLosses: TypeAlias = Callable[[Batch], np.ndarray]
+
+
+class Fixer(Protocol):
+    """What proves the fix a rollback applies (run.proven_fix.FixProver, keras.guest_fix: a layer up)."""
+
+    def prove(self, start: int, failing: int, exclude: Collection[str] = ()
+              ) -> tuple[dict[str, Any], list[dict[str, Any]]]: ...
 
 
 class Guard:
@@ -39,23 +58,26 @@ class Guard:
             (trace-steps, `GuardOptions.apply_fix`).
     """
 
-    def __init__(self, options, state=None, rerun=None, row_losses=None, variable_names=(), fixer=None):
+    def __init__(self, options: GuardOptions, state: State | None = None, rerun: Rerun | None = None,
+                 row_losses: RowLosses | None = None, variable_names: Iterable[str] = (),
+                 fixer: Fixer | None = None) -> None:
         self.options, self.state, self.rerun, self.row_losses = options, state, rerun, row_losses
         self.fixer = fixer if options.apply_fix else None
-        self.applied_fixes = []
+        self.applied_fixes: list[str] = []
         self.variable_names = list(variable_names)
         self.ring = (SnapshotRing(options.snapshots, options.ring_every)
                      if state is not None and options.ring_every else None)
         self.detector = SpikeDetector(options.spike_sigma, options.spike_window)
-        self.interventions, self.spikes = BoundedLog(), BoundedLog()
+        self.interventions: BoundedLog[Intervention] = BoundedLog()
+        self.spikes: BoundedLog[Spike] = BoundedLog()
         self.skips = self.consecutive = self.rollbacks = 0
-        self.stop_reason = None
-        self.notes = []
-        self._ratios = None  # [window, variables] update ratios of the last healthy steps
+        self.stop_reason: str | None = None
+        self.notes: list[str] = []
+        self._ratios: np.ndarray | None = None  # [window, variables] update ratios of the last healthy steps
         self._ratio_count = 0
-        self._rolled_to = None
+        self._rolled_to: int | None = None
 
-    def observe(self, records, first=None):
+    def observe(self, records: list[StepRecord], first: "FirstNonfinite | None" = None) -> Intervention | None:
         """Act on the records of one execution; return the Intervention made on it (None: the run went on as is).
 
         Args:
@@ -74,16 +96,16 @@ class Guard:
                 spike.skipped = made is not None and made.action == "skip"
                 return made
             self.consecutive = 0
-        if records and self.ring is not None and self.ring.due(records[-1].step + 1):
+        if records and self.ring is not None and self.state is not None and self.ring.due(records[-1].step + 1):
             self.ring.take(records[-1].step + 1, self.state.current())
         return None
 
-    def _verdicts(self, first):
+    def _verdicts(self, first: "FirstNonfinite") -> None:
         if self.state is None or self.rerun is None:
             return
         self.notes.extend(judge(first, self.state, self.rerun, self.ring))
 
-    def _nonfinite(self, record, undone):
+    def _nonfinite(self, record: StepRecord, undone: int) -> Intervention | None:
         reason = f"non-finite {record.phase} pass"
         action = self.options.on_nonfinite
         if action == "skip":
@@ -92,15 +114,15 @@ class Guard:
             return self._rollback(record, reason, undone)
         return None
 
-    def _add(self, intervention):
+    def _add(self, intervention: Intervention) -> Intervention:
         self.interventions.add(intervention)
         return intervention
 
-    def _stop(self, record, reason):
+    def _stop(self, record: StepRecord, reason: str) -> Intervention:
         self.stop_reason = reason
         return self._add(Intervention(record.step, "stop", reason))
 
-    def _skip(self, record, reason, undone):
+    def _skip(self, record: StepRecord, reason: str, undone: int) -> Intervention:
         """Put back the state before `record`'s step, unless a bound is past; the Intervention made."""
         consecutive, total = self.options.max_skips
         if self.consecutive >= consecutive or self.skips >= total:
@@ -112,31 +134,32 @@ class Guard:
         self.state.restore_before_step()
         self.skips += 1
         self.consecutive += 1
-        details = {"skips": self.skips, "consecutive": self.consecutive}
+        details: dict[str, Any] = {"skips": self.skips, "consecutive": self.consecutive}
         if undone:
             details["undone_steps"] = undone  # later steps of the same execution ran from the bad state
         return self._add(Intervention(record.step, "skip", reason, details))
 
-    def _rollback(self, record, reason, undone):
+    def _rollback(self, record: StepRecord, reason: str, undone: int) -> Intervention:
         """Put back the newest earlier state (an older one when the last rollback led here again), lower the
         learning rate; past `max_rollbacks`, stop."""
         if self.rollbacks >= self.options.max_rollbacks:
             return self._stop(record, f"{reason}; max_rollbacks reached ({self.options.max_rollbacks})")
         if self.state is None:
             return self._stop(record, f"{reason}; cannot roll back: no state is kept")
-        entry = self.ring.before(record.step) if self.ring is not None else None
-        if entry is not None and self._rolled_to is not None and entry.step == self._rolled_to:
-            older = self.ring.before(entry.step)
+        ring = self.ring
+        entry = ring.before(record.step) if ring is not None else None
+        if ring is not None and entry is not None and self._rolled_to is not None and entry.step == self._rolled_to:
+            older = ring.before(entry.step)
             if older is not None:  # the last rollback came back here: go further back
-                self.ring.drop_from(entry)
+                ring.drop_from(entry)
                 entry = older
         rates = self.state.learning_rates()
-        details = {}
-        if entry is not None:
+        details: dict[str, Any] = {}
+        if ring is not None and entry is not None:
             self.state.put(entry.values)
             self.state.restore_metrics()
-            self.ring.drop_from(_after(entry))
-            self.ring.restart(entry.step)
+            ring.drop_from(_after(entry))
+            ring.restart(entry.step)
             self._rolled_to = entry.step
             details["restored_step"] = entry.step
         elif self.state.held_step() == record.step:
@@ -158,7 +181,7 @@ class Guard:
         details["rollbacks"] = self.rollbacks
         return self._add(Intervention(record.step, "rollback", reason, details))
 
-    def _apply_fix(self, record, details):
+    def _apply_fix(self, record: StepRecord, details: dict[str, Any]) -> bool:
         """Apply the fix proven on the rolled-back steps (`proven_fix`), one not applied before; True when one
         was. The fixes tried go in `details` either way."""
         if self.fixer is None:
@@ -172,7 +195,7 @@ class Guard:
         self.applied_fixes.append(fix["name"])
         return True
 
-    def _spike(self, record):
+    def _spike(self, record: StepRecord) -> Spike | None:
         """The Spike this healthy step is, or None; keeps the update-ratio window."""
         found = self.detector.score(record)
         if found is None:
@@ -186,7 +209,7 @@ class Guard:
         self.spikes.add(spike)
         return spike
 
-    def _full(self, record):
+    def _full(self, record: StepRecord) -> StepRecord | None:
         """`record` when it has per-variable rows, else (sentinel mode) the step re-run in full from the state
         before it, or None when that state is not held."""
         if record.variables:
@@ -196,7 +219,7 @@ class Guard:
         with self.state.before_step():
             return self.rerun(self.state.batch())
 
-    def _keep_ratios(self, record):
+    def _keep_ratios(self, record: StepRecord) -> None:
         ratios = [v.update_ratio for v in record.variables]
         if not ratios:
             return
@@ -205,7 +228,7 @@ class Guard:
         self._ratios[self._ratio_count % len(self._ratios)] = ratios
         self._ratio_count += 1
 
-    def _jumped(self, record):
+    def _jumped(self, record: StepRecord) -> list[dict[str, Any]]:
         """The variables whose update ratio jumped most against their recent median (at most 3)."""
         if self._ratios is None or not record.variables or self._ratio_count == 0:
             return []
@@ -218,10 +241,10 @@ class Guard:
         return [{"variable": self._name(index), "update_ratio": ratio, "median": median}
                 for _, index, ratio, median in sorted(jumps, reverse=True)[:3]]
 
-    def _name(self, index):
+    def _name(self, index: int) -> str:
         return self.variable_names[index] if index < len(self.variable_names) else f"variable {index}"
 
-    def _rows(self, step):
+    def _rows(self, step: int) -> list[dict[str, Any]]:
         """The three batch rows with the largest loss, from the state before the step (when it is held)."""
         if self.row_losses is None or self.state is None or self.state.held_step() != step:
             return []
@@ -232,7 +255,7 @@ class Guard:
         order = np.argsort(-np.nan_to_num(losses, nan=np.inf))[:3]
         return [{"row": int(i), "loss": float(losses[i]), "median": float(np.median(losses))} for i in order]
 
-    def report_notes(self):
+    def report_notes(self) -> list[str]:
         """What the guard adds to the report's notes."""
         notes = list(self.notes)
         for action in ("skip", "rollback"):
@@ -260,12 +283,10 @@ class Guard:
         return notes
 
 
-def _after(entry):
+def _after(entry: RingEntry) -> RingEntry:
     """A marker one step past `entry`, so `drop_from` forgets only what is newer than it."""
-    from nanscope.guard.ring import RingEntry
-
     return RingEntry(entry.step + 1, [])
 
 
-def _rate_pair(before, after):
+def _rate_pair(before: float | None, after: float | None) -> dict[str, float | None]:
     return {"before": before, "after": after}

@@ -9,13 +9,54 @@ line and a note; the guard then stands down and the run goes on as it would with
 """
 
 import logging
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
+from nanscope.engine.records import StepRecord
 from nanscope.errors import first_line
-from nanscope.guard.guard import Guard
-from nanscope.guard.state import GuestState
+from nanscope.guard.guard import Fixer, Guard, Rerun
+from nanscope.guard.interventions import Intervention
+from nanscope.guard.options import GuardOptions
+from nanscope.guard.schedule import SampleSchedule
+from nanscope.guard.state import Batch, GuestState, State, StepSnapshot
+
+if TYPE_CHECKING:
+    from nanscope.report.model import FirstNonfinite, TraceReport
 
 log = logging.getLogger("nanscope")
 LOG_KEYS = {"skip": "nanscope_skipped", "rollback": "nanscope_rolled_back"}
+# A Keras model: Keras ships no types, so it is Any to mypy.
+KerasModel: TypeAlias = Any
+# What builds the prover of a rollback's fix from the guard's state and re-run (`keras.guest_fix`).
+MakeFixer: TypeAlias = Callable[[State, Rerun], Fixer | None]
+
+
+class Recorder(Protocol):
+    """Whose first non-finite step the verdicts judge (keras.forensics.StepRecorder, run.guard_state.TraceView)."""
+
+    @property
+    def first_nonfinite(self) -> "FirstNonfinite | None": ...
+
+    @property
+    def expected(self) -> Collection[int]: ...
+
+
+class Probe(Protocol):
+    """What a `fit` keeps that its guard is built from (keras.probe.StepProbe, a layer up)."""
+
+    @property
+    def snapshot(self) -> StepSnapshot | None: ...
+
+    @property
+    def variable_names(self) -> list[str]: ...
+
+    @property
+    def sentinel(self) -> SampleSchedule | None: ...
+
+    @property
+    def forensics_off(self) -> str | None: ...
+
+    def rerun(self, batch: Batch) -> StepRecord: ...
 
 
 class GuestGuard:
@@ -27,15 +68,17 @@ class GuestGuard:
         model: keras.Model, optional. Inside `fit`: whose metrics give the logs of an undone step.
     """
 
-    def __init__(self, guard, recorder, model=None, sentinel=None):
+    def __init__(self, guard: Guard, recorder: Recorder, model: KerasModel = None,
+                 sentinel: SampleSchedule | None = None) -> None:
         self.guard, self.recorder, self.model, self.sentinel = guard, recorder, model, sentinel
-        self.made = None  # the Intervention of the latest execution
-        self.failure = None
+        self.made: Intervention | None = None  # the Intervention of the latest execution
+        self.failure: Exception | None = None
         self._judged = False
-        self._notes = []
+        self._notes: list[str] = []
 
     @classmethod
-    def for_fit(cls, options, model, probe, recorder, make_fixer=None):
+    def for_fit(cls, options: GuardOptions, model: KerasModel, probe: Probe, recorder: Recorder,
+                make_fixer: MakeFixer | None = None) -> "GuestGuard":
         """The guard of one `fit`, from its StepProbe.
 
         Args:
@@ -46,7 +89,7 @@ class GuestGuard:
         state = GuestState(probe.snapshot, [model.optimizer]) if probe.snapshot is not None else None
         rerun = (lambda batch: attributed(probe.rerun(batch), recorder)) if state is not None else None
         row_losses = fit_row_losses(model) if state is not None else None
-        fixer = make_fixer(state, rerun) if state is not None and make_fixer is not None else None
+        fixer = make_fixer(state, rerun) if state is not None and rerun is not None and make_fixer is not None else None
         made = cls(Guard(options, state, rerun, row_losses, probe.variable_names, fixer=fixer), recorder, model,
                    probe.sentinel)
         if state is None:
@@ -55,7 +98,7 @@ class GuestGuard:
             made.sentinel_notes(options, probe)
         return made
 
-    def sentinel_notes(self, options, probe):
+    def sentinel_notes(self, options: GuardOptions, probe: Probe) -> None:
         if probe.sentinel is None:
             self._notes.append("mode=sentinel: not under tf.distribute; every step was recorded in full")
             return
@@ -63,43 +106,44 @@ class GuestGuard:
                            "16 after an event; the other steps recorded the scalars only (layer and variable "
                            "tables are over the full steps)")
 
-    def complete(self, records):
+    def complete(self, records: list[StepRecord]) -> list[StepRecord]:
         """Sentinel mode: the run's first non-finite step re-run in full from the state before it, so it is
         attributed (layer, variable, phase) as in full mode; an event also runs the next executions in full."""
         if self.sentinel is None or self.failure is not None:
             return records
         try:
-            return [self._completed(record) for record in records]
+            return [self._completed(record, self.sentinel) for record in records]
         except Exception as exc:
             self._stand_down(records[-1].step, exc)
             return records
 
-    def _completed(self, record):
+    def _completed(self, record: StepRecord, sentinel: SampleSchedule) -> StepRecord:
         if record.layers or attributed(record, self.recorder).phase is None:
             return record
-        self.sentinel.around_event()
-        state, guard = self.guard.state, self.guard
-        if self.recorder.first_nonfinite is not None or state is None or state.held_step() != record.step:
+        sentinel.around_event()
+        state, rerun = self.guard.state, self.guard.rerun
+        if (self.recorder.first_nonfinite is not None or state is None or rerun is None
+                or state.held_step() != record.step):
             return record
         with state.before_step():
-            full = guard.rerun(state.batch())
+            full = rerun(state.batch())
         if full.phase is None:  # a transient fault: the sentinel's own record is all there is
             return record
         full.step = record.step
         return full
 
-    def note(self, line):
+    def note(self, line: str) -> None:
         """Add a line to the report's notes."""
         self._notes.append(line)
 
-    def no_state(self, options, why):
+    def no_state(self, options: GuardOptions, why: str) -> None:
         """Note what the guard cannot do without the step snapshot."""
         if options.intervenes:
             self._notes.append(f"guard: on_nonfinite={options.on_nonfinite!r}: no state is kept ({why}), so a step "
                                "that needs it stops the run instead")
         self._notes.append(f"verdicts: not checked: no state is kept ({why})")
 
-    def observe(self, records):
+    def observe(self, records: list[StepRecord]) -> bool:
         """Let the guard act on one execution's records; True when it did something."""
         self.made = None
         if self.failure is not None or not records:
@@ -117,7 +161,7 @@ class GuestGuard:
             self.sentinel.around_event()
         return self.made is not None
 
-    def _stand_down(self, step, exc):
+    def _stand_down(self, step: int, exc: Exception) -> None:
         self.failure = exc
         log.warning("nanscope: the guard stopped at step %d (%s: %s); training goes on without it",
                     step, type(exc).__name__, first_line(exc))
@@ -125,10 +169,10 @@ class GuestGuard:
                            f"{first_line(exc)}); it stood down there and training went on without it")
 
     @property
-    def stopped(self):
+    def stopped(self) -> bool:
         return self.guard.stop_reason is not None
 
-    def logs(self, logs):
+    def logs(self, logs: Any) -> Any:
         """The logs of the latest execution; after a skip or a rollback, its metrics as put back, and a flag."""
         made = self.made
         if made is None or made.action not in LOG_KEYS or not isinstance(logs, dict):
@@ -143,16 +187,16 @@ class GuestGuard:
         logs[LOG_KEYS[made.action]] = 1.0
         return logs
 
-    def finish(self, report):
+    def finish(self, report: "TraceReport") -> None:
         """Put the interventions and spikes into `report`."""
         report.interventions = self.guard.interventions.to_json()
         report.spikes = self.guard.spikes.to_json()
 
-    def notes(self):
+    def notes(self) -> list[str]:
         return self._notes + self.guard.report_notes()
 
 
-def attributed(record, recorder):
+def attributed(record: StepRecord, recorder: Recorder) -> StepRecord:
     """`record` read as the recorder reads its own: with the expected layers set, so `phase` is the same."""
     record.expected_nonfinite = list(recorder.expected)
     return record

@@ -1,9 +1,17 @@
 """Every intervention of the guard (a skip, a rollback, a stop) and every spike, bounded for any run length."""
 
 from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
 
 # Entries kept of each list; past it they are counted, not kept (memory stays flat over 10^5 steps).
 KEPT = 200
+
+
+class _Entry(Protocol):
+    def to_json(self) -> dict[str, Any]: ...
+
+
+E = TypeVar("E", bound=_Entry)
 
 
 @dataclass
@@ -20,9 +28,9 @@ class Intervention:
     step: int
     action: str
     reason: str
-    details: dict = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
 
-    def to_json(self):
+    def to_json(self) -> dict[str, Any]:
         return {"step": self.step, "action": self.action, "reason": self.reason, **self.details}
 
 
@@ -46,32 +54,33 @@ class Spike:
     median: float
     z: float
     window: int
-    rows: list = field(default_factory=list)
-    layers: list = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    layers: list[dict[str, Any]] = field(default_factory=list)
     skipped: bool = False
 
-    def to_json(self):
+    def to_json(self) -> dict[str, Any]:
         return dict(vars(self))
 
 
-class BoundedLog:
+class BoundedLog(Generic[E]):
     """The first KEPT entries of a list, and how many there were in all."""
 
-    def __init__(self, kept=KEPT):
-        self.entries, self.total, self.kept = [], 0, kept
+    def __init__(self, kept: int = KEPT) -> None:
+        self.entries: list[E] = []
+        self.total, self.kept = 0, kept
 
-    def add(self, entry):
+    def add(self, entry: E) -> None:
         self.total += 1
         if len(self.entries) < self.kept:
             self.entries.append(entry)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.total
 
-    def to_json(self):
+    def to_json(self) -> list[dict[str, Any]]:
         return [entry.to_json() for entry in self.entries]
 
-    def note(self, what):
+    def note(self, what: str) -> str | None:
         """A report note when entries were left out, else None."""
         if self.total <= len(self.entries):
             return None

@@ -1,6 +1,8 @@
 """What the guard does at a non-finite step or a loss spike, validated once, at the edge."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 ON_NONFINITE = ("stop", "continue", "skip", "rollback")
 MODES = ("full", "sentinel")
@@ -47,7 +49,7 @@ class GuardOptions:
     verdicts: bool = True
     apply_fix: bool = True
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _one_of("on_nonfinite", self.on_nonfinite, ON_NONFINITE)
         _one_of("mode", self.mode, MODES)
         skips = self.max_skips
@@ -71,23 +73,23 @@ class GuardOptions:
             raise ValueError(f"`spike_sigma` must be > 0. Received: spike_sigma={self.spike_sigma!r}")
 
     @property
-    def ring_every(self):
+    def ring_every(self) -> int:
         """Steps between the ring's states: `snapshot_every`, or by default 100 under rollback and 0 (none) else."""
         if self.snapshot_every is not None:
             return self.snapshot_every
         return 100 if self.on_nonfinite == "rollback" else 0
 
     @property
-    def intervenes(self):
+    def intervenes(self) -> bool:
         """True when the guard may change the run: skip, rollback or skipping spikes (the user asked for it)."""
         return self.on_nonfinite in ("skip", "rollback") or self.skip_spikes
 
     @property
-    def stops(self):
+    def stops(self) -> bool:
         return self.on_nonfinite == "stop"
 
 
-def resolve_on_nonfinite(on_nonfinite, stop_on_nonfinite):
+def resolve_on_nonfinite(on_nonfinite: str | None, stop_on_nonfinite: bool | None) -> str | None:
     """`on_nonfinite`, with `stop_on_nonfinite` as its alias (True: "stop", False: "continue"); None if neither."""
     if stop_on_nonfinite is None:
         return on_nonfinite
@@ -98,7 +100,7 @@ def resolve_on_nonfinite(on_nonfinite, stop_on_nonfinite):
     return alias
 
 
-def guard_options(guard=None, **fields):
+def guard_options(guard: "GuardOptions | None" = None, **fields: Any) -> "GuardOptions":
     """`guard` (default GuardOptions()) with the fields given (not None) replaced; validated."""
     import dataclasses
 
@@ -108,6 +110,6 @@ def guard_options(guard=None, **fields):
     return dataclasses.replace(guard or GuardOptions(), **given)
 
 
-def _one_of(name, value, allowed):
+def _one_of(name: str, value: object, allowed: Sequence[str]) -> None:
     if value not in allowed:
         raise ValueError(f"`{name}` must be one of {', '.join(allowed)}. Received: {name}={value!r}")

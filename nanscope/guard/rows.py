@@ -1,11 +1,18 @@
 """Each row's loss of a `fit` batch, for the rows a spike names (the compiled loss, one value per row)."""
 
+from collections.abc import Callable
+from typing import Any, TypeAlias
+
 import numpy as np
 
 from nanscope.runtime import tensorflow
 
+# A Keras model and a batch as `train_step` received it: Keras ships no types, so they are Any to mypy.
+KerasModel: TypeAlias = Any
+Batch: TypeAlias = Any
 
-def fit_row_losses(model):
+
+def fit_row_losses(model: KerasModel) -> Callable[[Batch], np.ndarray] | None:
     """A callable(batch) -> each row's loss under the model's compiled loss, or None for a loss it cannot split.
 
     One loss (a name, a function or a `keras.losses.Loss`) is split per row; a dict or list
@@ -20,7 +27,7 @@ def fit_row_losses(model):
     if not callable(loss):
         return None
 
-    def row_losses(batch):
+    def row_losses(batch: Batch) -> np.ndarray:
         x, y, _ = keras.utils.unpack_x_y_sample_weight(batch)
         if y is None:
             return np.zeros(0)

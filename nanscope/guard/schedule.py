@@ -15,16 +15,16 @@ class SampleSchedule:
         full = schedule.due_full()  # before each execution
     """
 
-    def __init__(self, every):
+    def __init__(self, every: int) -> None:
         self.every = every
         self.calls, self.full_until = 0, 0
 
-    def due_full(self):
+    def due_full(self) -> bool:
         """Before each execution: True when this one runs the full step (sampled, or after an event)."""
         full = self.calls % self.every == 0 or self.calls < self.full_until
         self.calls += 1
         return full
 
-    def around_event(self):
+    def around_event(self) -> None:
         """The next AROUND executions run in full."""
         self.full_until = self.calls + AROUND

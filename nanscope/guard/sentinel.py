@@ -16,6 +16,8 @@ and without layer rows it cannot tell an expected `-inf` (`expect_nonfinite`) fr
 unexpected one in the model output, which it counts as non-finite.
 """
 
+from typing import Any, TypeAlias
+
 from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import OUTPUT, SCALARS, VARIABLE
 from nanscope.engine.variable_stats import global_norm, summary_stats
@@ -24,10 +26,13 @@ from nanscope.keras.capture import StepCapture
 from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()
+# A tensor and a tf.Variable: TensorFlow ships no types, so they are Any to mypy.
+Tensor: TypeAlias = Any
+Variable: TypeAlias = Any
 NORMS = 2  # |w| and |dw| over all trainable weights, at the end of a sentinel row
 
 
-def _f32(tensor):
+def _f32(tensor: Tensor) -> Tensor:
     tensor = tf.convert_to_tensor(tensor)
     return tensor if tensor.dtype == tf.float32 else tf.cast(tensor, tf.float32)
 
@@ -39,7 +44,7 @@ class SentinelCapture(StepCapture):
     so the rules that read every step's weight norm and update ratio see them on light steps too.
     """
 
-    def _variable_rows(self):
+    def _variable_rows(self) -> tuple[Tensor, Tensor, Tensor]:
         grads = [self.grads[id(v)] for v in self.trainable if id(v) in self.grads]
         after = [self.after.get(id(v), v) for v in self.trainable]
         measured, weight_norm = summary_stats(grads, after, self.applied)
@@ -52,7 +57,7 @@ class SentinelCapture(StepCapture):
                              "weight_nonfinite": measured["weights_nonfinite"]})
         return tf.stack(row)[None], grad_norm, measured["applied_grad_global_norm"]
 
-    def scalars(self, values, y, sample_weight):
+    def scalars(self, values: dict[str, Tensor], y: Any, sample_weight: Any) -> Tensor:
         """SCALARS, OUTPUT's columns per output, then |w| and |dw| (`values` must come first: it measures them)."""
         return tf.concat([super().scalars(values, y, sample_weight), self.norms], axis=0)
 
@@ -67,7 +72,7 @@ class SentinelRows(SampleSchedule):
         sample_every: int. Every Nth execution runs the full step.
     """
 
-    def __init__(self, counter, outputs, per_execution, sample_every):
+    def __init__(self, counter: Variable, outputs: int, per_execution: int, sample_every: int) -> None:
         super().__init__(sample_every)
         self.counter, self.outputs, self.per_execution = counter, outputs, per_execution
         self.width = 2 + len(SCALARS) + outputs * len(OUTPUT) + NORMS
@@ -76,13 +81,13 @@ class SentinelRows(SampleSchedule):
         self.full_now = True  # read while a step is traced: which of the two train functions is being traced
         self.next_step = 0
 
-    def write(self, batch_rows, scalars):
+    def write(self, batch_rows: Tensor, scalars: Tensor) -> None:
         """In the graph: one step's row, counted on the shared step counter."""
         step = self.counter.assign_add(1) - 1
         row = tf.concat([tf.cast(tf.stack([step]), tf.float32), tf.stack([batch_rows]), scalars], axis=0)
         self.buffer.scatter_nd_update(tf.reshape(step % self.per_execution, [1, 1]), row[None])
 
-    def read(self, since):
+    def read(self, since: int) -> list[StepRecord]:
         """StepRecords of the sentinel rows from step `since` on, in step order (no layers, no variables)."""
         rows = self.buffer.value().numpy()
         fresh = sorted((row for row in rows if row[0] >= since), key=lambda row: row[0])

@@ -17,6 +17,8 @@ import math
 
 import numpy as np
 
+from nanscope.engine.records import StepRecord
+
 METRICS = ("loss", "grad_global_norm")
 MAD_TO_SIGMA = 1.4826
 SPREAD_FLOOR = 0.01
@@ -37,13 +39,13 @@ class SpikeDetector:
         window: int. Steps kept (a ring: memory is flat at any run length).
     """
 
-    def __init__(self, sigma=6.0, window=128):
+    def __init__(self, sigma: float = 6.0, window: int = 128) -> None:
         self.sigma, self.window = float(sigma), int(window)
         self._values = np.zeros((len(METRICS), self.window), np.float64)
         self._counts = [0] * len(METRICS)
-        self._limits = [None] * len(METRICS)  # the value each metric's z-score reaches sigma at
+        self._limits: list[float | None] = [None] * len(METRICS)  # the value each metric's z-score reaches sigma at
 
-    def score(self, record):
+    def score(self, record: StepRecord) -> tuple[str, float, float, float] | None:
         """(metric, value, median, z) of the highest-scoring metric past `sigma`, or None.
 
         The step's values join the window only when it is no spike.
@@ -53,9 +55,10 @@ class SpikeDetector:
         for column, (metric, value) in enumerate(zip(METRICS, values)):
             if value is None or self._counts[column] < self.window:
                 continue
-            if self._limits[column] is None or self._counts[column] % REFRESH == 0:
-                self._limits[column] = limit(self.sigma, self._values[column])
-            if value <= self._limits[column]:
+            bound = self._limits[column]
+            if bound is None or self._counts[column] % REFRESH == 0:
+                bound = self._limits[column] = limit(self.sigma, self._values[column])
+            if value <= bound:
                 continue
             history = self._values[column]
             z = robust_z(value, history)
@@ -69,7 +72,7 @@ class SpikeDetector:
         return found
 
 
-def limit(sigma, history):
+def limit(sigma: float, history: np.ndarray) -> float:
     """The smallest value whose robust z-score against `history` is `sigma` (inf when none reaches it)."""
     positive = float(history.min()) > 0
     values = np.log(history) if positive else history
@@ -85,7 +88,7 @@ def limit(sigma, history):
     return raw - abs(raw) * 1e-9  # just under the edge: a value at it is scored exactly, never lost to rounding
 
 
-def robust_z(value, history):
+def robust_z(value: float, history: np.ndarray) -> float:
     """How many robust standard deviations `value` is above the median of `history` (log scale when positive)."""
     if value > 0 and float(history.min()) > 0:
         value, history, floor = math.log(value), np.log(history), SPREAD_FLOOR
@@ -96,7 +99,7 @@ def robust_z(value, history):
     return (value - median) / spread if spread > 0 else 0.0
 
 
-def _value(record, metric):
+def _value(record: StepRecord, metric: str) -> float | None:
     value = getattr(record, metric)
     if metric == "loss" and record.loss_missing:
         return None

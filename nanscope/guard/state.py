@@ -8,8 +8,72 @@ it (`extra`), so the logs and the epoch's averages leave the skipped step out.
 """
 
 import contextlib
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, TypeAlias
 
 import numpy as np
+
+# Keras optimizers and variables, and a batch as `train_step` received it (eager tensors, nested): TensorFlow and
+# Keras ship no types, so they are Any to mypy.
+Optimizer: TypeAlias = Any
+Variable: TypeAlias = Any
+Batch: TypeAlias = Any
+
+
+class _Copy(Protocol):
+    """Device copies of some variables (keras.snapshot.Snapshot, a layer up)."""
+
+    @property
+    def variables(self) -> list[Variable]: ...
+
+    def restore(self) -> None: ...
+
+
+class StepSnapshot(Protocol):
+    """The state before the latest step and its batch, on the device (keras.snapshot.StepSnapshot, a layer up)."""
+
+    @property
+    def variables(self) -> list[Variable]: ...
+
+    @property
+    def state(self) -> _Copy: ...
+
+    @property
+    def extra(self) -> _Copy | None: ...
+
+    @property
+    def frozen(self) -> Variable | None: ...
+
+    def held_step(self) -> int: ...
+
+    def batch(self) -> Batch: ...
+
+
+class State(Protocol):
+    """What the guard reads and puts back: a GuestState, or trace-steps' TraceState (run.guard_state, a layer up)."""
+
+    def held_step(self) -> int: ...
+
+    def batch(self) -> Batch: ...
+
+    def current(self) -> list[np.ndarray]: ...
+
+    def put(self, values: Iterable[np.ndarray]) -> None: ...
+
+    def restore_before_step(self) -> None: ...
+
+    def restore_metrics(self) -> None: ...
+
+    def thaw(self) -> None: ...
+
+    def before_step(self, values: Iterable[np.ndarray] | None = None) -> AbstractContextManager[None]: ...
+
+    def learning_rates(self) -> list[float | None]: ...
+
+    def set_learning_rates(self, rates: Iterable[float | None]) -> list[str]: ...
+
+    def nbytes(self) -> int: ...
 
 
 class LearningRates:
@@ -19,16 +83,16 @@ class LearningRates:
         optimizers: list of keras.Optimizer.
     """
 
-    def __init__(self, optimizers=()):
+    def __init__(self, optimizers: Iterable[Optimizer | None] = ()) -> None:
         self.optimizers = [o for o in optimizers if o is not None]
 
-    def learning_rates(self):
+    def learning_rates(self) -> list[float | None]:
         """Each optimizer's learning rate now (float), None where it cannot be read."""
         return [_read_rate(o) for o in self.optimizers]
 
-    def set_learning_rates(self, rates):
+    def set_learning_rates(self, rates: Iterable[float | None]) -> list[str]:
         """Set each optimizer's learning rate; the ones that cannot be set (a schedule) are named in the result."""
-        refused = []
+        refused: list[str] = []
         for optimizer, rate in zip(self.optimizers, rates):
             if rate is None:
                 continue
@@ -47,51 +111,52 @@ class GuestState(LearningRates):
         optimizers: list of keras.Optimizer. Whose learning rate a rollback lowers.
     """
 
-    def __init__(self, snapshot, optimizers=()):
+    def __init__(self, snapshot: StepSnapshot, optimizers: Iterable[Optimizer | None] = ()) -> None:
         super().__init__(optimizers)
         self.snapshot = snapshot
 
-    def held_step(self):
+    def held_step(self) -> int:
         return self.snapshot.held_step()
 
-    def batch(self):
+    def batch(self) -> Batch:
         return self.snapshot.batch()
 
-    def current(self):
+    def current(self) -> list[np.ndarray]:
         """The guarded variables' values now, as numpy arrays (a ring entry)."""
         return [np.array(v.numpy(), copy=True) for v in self.snapshot.variables]
 
-    def live(self):
+    def live(self) -> list[np.ndarray]:
         """Every variable a re-run changes (the guarded ones, then the metrics), as numpy arrays."""
         return [np.array(v.numpy(), copy=True) for v in self.snapshot.variables + self._metrics()]
 
-    def put_live(self, values):
+    def put_live(self, values: Iterable[np.ndarray]) -> None:
         for variable, value in zip(self.snapshot.variables + self._metrics(), values):
             variable.assign(value)
 
-    def put(self, values):
+    def put(self, values: Iterable[np.ndarray]) -> None:
         """Put a ring entry's values back into the guarded variables."""
         for variable, value in zip(self.snapshot.variables, values):
             variable.assign(value)
 
-    def restore_before_step(self):
+    def restore_before_step(self) -> None:
         """Put back the state before the held step, the metrics' totals too, and let the snapshot copy again."""
         self.snapshot.state.restore()
         if self.snapshot.extra is not None:
             self.snapshot.extra.restore()
         self.thaw()
 
-    def thaw(self):
+    def thaw(self) -> None:
         """Let the snapshot copy again (it froze at the non-finite step of an execution)."""
         if self.snapshot.frozen is not None:
             self.snapshot.frozen.assign(False)
 
     @contextlib.contextmanager
-    def before_step(self, values=None):
+    def before_step(self, values: Iterable[np.ndarray] | None = None) -> Iterator[None]:
         """For the block: the state before the held step (or the ring entry `values`, with the metrics from before
         the held step); afterwards everything as it was, the snapshot's freeze flag included."""
         live = self.live()
-        frozen = bool(self.snapshot.frozen.numpy()) if self.snapshot.frozen is not None else None
+        flag = self.snapshot.frozen
+        frozen = bool(flag.numpy()) if flag is not None else None
         try:
             self.snapshot.state.restore()
             self.restore_metrics()
@@ -100,21 +165,21 @@ class GuestState(LearningRates):
             yield
         finally:
             self.put_live(live)
-            if frozen is not None:
-                self.snapshot.frozen.assign(frozen)
+            if flag is not None:
+                flag.assign(frozen)
 
-    def restore_metrics(self):
+    def restore_metrics(self) -> None:
         if self.snapshot.extra is not None:
             self.snapshot.extra.restore()
 
-    def _metrics(self):
+    def _metrics(self) -> list[Variable]:
         return list(self.snapshot.extra.variables) if self.snapshot.extra is not None else []
 
-    def nbytes(self):
+    def nbytes(self) -> int:
         return sum(int(v.shape.num_elements() or 0) * v.dtype.size for v in self.snapshot.variables)
 
 
-def _read_rate(optimizer):
+def _read_rate(optimizer: Optimizer) -> float | None:
     try:
         return float(np.asarray(optimizer.learning_rate))
     except (TypeError, ValueError, AttributeError):

@@ -10,6 +10,10 @@ and replayed op by op: the report names the same step, phase, layer and op as fu
 One compiled call per step: a sentinel run takes no chunks of steps.
 """
 
+from nanscope.data.targets import Arrays
+from nanscope.engine.records import StepRecord
+from nanscope.engine.step import InstrumentedStep
+from nanscope.guard.options import GuardOptions
 from nanscope.guard.schedule import AROUND, SampleSchedule
 
 
@@ -21,19 +25,19 @@ class TraceSentinel:
         sample_every: int. Every Nth step runs in full.
     """
 
-    def __init__(self, engine, sample_every):
+    def __init__(self, engine: InstrumentedStep, sample_every: int) -> None:
         self.engine = engine
         self.schedule = SampleSchedule(sample_every)
         self.light_steps = 0
 
-    def run(self, step, x, y):
+    def run(self, step: int, x: Arrays, y: Arrays) -> StepRecord:
         """The StepRecord of one step: the full step when it is due, else the light one."""
         if self.schedule.due_full():
             return self.engine.run(step, x, y)
         self.light_steps += 1
         return self.engine.run_light(step, x, y)
 
-    def completed(self, record, x, y, first_found):
+    def completed(self, record: StepRecord, x: Arrays, y: Arrays, first_found: bool) -> StepRecord:
         """`record`, or when it is the run's first non-finite step and a light one, that step re-run in full from
         the state before it (a re-run that comes out finite, a transient fault, keeps the light record).
         A non-finite step also runs the next AROUND steps in full. `record.expected_nonfinite` is set."""
@@ -49,17 +53,17 @@ class TraceSentinel:
         self.light_steps -= 1
         return full
 
-    def around_event(self):
+    def around_event(self) -> None:
         """An intervention or a spike: the next AROUND steps run in full."""
         self.schedule.around_event()
 
-    def notes(self):
+    def notes(self) -> list[str]:
         return [f"mode=sentinel: full statistics on every {self.schedule.every}th step and the {AROUND} after an "
                 f"event; {self.light_steps} step(s) recorded the scalars only (layer and variable tables are over "
                 "the full steps)"]
 
 
-def trace_sentinel(options, engine):
+def trace_sentinel(options: GuardOptions | None, engine: InstrumentedStep) -> TraceSentinel | None:
     """The TraceSentinel of a trace-steps run under `GuardOptions(mode="sentinel")` (before the step is traced: it
     copies the optimizer's state too), or None: full mode, or an engine without a light step (tf.distribute)."""
     if options is None or options.mode != "sentinel" or not hasattr(engine, "run_light"):

@@ -16,9 +16,19 @@ Each re-run leaves every variable as it found it.
 """
 
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from nanscope.engine.records import StepRecord
+from nanscope.guard.ring import SnapshotRing
+from nanscope.guard.state import Batch, State
+
+if TYPE_CHECKING:
+    from nanscope.report.model import FirstNonfinite
 
 
-def judge(first, state, rerun, ring):
+def judge(first: "FirstNonfinite", state: State, rerun: Callable[[Batch], StepRecord], ring: SnapshotRing | None
+          ) -> list[str]:
     """Fill `first.reproducible` and `first.origin`; return the detail lines they add.
 
     Args:
@@ -52,7 +62,7 @@ def judge(first, state, rerun, ring):
     return lines
 
 
-def _reproducible_line(first, again):
+def _reproducible_line(first: "FirstNonfinite", again: StepRecord) -> str:
     if first.reproducible:
         return f"reproducible: re-run from the state before step {first.step} on its batch, it is non-finite again " \
                f"({again.phase} pass): deterministic"
@@ -60,7 +70,7 @@ def _reproducible_line(first, again):
             "(nondeterminism or a transient fault)")
 
 
-def _origin_line(first, step, earlier):
+def _origin_line(first: "FirstNonfinite", step: int, earlier: StepRecord) -> str:
     if first.origin == "batch":
         return f"origin: batch: from the state before step {step} the same batch is non-finite too " \
                f"({earlier.phase} pass)"

@@ -145,6 +145,6 @@ class TraceGuard(GuestGuard):
     """A GuestGuard fed by the trace-steps loop: it learns which step the snapshot holds from the records."""
 
     def observe(self, records: list[StepRecord]) -> Any:
-        if self.guard.state is not None:
+        if isinstance(self.guard.state, TraceState):
             self.guard.state.ran(records)
         return super().observe(records)
