@@ -5,10 +5,24 @@ Every field read from repro.json is checked where it is read; a bad one is a `Na
 and the field (exit 2).
 """
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import numpy as np
 
 from nanscope.errors import NanscopeError, first_line
+
+if TYPE_CHECKING:
+    from nanscope.rules.rule import Recommendation
+
+# A Keras model, its variables and a batch as `train_step` received it (eager tensors, nested): Keras and TensorFlow
+# ship no types, so they are Any to mypy.
+KerasModel: TypeAlias = Any
+Variable: TypeAlias = Any
+Batch: TypeAlias = Any
 
 
 class BundleError(Exception):
@@ -26,12 +40,12 @@ class FitBundle:
         state: list of np.ndarray. The state before the step (model, then optimizer variables).
     """
 
-    model: object
-    batch: object
-    document: dict
-    state: list
+    model: KerasModel
+    batch: Batch
+    document: dict[str, Any]
+    state: list[np.ndarray]
 
-    def restore(self):
+    def restore(self) -> None:
         """Put the state before the step back into the model and the optimizer."""
         from nanscope.runtime import tensorflow
 
@@ -40,12 +54,13 @@ class FitBundle:
             variable.assign(tf.cast(value, variable.dtype))
 
 
-def state_variables(model):
+def state_variables(model: KerasModel) -> list[Variable]:
     """The model's variables, then its optimizer's: the order of `state.npz`."""
     return list(model.variables) + list(model.optimizer.variables)
 
 
-def load_fit_repro(directory, document, arrays, unsafe=False):
+def load_fit_repro(directory: str | os.PathLike[str], document: dict[str, Any], arrays: Mapping[str, np.ndarray],
+                   unsafe: bool = False) -> FitBundle:
     """The FitBundle of a fit bundle folder whose repro.json and state.npz are read (`forensics.repro.load_repro`);
     `unsafe` loads a model that needs Keras' unsafe deserialization (a Lambda layer runs stored Python code).
 
@@ -60,7 +75,9 @@ def load_fit_repro(directory, document, arrays, unsafe=False):
                      [arrays[f"state_{i}"] for i in range(len(document["variables"]))])
 
 
-def load_bundle_model(directory, document, objects, arrays, error=BundleError, unsafe=False):
+def load_bundle_model(directory: str | os.PathLike[str], document: dict[str, Any], objects: dict[str, Any],
+                      arrays: Mapping[str, np.ndarray], error: type[Exception] = BundleError,
+                      unsafe: bool = False) -> KerasModel:
     """Load `model.keras` with the user's code, ready for a step (optimizer built), checked against the recorded
     variables; the state before the step is put back."""
     from nanscope.runtime import tensorflow
@@ -100,13 +117,14 @@ def load_bundle_model(directory, document, objects, arrays, error=BundleError, u
     return model
 
 
-def import_user_code(meta, code):
+def import_user_code(meta: Path, code: list[Any]) -> dict[str, Any]:
     """{registered name: object} from the files repro.json's `user_code` names (each file imported once): the
     copies inside the bundle, relative to it (an older bundle's absolute paths are read as they are)."""
     from nanscope.model.factory import load_module_file
     from nanscope.forensics.bundle_code import in_bundle
 
-    modules, objects = {}, {}
+    modules: dict[Path, Any] = {}
+    objects: dict[str, Any] = {}
     for i, entry in enumerate(code):
         field = f"{meta}: user_code[{i}]"
         if not isinstance(entry, dict) or not all(isinstance(entry.get(k), str) for k in ("name", "qualname", "file")):
@@ -125,12 +143,12 @@ def import_user_code(meta, code):
     return objects
 
 
-def _batch(document, arrays, meta):
+def _batch(document: dict[str, Any], arrays: Mapping[str, np.ndarray], meta: Path) -> Batch:
     from nanscope.runtime import tensorflow
 
     tf, _ = tensorflow()
     structure = _field(document, meta, "batch", (dict, int, type(None)))
-    leaves = {}
+    leaves: dict[int, Any] = {}
     for key, value in arrays.items():
         if key.startswith("batch_"):
             leaves[int(key.removeprefix("batch_"))] = tf.constant(value)
@@ -140,14 +158,14 @@ def _batch(document, arrays, meta):
         raise NanscopeError(f"{meta}: `batch` does not match the arrays in state.npz ({exc!r})") from exc
 
 
-def _field(document, meta, name, kind):
+def _field(document: dict[str, Any], meta: Path, name: str, kind: type | tuple[type, ...]) -> Any:
     value = document.get(name)
     if not isinstance(value, kind):
         raise NanscopeError(f"{meta}: `{name}` is missing or of the wrong type. Received: {name}={value!r}")
     return value
 
 
-def run_findings(document, meta):
+def run_findings(document: dict[str, Any], meta: Path) -> list["Recommendation"]:
     """The Recommendations repro.json's `run_recommendations` holds (the fit run's report), rebuilt."""
     from nanscope.rules.catalogue import RULES, recommend
 
@@ -160,7 +178,7 @@ def run_findings(document, meta):
     return found
 
 
-def packed(structure, leaves):
+def packed(structure: Any, leaves: Mapping[int, Any]) -> Batch:
     """The batch rebuilt from `nest_structure`'s JSON and its leaves (eager tensors), in flattened order."""
     if structure is None:
         return None

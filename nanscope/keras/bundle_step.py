@@ -7,13 +7,23 @@ runs it once per fix. Both import it from here, so neither imports the other's m
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
 from nanscope.engine.step import probed_layers
 from nanscope.forensics.guest import replay_call
 from nanscope.internals import compile_loss
+
+if TYPE_CHECKING:
+    from nanscope.forensics.events import OpEvent
+    from nanscope.keras.bundle_load import FitBundle
+
+# A Keras model and a batch as `train_step` receives it: Keras ships no types, so they are Any to mypy.
+KerasModel: TypeAlias = Any
+Batch: TypeAlias = Any
 
 
 @dataclass
@@ -28,18 +38,19 @@ class StepOutcome:
         seconds: float.
     """
 
-    event: object
+    event: "OpEvent | None"
     loss: float | None
     loss_after: float | None
     seconds: float
 
     @property
-    def finite(self):
+    def finite(self) -> bool:
         values = [v for v in (self.loss, self.loss_after) if v is not None]
         return self.event is None and all(math.isfinite(v) for v in values)
 
 
-def run_saved_step(bundle, batch=None, change=None):
+def run_saved_step(bundle: "FitBundle", batch: Batch = None,
+                   change: Callable[[KerasModel], Callable[[], None]] | None = None) -> StepOutcome:
     """Put the state before the step back and run `train_step` once, eagerly, under the op watch.
 
     Args:
@@ -51,9 +62,9 @@ def run_saved_step(bundle, batch=None, change=None):
     bundle.restore()
     _reset_metrics(model)
     undo = change(model) if change is not None else None
-    logs = {}
+    logs: dict[str, Any] = {}
 
-    def step(data):
+    def step(data: Batch) -> Any:
         result = model.train_step(data)
         logs.update(result if isinstance(result, dict) else {"loss": result})
         return result
@@ -69,7 +80,7 @@ def run_saved_step(bundle, batch=None, change=None):
             undo()
 
 
-def _loss_on(model, batch):
+def _loss_on(model: KerasModel, batch: Batch) -> float | None:
     """The compiled loss on `batch` with the model's current weights; None for a model without a compiled loss."""
     if compile_loss(model) is None:
         return None
@@ -77,12 +88,12 @@ def _loss_on(model, batch):
     return _scalar(model.test_step(batch).get("loss"))
 
 
-def _reset_metrics(model):
+def _reset_metrics(model: KerasModel) -> None:
     for metric in model.metrics:
         metric.reset_state()
 
 
-def _scalar(value):
+def _scalar(value: Any) -> float | None:
     if value is None:
         return None
     try:

@@ -7,12 +7,19 @@ targets with predictions the way `CompileLoss.call` does and evaluates each outp
 loss once more: a few small ops per output, no second forward pass.
 """
 
+from collections.abc import Sequence
+from typing import Any, TypeAlias
+
 from nanscope.internals import compile_loss, compiled_output_losses, compiled_structures
 from nanscope.run.losses import loss_name, unscaled_for_replicas
 from nanscope.runtime import tensorflow
 
+# A Keras model and tensors (or nests of them): Keras and TensorFlow ship no types, so they are Any to mypy.
+KerasModel: TypeAlias = Any
+Tensor: TypeAlias = Any
 
-def output_loss_specs(model):
+
+def output_loss_specs(model: KerasModel) -> list[tuple[str, str, float]]:
     """[(output name, loss name, weight)] of a compiled multi-output model; [] for one output or before the first
     step."""
     flat = compiled_output_losses(model)
@@ -22,7 +29,8 @@ def output_loss_specs(model):
             for entry in flat]
 
 
-def output_terms(model, y, y_pred, sample_weight=None):
+def output_terms(model: KerasModel, y: Tensor, y_pred: Tensor, sample_weight: Tensor = None
+                 ) -> list[tuple[Tensor, Tensor, Tensor]]:
     """Per output of a compiled multi-output model: (its unweighted mean loss, its targets, its prediction).
 
     Call inside the traced train step, after `model.compute_loss`. Returns [] for a
@@ -46,7 +54,7 @@ def output_terms(model, y, y_pred, sample_weight=None):
         return []
 
 
-def _paired(model, y, y_pred):
+def _paired(model: KerasModel, y: Tensor, y_pred: Tensor) -> tuple[Tensor, Tensor]:
     """(y_true, y_pred) packed in the structures Keras built its losses on, as `CompileLoss.call` does."""
     tf, _ = tensorflow()
     names = compile_loss(model).output_names or []
@@ -58,7 +66,7 @@ def _paired(model, y, y_pred):
     return y_true, y_pred
 
 
-def _at(path, structure):
+def _at(path: Sequence[Any], structure: Tensor) -> Tensor:
     for key in path:
         structure = structure[key]
     return structure

@@ -11,10 +11,19 @@ execution: the snapshot then stops copying (`freeze`) once a step is non-finite,
 still holds that step when the host looks.
 """
 
+from collections.abc import Iterable
+from typing import Any, TypeAlias
+
 from nanscope.engine.variable_stats import Snapshot
 from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()
+
+# Tensors, tf.Variables and a batch as `train_step` received it (nested tensors): TensorFlow ships no types, so
+# they are Any to mypy.
+Tensor: TypeAlias = Any
+Variable: TypeAlias = Any
+Batch: TypeAlias = Any
 
 
 class StepSnapshot:
@@ -27,26 +36,27 @@ class StepSnapshot:
             which the guard puts back with a skipped step; a repro bundle holds only `variables`).
     """
 
-    def __init__(self, variables, freezing=False, extra=()):
+    def __init__(self, variables: Iterable[Variable], freezing: bool = False, extra: Iterable[Variable] = ()) -> None:
         self.variables = list(variables)
         self.state = Snapshot(self.variables)
         self.extra = Snapshot(list(extra)) if extra else None
         self.step = tf.Variable(tf.constant(-1, tf.int64), trainable=False, name="nanscope_snapshot_step")
         self.frozen = tf.Variable(False, trainable=False, name="nanscope_snapshot_frozen") if freezing else None
-        self._batch, self._structure = None, None
+        self._batch: list[Variable | None] | None = None
+        self._structure: Any = None
 
-    def take(self, data, step):
+    def take(self, data: Batch, step: Tensor) -> None:
         """In the graph, before the update: copy the state and the batch (unless frozen)."""
         if self.frozen is None:
             self._copy(data, step)
             return
         tf.cond(self.frozen, tf.no_op, lambda: self._copy_op(data, step))
 
-    def _copy_op(self, data, step):
+    def _copy_op(self, data: Batch, step: Tensor) -> Any:
         self._copy(data, step)
         return tf.no_op()
 
-    def _copy(self, data, step):
+    def _copy(self, data: Batch, step: Tensor) -> None:
         self.state.take()
         if self.extra is not None:
             self.extra.take()
@@ -57,7 +67,7 @@ class StepSnapshot:
                 variable.assign(tensor)
         self.step.assign(tf.cast(step, tf.int64))
 
-    def _batch_variables(self, flat):
+    def _batch_variables(self, flat: list[Tensor]) -> list[Variable | None]:
         if self._batch is None or len(self._batch) != len(flat):
             with tf.init_scope():  # created outside the traced step, whichever trace first gets here
                 self._batch = [None if not tf.is_tensor(t) else tf.Variable(
@@ -65,24 +75,24 @@ class StepSnapshot:
                     shape=tf.TensorShape(None), trainable=False, name="nanscope_batch") for t in flat]
         return self._batch
 
-    def remember_structure(self, data):
+    def remember_structure(self, data: Batch) -> None:
         """Keep the nesting of the step's batch (at trace time), to pack the copies back into it."""
         self._structure = tf.nest.map_structure(lambda _: 0, data)
 
-    def freeze(self, bad):
+    def freeze(self, bad: Tensor) -> None:
         """In the graph, after the step: stop copying once `bad` (a non-finite step) was seen."""
         if self.frozen is not None:
             self.frozen.assign(tf.logical_or(self.frozen, bad))
 
-    def held_step(self):
+    def held_step(self) -> int:
         """The step whose state and batch the snapshot holds (-1: none yet)."""
         return int(self.step.numpy())
 
-    def batch(self):
+    def batch(self) -> Batch:
         """The held batch as eager tensors, nested as the step received it."""
         flat = [None if v is None else tf.convert_to_tensor(v) for v in self._batch or []]
         return tf.nest.pack_sequence_as(self._structure, flat) if self._structure is not None else None
 
-    def nbytes(self):
+    def nbytes(self) -> int:
         """Bytes the state copy takes on the device."""
         return sum(int(v.shape.num_elements() or 0) * v.dtype.size for v in self.state.copies)

@@ -8,9 +8,14 @@ workers' order in the cluster (a `chief` task first, then the `worker` tasks), s
 worker `w` holds replicas `w*R .. w*R+R-1`.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, TypeAlias
 
 from nanscope.runtime import tensorflow
+
+# A tf.distribute strategy: TensorFlow ships no types, so it is Any to mypy.
+Strategy: TypeAlias = Any
 
 
 @dataclass(frozen=True)
@@ -27,7 +32,7 @@ class WorkerRole:
     index: int = 0
     chief: bool = True
 
-    def per_worker(self, replica_counts):
+    def per_worker(self, replica_counts: Sequence[int]) -> list[int]:
         """Per worker, the sum of its replicas' counts; [] with one worker."""
         if self.workers <= 1 or not replica_counts:
             return []
@@ -35,7 +40,7 @@ class WorkerRole:
         return [int(sum(replica_counts[w * each:(w + 1) * each])) for w in range(self.workers)]
 
 
-def worker_role(strategy):
+def worker_role(strategy: Strategy) -> WorkerRole:
     """The WorkerRole of this process under `strategy` (a model's `distribute_strategy`)."""
     tf, _ = tensorflow()
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
@@ -50,7 +55,7 @@ def worker_role(strategy):
     return WorkerRole(workers, index, bool(strategy.extended.should_checkpoint))
 
 
-def describe_strategy(strategy, replicas, role):
+def describe_strategy(strategy: Strategy, replicas: int, role: WorkerRole) -> dict[str, Any]:
     """The run header's `distribute` entry: strategy and replicas, and under several workers how they split."""
     if role.workers > 1:
         return {"strategy": "MultiWorkerMirroredStrategy", "replicas": replicas, "workers": role.workers,
