@@ -8,7 +8,10 @@ rules that need the run's history (gradient growth, update ratios) cannot fire f
 step; the data rules read the saved batch.
 """
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
@@ -23,8 +26,18 @@ from nanscope.model.learning_rate import schedule_fields
 from nanscope.model.optimizers import optimizer_settings
 from nanscope.runtime import tensorflow
 
+if TYPE_CHECKING:
+    from nanscope.keras.bundle_load import FitBundle
+    from nanscope.report.model import TraceReport
+    from nanscope.rules.evidence import RunEvidence
 
-def replay_fit_bundle(directory, document, arrays, verify=False, unsafe=False):
+# A Keras model and a batch as `train_step` received it: Keras ships no types, so they are Any to mypy.
+KerasModel: TypeAlias = Any
+Batch: TypeAlias = Any
+
+
+def replay_fit_bundle(directory: str | os.PathLike[str], document: dict[str, Any], arrays: Mapping[str, np.ndarray],
+                      verify: bool = False, unsafe: bool = False) -> "TraceReport":
     """The TraceReport of a fit bundle's step replayed: first_nonfinite and recommendations (verified with `verify`).
 
     Raises:
@@ -68,26 +81,26 @@ def replay_fit_bundle(directory, document, arrays, verify=False, unsafe=False):
     return report
 
 
-def _run_hint(exc):
+def _run_hint(exc: Exception) -> str | None:
     if isinstance(exc, NameError):
         return ("a Lambda layer's function is loaded from its bytecode with Keras' own globals, so the modules it "
                 "names (tf, np) are not defined: import them inside it, or make it a layer class")
     return None
 
 
-def _header(bundle, directory):
+def _header(bundle: "FitBundle", directory: str | os.PathLike[str]) -> dict[str, Any]:
     model, document = bundle.model, bundle.document
     name, config = optimizer_settings(model.optimizer)
     return {"spec": None, "replay": str(directory), "kind": "fit", "step": document.get("step"),
             "epoch": document.get("epoch"), "model": f"{model.name} ({type(model).__name__})",
             "loss": model_loss_name(model), "optimizer": name, "optimizer_config": config,
-            **schedule_fields(model.optimizer, document.get("step")),
+            **schedule_fields(model.optimizer, document["step"]),  # replay_fit_bundle read it
             **precision(probed_layers(model), [model.optimizer]), "versions": document.get("versions"),
             "user_code": [f"{entry['qualname']} ({entry.get('origin') or entry['file']})"
                           for entry in document.get("user_code", [])]}
 
 
-def batch_evidence(model, batch, loss):
+def batch_evidence(model: KerasModel, batch: Batch, loss: str) -> "RunEvidence":
     """RunEvidence from the saved batch alone: the model, its float inputs' and (one output's) targets' scales."""
     from nanscope.rules.evidence import RunEvidence, feature_scales, target_scales
 

@@ -16,7 +16,12 @@ the earlier steps made of them, without the fix: a fix of the data or the model 
 still fails on this step is undecided too (null), not "no".
 """
 
-from nanscope.keras.bundle_step import run_saved_step
+from typing import Any
+
+from nanscope.keras.bundle_load import FitBundle
+from nanscope.keras.bundle_step import StepOutcome, run_saved_step
+from nanscope.report.model import TraceReport
+from nanscope.rules.rule import Recommendation
 from nanscope.rules.fixes import StepFix
 from nanscope.rules.registry import bundle_fixers
 from nanscope.run.verify import ranked_by_verification
@@ -27,7 +32,7 @@ __all__ = ["FIXES", "StepFix", "fixes_for", "verify_saved_step"]
 BEFORE_UPDATE = ("forward", "loss")
 
 
-def verify_saved_step(bundle, report, unfixed):
+def verify_saved_step(bundle: FitBundle, report: TraceReport, unfixed: StepOutcome) -> TraceReport:
     """Try the fixes of `report.recommendations` on the saved step; record `verification` and `verified` on each.
 
     Args:
@@ -43,7 +48,8 @@ def verify_saved_step(bundle, report, unfixed):
         report.notes.append(f"--verify: step {step} stayed finite when replayed without a fix, so one step cannot "
                             "tell a fix apart; no fix was tried")
         return report
-    too_late = unfixed.event is not None and unfixed.event.phase in BEFORE_UPDATE
+    phase = unfixed.event.phase if unfixed.event is not None else None
+    too_late = phase in BEFORE_UPDATE
     # Past step 0 the weights are what the run's earlier steps made of them: when they already give a non-finite
     # forward pass, a fix that fails on this step may still have prevented it from the start.
     inherited = step > 0 and report.first_nonfinite is not None and report.first_nonfinite.phase in BEFORE_UPDATE
@@ -53,7 +59,7 @@ def verify_saved_step(bundle, report, unfixed):
         fixes = [fix for fix in fixes if fix.name not in skipped]
         if skipped:
             report.notes.append(f"--verify: {', '.join(skipped)} ({rec.id}) not tried: the weights before step {step} "
-                                f"already give a non-finite {unfixed.event.phase}, which no change to the update can "
+                                f"already give a non-finite {phase}, which no change to the update can "
                                 "undo on this step; whether it prevents the blow-up needs the steps before "
                                 "(trace-steps --verify, or a new fit)")
         if not fixes:
@@ -69,11 +75,11 @@ def verify_saved_step(bundle, report, unfixed):
     return report
 
 
-def _tried(bundle, fix):
+def _tried(bundle: FitBundle, fix: StepFix) -> StepOutcome:
     return run_saved_step(bundle, fix.batch, fix.change)
 
 
-def _row(fix, outcome, unfixed, step):
+def _row(fix: StepFix, outcome: StepOutcome, unfixed: StepOutcome, step: int) -> dict[str, Any]:
     event = outcome.event
     return {
         "fix": fix.name, "params": fix.params, "finite": outcome.finite,
@@ -90,7 +96,7 @@ def _row(fix, outcome, unfixed, step):
     }
 
 
-def fixes_for(rec, bundle, report):
+def fixes_for(rec: Recommendation, bundle: FitBundle, report: TraceReport) -> list[StepFix]:
     """The StepFixes that apply `rec` to the saved step; [] when nanscope cannot apply it itself."""
     build = FIXES.get(rec.id)
     return build(rec, bundle, report.run) if build is not None else []

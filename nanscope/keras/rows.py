@@ -7,6 +7,8 @@ step counter, and under tf.distribute an on-read copy per replica with a replica
 plus under tf.distribute the replica's own gradients' non-finite count.
 """
 
+from typing import Any, TypeAlias
+
 import numpy as np
 
 from nanscope.engine.distributed import combine_replicas
@@ -17,6 +19,10 @@ from nanscope.runtime import tensorflow
 tf, keras = tensorflow()
 # The columns a buffer row starts with, before the step's outputs (engine/schema.py).
 HEAD = Columns("step", "batch_rows")
+# Tensors, a tf.distribute strategy and its replica context: TensorFlow ships no types, so they are Any to mypy.
+Tensor: TypeAlias = Any
+Strategy: TypeAlias = Any
+ReplicaContext: TypeAlias = Any
 
 
 class RowBuffer:
@@ -30,7 +36,8 @@ class RowBuffer:
         strategy: tf.distribute.Strategy, optional. With more than one replica, a row per replica.
     """
 
-    def __init__(self, layers, variables, outputs=0, per_execution=1, strategy=None):
+    def __init__(self, layers: int, variables: int, outputs: int = 0, per_execution: int = 1,
+                 strategy: Strategy = None) -> None:
         self.per_execution = per_execution
         self.layout = StepLayout(outputs=outputs, layers=layers, terms=layers + 1, variables=variables)
         self.width = len(HEAD) + self.layout.width
@@ -55,14 +62,14 @@ class RowBuffer:
                 self.counter = tf.Variable(tf.constant(0, tf.int64), name="nanscope_step", **on_read)
         self.next_step = 0  # the first step not read yet
 
-    def write(self, stats):
+    def write(self, stats: Tensor) -> None:
         """In the graph: append one step's row (without its step number) and count the step."""
         step = self.counter.assign_add(1) - 1
         row = tf.concat([tf.cast(tf.stack([step]), tf.float32), stats], axis=0)
         slot = tf.reshape(step % self.per_execution, [1, 1])
         self.buffer.scatter_nd_update(slot, row[None])
 
-    def write_replicas(self, context, row):
+    def write_replicas(self, context: ReplicaContext, row: Tensor) -> None:
         """In a replica function: write this replica's row into its own copy (on a multi-worker cluster, every
         replica's row, each in its own slot of a zero matrix summed over the replicas: one collective, where an
         all-gather takes two)."""
@@ -77,7 +84,7 @@ class RowBuffer:
         # On-read variables take whole assignments only (no scatter) in a replica.
         self.buffer.assign(tf.tensor_scatter_nd_update(tf.convert_to_tensor(self.buffer), slot, rows[None]))
 
-    def read(self):
+    def read(self) -> list[tuple[int, np.ndarray]]:
         """(step, row) pairs of the steps finished since the last read, in step order."""
         # `value()` is one read; `numpy()` on the variable adds an identity op, which costs as
         # much again on every step.
@@ -94,7 +101,7 @@ class RowBuffer:
             self.next_step = fresh[-1][0] + 1
         return fresh
 
-    def record(self, step, row):
+    def record(self, step: int, row: np.ndarray) -> StepRecord:
         """A StepRecord from one row (under tf.distribute: one row per replica, merged)."""
         if row.ndim == 2:
             # Each replica's row ends in one more column: its own gradients' non-finite count.
