@@ -9,6 +9,9 @@ the same `FeatureScale` and `TargetScale` numbers trace-steps measures on the ar
 Sums are float32: fine for telling unit scale from a scale of 10 or more.
 """
 
+from collections.abc import Collection, Sequence
+from typing import Any, TypeAlias
+
 import numpy as np
 
 from nanscope.data import targets
@@ -17,14 +20,19 @@ from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()
 
+# Tensors (or nests of them) and tf.Variables: TensorFlow ships no types, so they are Any to mypy.
+Tensor: TypeAlias = Any
+Variable: TypeAlias = Any
+
 
 class FeatureMoments:
     """Running sums per column of the float parts of x and y, kept on the device."""
 
-    def __init__(self):
-        self._sums = {}  # label -> tf.Variable [4, columns]: finite count, sum, sum of squares, sum of |x|
+    def __init__(self) -> None:
+        # label -> tf.Variable [4, columns]: finite count, sum, sum of squares, sum of |x|
+        self._sums: dict[str, Variable] = {}
 
-    def add(self, x, y):
+    def add(self, x: Tensor, y: Tensor) -> None:
         """In the traced step: add this batch's columns."""
         for label, part in _measured_parts(x, "x") + _measured_parts(y, "y", integers=True):
             flat = tf.reshape(tf.cast(part, tf.float32), [tf.shape(part)[0], -1])
@@ -36,7 +44,7 @@ class FeatureMoments:
             if variable is not None:
                 variable.assign_add(row)
 
-    def _variable(self, label, columns):
+    def _variable(self, label: str, columns: int | None) -> Variable | None:
         if columns is None:
             return None
         if label not in self._sums:
@@ -44,11 +52,12 @@ class FeatureMoments:
                 self._sums[label] = tf.Variable(tf.zeros([4, columns]), trainable=False, name="nanscope_moments")
         return self._sums[label] if self._sums[label].shape[1] == columns else None
 
-    def labels(self):
+    def labels(self) -> list[str]:
         """The labels of the parts measured so far ("x", "x[0]", "y", ...)."""
         return list(self._sums)
 
-    def scales(self, ids=(), loss=None, outputs=()):
+    def scales(self, ids: Collection[str] = (), loss: str | None = None, outputs: Sequence[Any] = ()
+               ) -> tuple[list[FeatureScale], list[TargetScale]]:
         """(features, targets): FeatureScale per input column and TargetScale per target, from the sums so far.
 
         Args:
@@ -57,7 +66,8 @@ class FeatureMoments:
             outputs: list of {name, loss}, the run header's `outputs`: a multi-output model's targets are
                 judged under their own output's loss, as trace-steps judges them.
         """
-        features, targets = [], []
+        features: list[FeatureScale] = []
+        targets: list[TargetScale] = []
         for label, variable in self._sums.items():
             count, total, squares, magnitude = (np.asarray(row, np.float64) for row in variable.numpy())
             if label.startswith("y"):
@@ -78,7 +88,7 @@ class FeatureMoments:
         return features, targets
 
 
-def _output_of(label, outputs, loss):
+def _output_of(label: str, outputs: Sequence[Any], loss: str | None) -> tuple[str | None, str | None]:
     """(output name or None, its loss name) of the target labelled `label` ("y", "y['price']", "y[0]")."""
     if label == "y":
         return None, loss
@@ -93,7 +103,7 @@ def _output_of(label, outputs, loss):
     return found.get("name"), found.get("loss") or loss
 
 
-def _measured_parts(value, label, integers=False):
+def _measured_parts(value: Tensor, label: str, integers: bool = False) -> list[tuple[str, Tensor]]:
     """The float parts of `value` (and with `integers` its integer ones: targets read from a file as whole dollars
     are int64, and trace-steps measures them as the float32 it trains on; integer inputs are ids, left out)."""
     if value is None:
