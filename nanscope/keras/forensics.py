@@ -7,6 +7,9 @@ FirstNonfinite with the op, layer, source line and operand statistics, as trace-
 does. For a non-finite batch, name the columns and the rows within the batch instead.
 """
 
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeAlias
+
 import numpy as np
 
 from nanscope.run.attribution import bad_values_line
@@ -14,6 +17,22 @@ from nanscope.forensics.guest import replay_call
 from nanscope.forensics.random_state import random_state_kept
 from nanscope.forensics.replay import describe_event
 from nanscope.runtime import tensorflow
+
+if TYPE_CHECKING:
+    from nanscope.engine.records import StepRecord
+    from nanscope.forensics.replay import Localization
+    from nanscope.keras.snapshot import StepSnapshot
+    from nanscope.report.model import FirstNonfinite
+
+# A batch as the step received it (nested tensors), Keras layers, models, optimizers and variables: Keras and
+# TensorFlow ship no types, so they are Any to mypy.
+Batch: TypeAlias = Any
+Layer: TypeAlias = Any
+KerasModel: TypeAlias = Any
+Optimizer: TypeAlias = Any
+Variable: TypeAlias = Any
+# A batch's parts: (label, values, kind), kind as `run.attribution.bad_values_line` words it.
+Labelled: TypeAlias = list[tuple[str, np.ndarray, str]]
 
 
 class GuestForensics:
@@ -28,15 +47,17 @@ class GuestForensics:
         expected: list of str. Names of layers whose non-finite outputs are intended: an op there names nothing.
     """
 
-    def __init__(self, snapshot, function, labelled, layers, models, optimizers, trainable, extra_state=(),
-                 expected=()):
+    def __init__(self, snapshot: "StepSnapshot", function: Callable[[Batch], Any],
+                 labelled: Callable[[Batch], Labelled], layers: list[Layer], models: list[KerasModel],
+                 optimizers: list[Optimizer], trainable: list[Variable], extra_state: Iterable[Variable] = (),
+                 expected: Iterable[str] = ()) -> None:
         self.snapshot, self.function, self.labelled = snapshot, function, labelled
         self.expected = set(expected)
         self.layers, self.models, self.optimizers, self.trainable = layers, models, optimizers, trainable
         self.extra_state = list(extra_state)
-        self.state_before = None
+        self.state_before: list[np.ndarray] | None = None
 
-    def locate(self, record, first):
+    def locate(self, record: "StepRecord", first: "FirstNonfinite") -> None:
         """Fill `first` (attributed from `record`) with what the held batch and a replay show."""
         held = self.snapshot.held_step()
         if held != record.step:
@@ -61,11 +82,11 @@ class GuestForensics:
             first.detail.append(outside)  # unless the replay's own description already said so
         first.detail.append(f"forensic replay of step {record.step}: {found.seconds:.3f} s")
 
-    def describe_batch(self, batch):
+    def describe_batch(self, batch: Batch) -> list[str]:
         """Lines naming the non-finite columns and the rows within the batch."""
         return batch_lines(self.labelled(batch))
 
-    def replay(self, batch):
+    def replay(self, batch: Batch) -> "Localization":
         """Replay the held step from the held state; the state is left as it was after the step."""
         variables = self.snapshot.variables + self.extra_state
         after = [v.numpy() for v in variables]
@@ -79,7 +100,7 @@ class GuestForensics:
                 variable.assign(value)
 
 
-def batch_lines(labelled):
+def batch_lines(labelled: Labelled) -> list[str]:
     """Lines naming the non-finite columns and the rows within a batch, from its (label, array, kind) parts."""
     lines = []
     for label, array, kind in labelled:
@@ -90,7 +111,7 @@ def batch_lines(labelled):
     return lines
 
 
-def labelled_fit_batch(batch):
+def labelled_fit_batch(batch: Batch) -> Labelled:
     """(label, array, kind) for the x, y and sample weights of a `fit` batch."""
     _, keras = tensorflow()
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
@@ -102,12 +123,12 @@ def labelled_fit_batch(batch):
     return parts
 
 
-def labelled_arguments(batch):
+def labelled_arguments(batch: Batch) -> Labelled:
     """(label, array, kind) for the tensor arguments of an instrumented step function."""
     flat = [t for t in _flat(batch) if t is not None]
     return [(f"argument {i}", np.asarray(t), "value") for i, t in enumerate(flat)]
 
 
-def _flat(value):
+def _flat(value: Batch) -> list[Any]:
     tf, _ = tensorflow()
     return [t for t in tf.nest.flatten(value) if t is None or tf.is_tensor(t)]
