@@ -16,9 +16,33 @@ is traced again). Every trial leaves every variable and setting as it found it.
 """
 
 import math
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
+from nanscope.guard.guard import Rerun
+from nanscope.guard.options import GuardOptions
+from nanscope.guard.state import Batch, GuestState
 from nanscope.run.proven_fix import IN_PROCESS, set_overrides
+
+if TYPE_CHECKING:
+    from nanscope.report.model import FirstNonfinite, TraceReport
+    from nanscope.rules.evidence import RunEvidence
+    from nanscope.rules.fixes import StepFix
+
+# A Keras model and optimizer: Keras ships no types, so they are Any to mypy.
+KerasModel: TypeAlias = Any
+Optimizer: TypeAlias = Any
+
+
+class _Recorder(Protocol):
+    """The guest's StepRecorder (keras/recorder.py), as far as the prover reads it."""
+
+    @property
+    def report(self) -> "TraceReport": ...
+
+    @property
+    def first_nonfinite(self) -> "FirstNonfinite | None": ...
 
 CLIPPING = ("global_clipnorm", "clipnorm", "clipvalue")
 
@@ -28,8 +52,8 @@ class SavedStep:
     """What a rule's saved-step fix reads (`bundle_fixes(rec, bundle, run)`): the model (with its optimizer) and
     the batch."""
 
-    model: object
-    batch: object
+    model: KerasModel
+    batch: Batch
 
 
 class GuestFixProver:
@@ -45,11 +69,12 @@ class GuestFixProver:
         retrace: callable(). After a change to a setting read at trace time: trace the step again.
     """
 
-    def __init__(self, state, rerun, optimizer, model, report, recorder, evidence, retrace):
+    def __init__(self, state: GuestState, rerun: Rerun, optimizer: Optimizer, model: KerasModel, report: "TraceReport",
+                 recorder: _Recorder, evidence: Callable[[], "RunEvidence"], retrace: Callable[[], object]) -> None:
         self.state, self.rerun, self.optimizer, self.model = state, rerun, optimizer, model
         self.report, self.recorder, self.evidence, self.retrace = report, recorder, evidence, retrace
 
-    def candidates(self, batch):
+    def candidates(self, batch: Batch) -> list[tuple[str, str, dict[str, Any]]]:
         """(rule id, fix name, overrides) of the recommendations' in-process saved-step fixes, in their order."""
         from nanscope.keras.bundle_verify import FIXES
         from nanscope.rules.diagnose import diagnose
@@ -74,7 +99,8 @@ class GuestFixProver:
                     found.append((rec.id, fix.name, overrides))
         return found
 
-    def prove(self, start, failing, exclude=()):
+    def prove(self, start: int, failing: int, exclude: Collection[str] = ()
+              ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """From the state now (the one restored, before step `start`): the first candidate (not named in
         `exclude`) under which the saved step's batch, trained on as many times as steps were rolled back, stays
         finite and its loss falls; applied.
@@ -85,7 +111,7 @@ class GuestFixProver:
         if self.state.held_step() != failing:
             return {}, []
         batch, steps = self.state.batch(), failing - start + 1
-        tried = []
+        tried: list[dict[str, Any]] = []
         for rule, name, overrides in self.candidates(batch):
             if name in exclude:
                 continue
@@ -104,8 +130,8 @@ class GuestFixProver:
                                f"it: {outcome}; without it step {failing} was non-finite"}, tried
         return {}, tried
 
-    def _trial(self, batch, steps):
-        losses = []
+    def _trial(self, batch: Batch, steps: int) -> tuple[bool, str]:
+        losses: list[float] = []
         for _ in range(steps):
             record = self.rerun(batch)
             if record.phase is not None:
@@ -117,12 +143,12 @@ class GuestFixProver:
             return False, f"finite, but its loss does not fall ({change})"
         return True, f"finite, and its loss falls ({change})"
 
-    def _set(self, overrides):
+    def _set(self, overrides: dict[str, Any]) -> Callable[[], None]:
         """Set `overrides` on the optimizer; the callable that puts them back."""
         return set_overrides(self.optimizer, overrides, self.retrace)
 
 
-def in_process(fix):
+def in_process(fix: "StepFix") -> dict[str, Any] | None:
     """The optimizer overrides of a saved-step fix a live run can take (float settings of IN_PROCESS), or None.
     A clipping fix clears the other clipping modes, as Keras takes one at most."""
     params = fix.params
@@ -130,13 +156,15 @@ def in_process(fix):
         return None
     if not all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in params.values()):
         return None
-    overrides = {key: float(value) for key, value in params.items()}
+    overrides: dict[str, float | None] = {key: float(value) for key, value in params.items()}
     if set(overrides) & set(CLIPPING):
         overrides = {**{key: None for key in CLIPPING}, **overrides}
     return overrides
 
 
-def guest_fixer(options, state, rerun, optimizers, model, recorder, evidence, retrace):
+def guest_fixer(options: GuardOptions, state: GuestState, rerun: Rerun, optimizers: Sequence[Optimizer | None],
+                model: KerasModel, recorder: _Recorder, evidence: Callable[[], "RunEvidence"],
+                retrace: Callable[[], object]) -> GuestFixProver | None:
     """The GuestFixProver of a guest rollback (`GuardOptions.apply_fix`), or None: not under rollback, or no
     optimizer."""
     if options.on_nonfinite != "rollback" or not options.apply_fix or not optimizers or optimizers[0] is None:
