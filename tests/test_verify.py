@@ -6,9 +6,15 @@ os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 
 from pathlib import Path
 
+import numpy as np
+import pytest
+
+from nanscope.runtime import tensorflow
 from nanscope.spec.load import load_spec, parse_spec
 from nanscope.run.trace import run_trace
 from nanscope.spec.options import TraceOptions
+
+tf, keras = tensorflow()
 
 SPECS = Path(__file__).parent / "specs"
 
@@ -104,3 +110,18 @@ def test_a_fix_that_only_delays_a_float16_exp_overflow_is_not_verified_and_does_
     doc = report.to_json()
     row = next(r for r in doc["recommendations"] if r["id"] == "lower-learning-rate")["verification"][0]
     assert {"horizon", "learns", "final_loss", "baseline"} <= set(row)
+
+
+@pytest.mark.parametrize("loss_scaled", [False, True])
+def test_a_setting_a_fix_changes_on_the_saved_step_is_put_back(loss_scaled):
+    # Keras keeps the learning rate in a variable that its setter assigns in place: the undo must put back the
+    # value it held, not the variable (which by then holds the fix's rate).
+    from nanscope.rules.fixes import optimizer_setting
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    optimizer = keras.optimizers.Adam(0.01, epsilon=1e-7)
+    model.compile(keras.optimizers.LossScaleOptimizer(optimizer) if loss_scaled else optimizer, "mse")
+    undo = optimizer_setting("learning_rate", 0.001, {"epsilon": 1e-3})(model)
+    assert (optimizer.learning_rate.numpy(), optimizer.epsilon) == (np.float32(0.001), 1e-3)
+    undo()
+    assert (optimizer.learning_rate.numpy(), optimizer.epsilon) == (np.float32(0.01), 1e-7)

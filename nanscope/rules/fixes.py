@@ -123,7 +123,7 @@ def optimizer_setting(name: str, value: Any, also: dict[str, Any] | None = None)
 
     def change(model: KerasModel) -> Callable[[], None]:
         inner = getattr(model.optimizer, "inner_optimizer", model.optimizer)
-        before = {key: getattr(inner, key) for key in values}
+        before = {key: _held(getattr(inner, key)) for key in values}
         for key, new in values.items():
             setattr(inner, key, new)
 
@@ -134,3 +134,10 @@ def optimizer_setting(name: str, value: Any, also: dict[str, Any] | None = None)
         return undo
 
     return change
+
+
+def _held(value: Any) -> Any:
+    """What a setting holds now: a variable's value (Keras keeps `learning_rate` in a variable that the setter
+    assigns in place, so keeping the variable itself to put back would put back the new value)."""
+    read = getattr(value, "numpy", None)
+    return read().item() if callable(read) else value
