@@ -11,7 +11,7 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nanscope.errors import first_line
 from nanscope.guard.options import GuardOptions, guard_options, resolve_on_nonfinite
@@ -25,6 +25,9 @@ tf, keras = tensorflow()
 if TYPE_CHECKING:
     from keras.callbacks import Callback
     from rich.console import Console
+
+    from nanscope.keras.fitrun import FitRun
+    from nanscope.report.model import TraceReport
 else:
     Callback = keras.callbacks.Callback
 log = logging.getLogger("nanscope")
@@ -116,10 +119,10 @@ class NanScope(Callback):
             console=console, tensorboard=tensorboard, trace=trace, expect_nonfinite=list(expect_nonfinite),
             forensics=forensics, keep_steps=keep_steps, sample_steps=sample_steps, trace_full=trace_full,
             repro=Path(repro) if repro is not None else None, guard=guard)
-        self.report = None
-        self._run = None
+        self.report: TraceReport | None = None
+        self._run: FitRun | None = None
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         del logs  # Unused
         from nanscope.keras.fitrun import FitRun
 
@@ -130,22 +133,22 @@ class NanScope(Callback):
             log.warning("nanscope: NanScope could not start (%s: %s); training goes on without it",
                         type(exc).__name__, first_line(exc))
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         del batch, logs  # Unused
         if self._run is not None and self._run.recording:
             self._run.batch_end()
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         del logs  # Unused
         if self._run is not None:
             self._run.epoch = epoch
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         del epoch  # Unused
         if self._run is not None:
             self._run.last_epoch_logs = dict(logs or {})
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         del logs  # Unused
         run, self._run = self._run, None
         if run is None:
