@@ -144,3 +144,14 @@ def test_which_x_is_several_inputs():
     assert not several(list(tokens), y_rows=64)
     assert not several(tokens.tolist(), y_rows=64)
     assert not several(tokens, y_rows=64)
+
+
+def test_the_validation_loss_of_a_mapping_of_inputs_weights_each_batch_by_its_rows(tmp_path):
+    # Batches of 24, 24 and 16 rows: each batch's mean weighs by its rows (it weighed by the number of inputs, 2).
+    from nanscope.run.session import evaluate_loss
+
+    session = open_session(parse_spec(spec_dict(), source=str(tmp_path / "spec.yaml")))
+    data = session.train
+    assert data.rows == 64 and isinstance(data.x, dict)
+    whole = keras.losses.MeanSquaredError()(data.y, session.model.keras_model(data.x, training=False))
+    assert evaluate_loss(session.instrumented_step(), data, batch_size=24) == pytest.approx(float(whole), rel=1e-5)

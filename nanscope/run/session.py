@@ -312,8 +312,9 @@ def evaluate_loss(step_engine: InstrumentedStep, data: Rows, batch_size: int) ->
     for start in range(0, data.rows, batch_size):
         part = slice(start, start + batch_size)
         x, y = targets.take(data.x, part), targets.take(data.y, part)
-        total += float(fn(x, y)) * len(x)
-        rows += len(x)
+        count = min(batch_size, data.rows - start)  # not len(x): a mapping of inputs has as many keys as inputs
+        total += float(fn(x, y)) * count
+        rows += count
     return total / rows if rows else None
 
 
