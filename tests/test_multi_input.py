@@ -155,3 +155,21 @@ def test_the_validation_loss_of_a_mapping_of_inputs_weights_each_batch_by_its_ro
     assert data.rows == 64 and isinstance(data.x, dict)
     whole = keras.losses.MeanSquaredError()(data.y, session.model.keras_model(data.x, training=False))
     assert evaluate_loss(session.instrumented_step(), data, batch_size=24) == pytest.approx(float(whole), rel=1e-5)
+
+
+@pytest.mark.parametrize("form", ["array", "mapping", "tuple"])
+def test_a_dataset_of_unknown_length_past_the_read_limit_is_endless_whatever_the_form_of_x(form, monkeypatch):
+    # The rows read are counted, not the members of x (a mapping or tuple of two inputs counted as 2 rows).
+    from nanscope.data import datasets, targets
+    from nanscope.errors import DataError
+
+    monkeypatch.setattr(datasets, "UNKNOWN_LENGTH_ROWS", 50)
+    rng = np.random.default_rng(0)
+    a, b, y = (rng.standard_normal((200, n)).astype(np.float32) for n in (3, 2, 1))
+    x = {"array": a, "mapping": {"tokens": a, "numbers": b}, "tuple": (a, b)}[form]
+    unknown = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda *_: True)
+    assert int(unknown.cardinality()) == tf.data.UNKNOWN_CARDINALITY
+    rows = datasets.materialize(unknown, steps=2, batch_size=16, validation_fraction=0.0, where="spec.yaml: data")
+    assert rows.endless and all(len(part) == 32 for part in [*targets.parts(rows.x), rows.y])
+    with pytest.raises(DataError, match="longer than 50 rows without a known end"):
+        datasets.materialize(unknown, steps=2, batch_size=16, validation_fraction=0.25, where="spec.yaml: data")

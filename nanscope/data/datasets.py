@@ -63,7 +63,8 @@ def materialize(dataset: Dataset, steps: int, batch_size: int, validation_fracti
     elif length == tf.data.UNKNOWN_CARDINALITY:
         limit = max(needed, UNKNOWN_LENGTH_ROWS)
         rows = _read(dataset.take(limit + 1))
-        endless = rows is not None and len(rows[0]) > limit
+        # The rows read, not len(x): a mapping or tuple of inputs has as many members as inputs.
+        endless = rows is not None and len(targets.parts(rows[0])[0]) > limit
         if rows is not None and endless:
             _no_validation(validation_fraction, where, known=False)
             rows = [_head(part, needed) for part in rows]
