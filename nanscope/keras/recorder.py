@@ -8,8 +8,10 @@ forensic replay its owner supplies), and builds, prints and writes the report.
 
 import math
 import os
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nanscope.run.attribution import attribute_from_record
 from nanscope.engine.loss_scale import LossScaleWatch
@@ -18,7 +20,17 @@ from nanscope.guard.options import GuardOptions
 from nanscope.spec.options import DEFAULT_KEEP, DEFAULT_SAMPLE
 from nanscope.store.history import StepHistory
 from nanscope.keras.workers import WorkerRole
-from nanscope.report.model import TraceReport
+from nanscope.report.model import FirstNonfinite, TraceReport
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from nanscope.engine.records import StepRecord
+    from nanscope.model.learning_rate import LearningRateView
+    from nanscope.report.tensorboard import TensorBoardLog
+    from nanscope.rules.evidence import RunEvidence
+    from nanscope.run.attribution import StepNames
+    from nanscope.store.tracefile import TraceWriter
 
 
 @dataclass
@@ -43,7 +55,7 @@ class GuestOptions:
     report: str | os.PathLike[str] | None = None
     stop_on_nonfinite: bool = True
     verbose: int = 1
-    console: object = None
+    console: "Console | None" = None
     tensorboard: str | os.PathLike[str] | None = None
     trace: str | os.PathLike[str] | None = None
     expect_nonfinite: list = field(default_factory=list)
@@ -70,11 +82,14 @@ class StepRecorder:
             schedule the report gives the rate in effect at its first non-finite (else last) step.
     """
 
-    def __init__(self, options, run, names, call_order, locate=None, role=None, learning_rate=None):
+    def __init__(self, options: GuestOptions, run: dict, names: "StepNames", call_order: Callable[[], list[str]],
+                 locate: Callable[["StepRecord", FirstNonfinite], None] | None = None, role: WorkerRole | None = None,
+                 learning_rate: "LearningRateView | None" = None) -> None:
         self.options, self.names, self.call_order, self.locate = options, names, call_order, locate
         self.learning_rate = learning_rate
         self.role = role or WorkerRole()
-        self.first_nonfinite, self.dropped = None, 0
+        self.first_nonfinite: FirstNonfinite | None = None
+        self.dropped = 0
         self.scale_watch = LossScaleWatch()
         self.expected = expected_layer_indices(options.expect_nonfinite, [name for name, _ in names.layers])
         dtypes = run.get("layer_dtypes") or {}
@@ -83,20 +98,20 @@ class StepRecorder:
         self.report = TraceReport(run=run, history=self.history, layers=list(names.layers), layer_order=[],
                                   variables=list(names.variables),
                                   trace_path=str(options.trace) if options.trace else None)
-        self.board = self._open_board() if options.tensorboard and self.role.chief else None
-        self.writer = None
+        self.board = self._open_board(options.tensorboard) if options.tensorboard and self.role.chief else None
+        self.writer: TraceWriter | None = None
 
     @property
-    def steps_seen(self):
+    def steps_seen(self) -> int:
         return self.history.count
 
-    def _open_board(self):
+    def _open_board(self, folder: str | os.PathLike[str]) -> "TensorBoardLog":
         from nanscope.report.tensorboard import TensorBoardLog
 
-        return TensorBoardLog(self.options.tensorboard, self.report.layers, self.report.variables,
+        return TensorBoardLog(folder, self.report.layers, self.report.variables,
                               self.names.outputs)
 
-    def collect(self, records):
+    def collect(self, records: Iterable["StepRecord"]) -> None:
         """Take fresh StepRecords in step order; attribute the first non-finite one."""
         for record in records:
             if self.first_nonfinite is not None and self.options.stop_on_nonfinite:
@@ -117,7 +132,7 @@ class StepRecorder:
         if self.writer is not None:
             self.writer.flush_steps()  # the trace holds every collected step, a line per collection
 
-    def _keep(self, record):
+    def _keep(self, record: "StepRecord") -> None:
         """Put one step in the history, the trace and TensorBoard."""
         kept = self.history.add(record)
         if self.board is not None:
@@ -131,7 +146,8 @@ class StepRecorder:
                                           self.options.trace_full)
             self.writer.step(record, kept)
 
-    def finish(self, evidence, notes=(), validation_loss=None):
+    def finish(self, evidence: "RunEvidence", notes: Sequence[str] = (), validation_loss: float | None = None
+               ) -> TraceReport:
         """Build the report, print it and write its JSON; close the outputs.
 
         Args:
@@ -158,7 +174,7 @@ class StepRecorder:
             write_json(str(self.options.report), report.to_json())
         return report
 
-    def render(self):
+    def render(self) -> None:
         """Print the report (verbose runs only)."""
         if self.options.verbose and self.role.chief:
             from rich.console import Console
@@ -167,7 +183,7 @@ class StepRecorder:
 
             render_trace_report(self.report, self.options.console or Console(stderr=True, soft_wrap=False))
 
-    def _close(self, report):
+    def _close(self, report: TraceReport) -> None:
         if self.board is not None:
             self.board.close()
             self.board = None
@@ -178,8 +194,8 @@ class StepRecorder:
             self.writer.close()
             self.writer = None
 
-    def _notes(self):
-        notes = []
+    def _notes(self) -> list[str]:
+        notes: list[str] = []
         missing = self.history.overview().loss_missing
         if missing:
             notes.append(f"the step returned no loss on {missing} of {self.history.count} step(s) (None, or nothing "
