@@ -20,7 +20,9 @@ import inspect
 import json
 import os
 import shutil
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
@@ -28,13 +30,21 @@ from nanscope.forensics.bundle_code import CODE_DIR, copy_code, named_by_origin,
 from nanscope.internals import compile_config, flatten_layers
 from nanscope.keras.bundle_load import BundleError, load_bundle_model
 
+if TYPE_CHECKING:
+    from nanscope.rules.rule import Recommendation
+
+# A Keras model and a batch of eager tensors: Keras ships no types, so they are Any to mypy.
+KerasModel: TypeAlias = Any
+Batch: TypeAlias = Any
+
 KIND = "fit"
 FILES = ("repro.json", "model.keras", "state.npz", CODE_DIR)
 # Modules whose classes and functions Keras finds by itself (or that hold no user code).
 _LIBRARY_MODULES = ("keras", "tensorflow", "tf_keras", "numpy", "builtins", "nanscope", "functools")
 
 
-def save_fit_repro(directory, model, state_before, batch, step, epoch):
+def save_fit_repro(directory: str | os.PathLike[str], model: KerasModel, state_before: Sequence[np.ndarray],
+                   batch: Batch, step: int, epoch: int) -> list[dict[str, Any]]:
     """Write the repro bundle of one `fit` step to `directory`; return the user code it records (`user_code`).
 
     Args:
@@ -64,7 +74,8 @@ def save_fit_repro(directory, model, state_before, batch, step, epoch):
     try:
         code, files = bundled_code(sources, building)
         model.save(building / "model.keras")
-        arrays = {f"state_{i}": _storable(value) for i, value in enumerate(state_before)}
+        # Any to mypy: numpy's stubs read `**arrays` as possibly holding savez's `allow_pickle`; no name here is that.
+        arrays: dict[str, Any] = {f"state_{i}": _storable(value) for i, value in enumerate(state_before)}
         arrays.update({f"batch_{i}": _storable(np.asarray(t)) for i, t in enumerate(flat) if t is not None})
         np.savez(building / "state.npz", **arrays)
         document = {
@@ -86,7 +97,7 @@ def save_fit_repro(directory, model, state_before, batch, step, epoch):
     return code
 
 
-def record_run_findings(directory, recommendations):
+def record_run_findings(directory: str | os.PathLike[str], recommendations: Iterable["Recommendation"]) -> None:
     """Add the fit run's recommendations to the bundle's repro.json (`run_recommendations`), once the run is over.
 
     Some rules read the whole run (gradient growth and its clipping threshold, update ratios); a replay of one
@@ -103,12 +114,12 @@ def record_run_findings(directory, recommendations):
     write_text_atomic(meta, json.dumps(document, indent=2) + "\n")
 
 
-def _check_destination(directory):
+def _check_destination(directory: Path) -> None:
     if directory.exists() and (not directory.is_dir() or any(p.name not in FILES for p in directory.iterdir())):
         raise BundleError(f"{directory} exists and is not a repro bundle; nothing was written there")
 
 
-def _move_into_place(building, directory):
+def _move_into_place(building: Path, directory: Path) -> None:
     if directory.exists():
         for name in FILES:  # repro.json first: a folder without it is no bundle
             if (directory / name).is_dir():
@@ -119,7 +130,7 @@ def _move_into_place(building, directory):
     os.replace(building, directory)
 
 
-def _storable(array):
+def _storable(array: np.ndarray) -> np.ndarray:
     """`array` as np.savez stores it without pickling: strings as bytes, bfloat16 as float32 (exact)."""
     if array.dtype == object:
         return array.astype(bytes)
@@ -128,7 +139,8 @@ def _storable(array):
     return array
 
 
-def bundled_code(sources, folder):
+def bundled_code(sources: Sequence[dict[str, Any]], folder: str | os.PathLike[str]
+                 ) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
     """Copy the user files `sources` names (and the files they import) into `folder`/code.
 
     Returns:
@@ -142,7 +154,7 @@ def bundled_code(sources, folder):
             for entry in sources], files
 
 
-def user_code(model):
+def user_code(model: KerasModel) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """({registered name: object}, [{name, module, qualname, file}]) of the user's classes and functions the model
     and its compiled loss and metrics use (Keras' own are left out); `file` is the absolute path of its source.
 
@@ -152,7 +164,8 @@ def user_code(model):
     from nanscope.runtime import tensorflow
 
     _, keras = tensorflow()
-    objects, code = {}, []
+    objects: dict[str, Any] = {}
+    code: list[dict[str, Any]] = []
     for obj in _used_objects(model):
         module = getattr(obj, "__module__", None) or ""
         if module.split(".")[0] in _LIBRARY_MODULES:
@@ -173,7 +186,7 @@ def user_code(model):
     return objects, code
 
 
-def _used_objects(model):
+def _used_objects(model: KerasModel) -> list[Any]:
     """Classes and functions that make up the model: its class, its layers' classes and what they hold (an
     activation, an initializer), the compiled loss, metrics and optimizer."""
     found = [type(model)]
@@ -203,7 +216,7 @@ def _used_objects(model):
     return found
 
 
-def _unwrapped(value):
+def _unwrapped(value: Any) -> Any:
     """What a `functools.wraps` wrapper wraps (Keras' `build_wrapper` takes the user's name but is Keras' code)."""
     try:
         return inspect.unwrap(value)
@@ -211,13 +224,13 @@ def _unwrapped(value):
         return value
 
 
-def nest_structure(value):
+def nest_structure(value: Any) -> Any:
     """The nesting of a batch as JSON: {"tuple": [...]}, {"list": [...]}, {"dict": {...}}, a leaf's index, null."""
     counter = iter(range(1 << 30))
     return _structure(value, counter)
 
 
-def _structure(value, counter):
+def _structure(value: Any, counter: Iterator[int]) -> Any:
     if isinstance(value, dict):
         return {"dict": {str(k): _structure(value[k], counter) for k in sorted(value)}}
     if isinstance(value, (tuple, list)):
