@@ -18,7 +18,7 @@ from nanscope.guard.guard import Fixer, Guard, Rerun
 from nanscope.guard.interventions import Intervention
 from nanscope.guard.options import GuardOptions
 from nanscope.guard.schedule import SampleSchedule
-from nanscope.guard.state import Batch, GuestState, State, StepSnapshot
+from nanscope.guard.state import Batch, GuestState, StepSnapshot
 
 if TYPE_CHECKING:
     from nanscope.report.model import FirstNonfinite, TraceReport
@@ -28,7 +28,7 @@ LOG_KEYS = {"skip": "nanscope_skipped", "rollback": "nanscope_rolled_back"}
 # A Keras model: Keras ships no types, so it is Any to mypy.
 KerasModel: TypeAlias = Any
 # What builds the prover of a rollback's fix from the guard's state and re-run (`keras.guest_fix`).
-MakeFixer: TypeAlias = Callable[[State, Rerun], Fixer | None]
+MakeFixer: TypeAlias = Callable[[GuestState, Rerun], Fixer | None]
 
 
 class Recorder(Protocol):

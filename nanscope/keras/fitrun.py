@@ -8,6 +8,9 @@ in the report, recording stops, and `fit` goes on as it would have without nansc
 """
 
 import logging
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from nanscope.engine.records import expected_layer_indices
 from nanscope.engine.step import probed_layers
@@ -28,6 +31,16 @@ from nanscope.keras.workers import worker_role
 from nanscope.rules.evidence import RunEvidence
 from nanscope.runtime import tensorflow
 
+if TYPE_CHECKING:
+    from nanscope.engine.records import StepRecord
+    from nanscope.keras.recorder import GuestOptions
+    from nanscope.report.model import FirstNonfinite, TraceReport
+    from nanscope.rules.rule import Recommendation
+
+# A Keras model and the iterator fit hands its train function: Keras ships no types, so they are Any to mypy.
+KerasModel: TypeAlias = Any
+DatasetIterator: TypeAlias = Any
+
 log = logging.getLogger("nanscope")
 
 
@@ -40,12 +53,18 @@ class FitRun:
         options: GuestOptions.
     """
 
-    def __init__(self, model, params, options):
+    def __init__(self, model: KerasModel, params: dict[str, Any], options: "GuestOptions") -> None:
         self.model, self.params, self.options = model, params, options
-        self.probe = self.recorder = self.forensics = None
-        self.recording, self.notes, self.steps_seen = True, [], 0
-        self.last_epoch_logs, self.epoch, self.repro_note, self.repro_written = {}, 0, None, False
-        self.guard = None
+        self.probe: StepProbe | None = None
+        self.recorder: StepRecorder | None = None
+        self.forensics: GuestForensics | None = None
+        self.recording, self.steps_seen = True, 0
+        self.notes: list[str] = []
+        self.last_epoch_logs: dict[str, Any] = {}
+        self.epoch = 0
+        self.repro_note: str | None = None
+        self.repro_written = False
+        self.guard: GuestGuard | None = None
         self._collected = False  # the latest execution was collected by the train function's hook
         # A skip puts the metrics' totals back too: they must exist before the step is traced.
         if is_built(model) and (compile_metrics_built(model) or not options.guard.intervenes):
@@ -53,7 +72,7 @@ class FitRun:
         else:
             self._start_on_first_call()
 
-    def _start(self):
+    def _start(self) -> None:
         model, options = self.model, self.options
         expected = expected_layer_indices(options.expect_nonfinite, [layer.name for layer in probed_layers(model)])
         sentinel = options.guard.sample_every if options.guard.mode == "sentinel" else None
@@ -67,26 +86,28 @@ class FitRun:
                                             [probe.layers[i].name for i in expected])
         role = worker_role(model.distribute_strategy)
         learning_rate = LearningRateView(probe.optimizers[0] if probe.optimizers else None)
-        self.recorder = StepRecorder(options, fit_header(model, self.params, probe, role, learning_rate), names,
-                                     lambda: probe.call_order, self._locate if self.forensics else None, role,
-                                     learning_rate)
-        self.guard = GuestGuard.for_fit(options.guard, model, probe, self.recorder, lambda state, rerun: guest_fixer(
-            options.guard, state, rerun, [model.optimizer], model, self.recorder,
+        recorder = self.recorder = StepRecorder(options, fit_header(model, self.params, probe, role, learning_rate),
+                                                names, lambda: probe.call_order,
+                                                self._locate if self.forensics else None, role, learning_rate)
+        self.guard = GuestGuard.for_fit(options.guard, model, probe, recorder, lambda state, rerun: guest_fixer(
+            options.guard, state, rerun, [model.optimizer], model, recorder,
             lambda: RunEvidence(keras_model=model), probe.retrace))
         probe.after_execution = self._after_execution
         probe.attach()
 
-    def _locate(self, record, first):
+    def _locate(self, record: "StepRecord", first: "FirstNonfinite") -> None:
         """The forensic replay of the first non-finite step, then its repro bundle when `repro` asks for one."""
+        assert self.forensics is not None  # `_start` hands the recorder this method only with forensics
         self.forensics.locate(record, first)
         if self.options.repro is not None:
-            self._save_repro(record.step)
+            self._save_repro(record.step, self.options.repro)
 
-    def _save_repro(self, step):
-        """Write the bundle of `step`; a failure is one warning line and a note, never the end of fit."""
+    def _save_repro(self, step: int, where: str | os.PathLike[str]) -> None:
+        """Write the bundle of `step` to `where`; a failure is one warning line and a note, never the end of fit."""
         from nanscope.keras.bundle import save_fit_repro
 
-        snapshot, where = self.probe.snapshot, self.options.repro
+        assert self.probe is not None and self.probe.snapshot is not None  # forensics are replayed from it
+        snapshot = self.probe.snapshot
         if snapshot.held_step() != step:
             self.repro_note = f"repro: no bundle written: the device holds step {snapshot.held_step()}, not {step}"
             return
@@ -106,12 +127,12 @@ class FitRun:
             self.repro_note += (f"; replay imports the running script {', '.join(scripts)} for the model's code: keep "
                                 "its training under `if __name__ == \"__main__\":`")
 
-    def _start_on_first_call(self):
+    def _start_on_first_call(self) -> None:
         """Build the model from the first batch's spec when fit first calls its train function, then attach."""
         model = self.model
         original = model.train_function
 
-        def first_call(iterator):
+        def first_call(iterator: DatasetIterator) -> Any:
             set_train_function(model, original)
             if self.guarded("setup", lambda: self._build_and_start(iterator)):
                 return model.train_function(iterator)
@@ -120,7 +141,7 @@ class FitRun:
         set_train_function(model, first_call)
         self._unbuilt_function = original
 
-    def _build_and_start(self, iterator):
+    def _build_and_start(self, iterator: DatasetIterator) -> None:
         with random_state_kept():  # the build traces `call` (or the step) once more than fit would
             if defines_call(self.model):
                 symbolic_build(self.model, iterator.element_spec)
@@ -129,7 +150,7 @@ class FitRun:
                 tf.function(self.model.train_step).get_concrete_function(iterator.element_spec)
         self._start()
 
-    def guarded(self, what, action):
+    def guarded(self, what: str, action: Callable[[], object]) -> bool:
         """Run nanscope's own `action`; a failure stops recording with one warning line instead of stopping fit."""
         try:
             action()
@@ -141,10 +162,11 @@ class FitRun:
             return False
         return True
 
-    def collect(self):
+    def collect(self) -> None:
         """Take the rows of the steps just run; stop fit at the first non-finite one when asked to."""
         if not self.recording or self.probe is None:
             return
+        assert self.guard is not None and self.recorder is not None  # `_start` made them with the probe
         records = self.guard.complete(self.probe.read())
         self.steps_seen += len(records)
         self.recorder.collect(records)
@@ -155,38 +177,40 @@ class FitRun:
         if self.recorder.first_nonfinite is not None and self.options.stop_on_nonfinite:
             self.model.stop_training = True
 
-    def batch_end(self):
+    def batch_end(self) -> None:
         """`on_train_batch_end`: collect what the train function's own hook did not (a step that ran without it)."""
         if self._collected:
             self._collected = False
             return
         self.guarded("recording", self.collect)
 
-    def _after_execution(self, logs):
+    def _after_execution(self, logs: Any) -> Any:
         """After each execution, before any callback sees its logs: record, let the guard act, say what it did."""
         if not self.recording:
             return logs
         self.guarded("recording", self.collect)
         self._collected = True
+        assert self.guard is not None  # `_start` made it before it set this hook
         return self.guard.logs(logs) if self.recording else logs
 
-    def disable(self, note):
+    def disable(self, note: str) -> None:
         """Stop recording and put the model back as it was found; `note` goes into the report."""
         self.recording = False
         self.notes.append(note)
         self.stop()
 
-    def stop(self):
+    def stop(self) -> None:
         """Put the model's train step and train function back."""
         if self.probe is not None:
             self.probe.detach()
         elif getattr(self, "_unbuilt_function", None) is not None:
             set_train_function(self.model, self._unbuilt_function)
 
-    def finish(self):
+    def finish(self) -> "TraceReport | None":
         """The TraceReport of this fit (None when nanscope never started recording)."""
         if self.recorder is None:
             return None
+        assert self.probe is not None  # `_start` made it before the recorder
         report = self.recorder.report
         report.run = run = run_header(**{**report.run, "outputs": fit_outputs(self.model, self.probe.output_names),
                                          **rows_seen(self.recorder.history, self.params.get("steps"))})
@@ -195,25 +219,27 @@ class FitRun:
             labels = [(label, "float32") for label in self.probe.moments.labels() if label.startswith("x")]
             ids = id_inputs(labels, self.model)
             evidence.features, evidence.targets = self.probe.moments.scales(ids, run.get("loss"), run.get("outputs"))
+        assert self.guard is not None  # made with the recorder (a setup that failed between them fails here, as before)
         self.guard.finish(report)
         report = self.recorder.finish(evidence, self.notes + self._notes() + self.guard.notes(),
                                       self.last_epoch_logs.get("val_loss"))
-        if self.repro_written:
-            self._add_findings_to_bundle(report.recommendations)
+        if self.repro_written and self.options.repro is not None:  # a bundle is written only where repro says
+            self._add_findings_to_bundle(self.options.repro, report.recommendations)
         return report
 
-    def _add_findings_to_bundle(self, recommendations):
+    def _add_findings_to_bundle(self, where: str | os.PathLike[str], recommendations: list["Recommendation"]) -> None:
         from nanscope.keras.bundle import record_run_findings
 
         try:
-            record_run_findings(self.options.repro, recommendations)
+            record_run_findings(where, recommendations)
         except Exception as exc:
             log.warning("nanscope: the run's findings could not be added to the repro bundle %s (%s: %s)",
-                        self.options.repro, type(exc).__name__, first_line(exc))
+                        where, type(exc).__name__, first_line(exc))
 
-    def _notes(self):
+    def _notes(self) -> list[str]:
         notes = ["recorded inside model.fit by nanscope.keras.NanScope"]
         probe = self.probe
+        assert probe is not None  # `finish` asks for the notes of a run that started
         if probe.snapshot is not None:
             notes.append(f"forensics: the weights and optimizer state before each step and its batch were kept on "
                          f"the device ({probe.snapshot.nbytes() / 2**20:.1f} MiB besides the batch)")
@@ -231,7 +257,7 @@ class FitRun:
         return notes
 
 
-def is_built(model):
+def is_built(model: KerasModel) -> bool:
     """True when every layer in the model and every optimizer it holds is built, and the model itself is
     or has no `call` to be built by.
 
@@ -242,7 +268,7 @@ def is_built(model):
             and all(optimizer.built for optimizer in held_optimizers(model)))
 
 
-def defines_call(model):
+def defines_call(model: KerasModel) -> bool:
     """True when the model's class (or a base below keras.Model) defines `call`."""
     _, keras = tensorflow()
     return type(model).call is not keras.Model.call
