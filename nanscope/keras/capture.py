@@ -21,6 +21,8 @@ are summed here, in one all-reduce, when the row is built.
 import contextlib
 import functools
 import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeAlias
 
 from nanscope.engine.variable_stats import any_nonfinite_count, variable_rows
 from nanscope.engine.schema import LAYER, OUTPUT, SCALARS, VARIABLE
@@ -30,6 +32,16 @@ from nanscope.keras.outputs import output_terms
 from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()
+
+# TensorFlow and Keras objects: they ship no types, so they are Any to mypy.
+Tensor: TypeAlias = Any
+Variable: TypeAlias = Any
+Layer: TypeAlias = Any
+KerasModel: TypeAlias = Any
+Optimizer: TypeAlias = Any
+ReplicaContext: TypeAlias = Any
+# A gradient is None for a variable the loss does not reach.
+Gradients: TypeAlias = list[Tensor | None]
 
 
 class StepCapture:
@@ -44,25 +56,34 @@ class StepCapture:
         outputs: int. Outputs of a multi-output model compiled with per-output losses (0: one).
     """
 
-    def __init__(self, model, optimizers, trainable, keras_models=(), replica_context=None, replicas=1, outputs=0):
+    def __init__(self, model: KerasModel | None, optimizers: Iterable[Optimizer | None], trainable: Sequence[Variable],
+                 keras_models: Iterable[KerasModel] = (), replica_context: ReplicaContext | None = None,
+                 replicas: int = 1, outputs: int = 0) -> None:
         self.model, self.trainable, self.outputs = model, trainable, outputs
         self.optimizers = [o for o in optimizers if o is not None]
         self.keras_models = list(keras_models) or ([model] if model is not None else [])
         self.replica_context, self.replicas = replica_context, replicas
         self.local_nonfinite = tf.constant(0.0)
-        self._thread = None  # a threading.local naming each replica thread's capture, on the shared hooks
-        self.loss = self.y_pred = self.applied = None
-        self.scale_before = self.scale_after = None
-        self.skipped = []
-        self.grads, self.before, self.after = {}, {}, {}
+        self._thread: threading.local | None = None  # names each replica thread's capture, on the shared hooks
+        self.loss: Tensor | None = None
+        self.y_pred: Tensor | None = None
+        self.applied: Gradients | None = None
+        self.scale_before: Tensor | None = None
+        self.scale_after: Tensor | None = None
+        self.skipped: list[Tensor] = []
+        self.grads: dict[int, Tensor] = {}
+        self.before: dict[int, Tensor] = {}
+        self.after: dict[int, Tensor] = {}
         # Under tf.distribute: what the optimizers were handed, summed in `_sum_replicas` (see the module's doc).
-        self._unsummed, self._clipped = [], []  # ([grads], [variables], scale); [clipped grads]
-        self._reduced = {}  # id(gradient) -> (gradient, its sum) from the optimizers' own all-reduce
+        self._unsummed: list[tuple[Gradients, list[Variable], Tensor | None]] = []  # ([grads], [variables], scale)
+        self._clipped: list[list[Tensor]] = []  # [clipped grads]
+        self._reduced: dict[int, tuple[Tensor, Tensor]] = {}  # id(gradient) -> (gradient, its sum), optimizers' own
         self.graph = tf.compat.v1.get_default_graph()
 
     @contextlib.contextmanager
-    def attached(self):
-        targets = [(self.model, "compute_loss", self._on_compute_loss)] if self.model is not None else []
+    def attached(self) -> Iterator["StepCapture"]:
+        targets: list[tuple[Any, str, Callable[[Any], Any]]] = (
+            [(self.model, "compute_loss", self._on_compute_loss)] if self.model is not None else [])
         for optimizer in self.optimizers:
             targets += [(optimizer, "apply", functools.partial(self._on_apply, optimizer)),
                         clip_gradients_hook(getattr(optimizer, "inner_optimizer", optimizer), self._on_clip),
@@ -70,27 +91,28 @@ class StepCapture:
         with overridden(targets):
             yield self
 
-    def shared_by_threads(self):
+    def shared_by_threads(self) -> "StepCapture":
         """Make this capture the hub of replica threads (under tf.distribute, one trace runs every replica's
         thread in turn through the same hooks): each thread's hook calls then go to the capture it hands over
         with `for_this_thread`. Returns self."""
         self._thread = threading.local()
         return self
 
-    def for_this_thread(self, capture):
+    def for_this_thread(self, capture: "StepCapture") -> None:
         """Send the hook calls made on the calling thread to `capture` (that replica's own)."""
+        assert self._thread is not None  # only a capture `shared_by_threads` hands its threads over
         self._thread.capture = capture
 
-    def _here(self):
+    def _here(self) -> bool:
         return tf.compat.v1.get_default_graph() is self.graph
 
-    def _active(self):
+    def _active(self) -> "StepCapture":
         """The capture of the calling replica thread (see `StepProbe`), or this one on one device."""
         return getattr(self._thread, "capture", self) if self._thread is not None else self
 
-    def _on_compute_loss(self, compute_loss):
+    def _on_compute_loss(self, compute_loss: Callable[..., Tensor]) -> Callable[..., Tensor]:
         @functools.wraps(compute_loss)
-        def hooked(*args, **kwargs):
+        def hooked(*args: Any, **kwargs: Any) -> Tensor:
             loss = compute_loss(*args, **kwargs)
             c = self._active()
             if c._here():
@@ -100,9 +122,9 @@ class StepCapture:
 
         return hooked
 
-    def _on_apply(self, optimizer, apply):
+    def _on_apply(self, optimizer: Optimizer, apply: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(apply)
-        def hooked(grads, trainable_variables=None):
+        def hooked(grads: Iterable[Tensor | None], trainable_variables: Iterable[Variable] | None = None) -> Any:
             grads = list(grads)
             c = self._active()
             variables = list(trainable_variables) if trainable_variables is not None else list(c.trainable)
@@ -117,7 +139,7 @@ class StepCapture:
 
         return hooked
 
-    def _caught(self, optimizer, grads, variables):
+    def _caught(self, optimizer: Optimizer, grads: Gradients, variables: list[Variable]) -> None:
         """Gradients as they reach `optimizer` (unscaled), the weights before, and whether a loss scaler skips."""
         scaled = is_loss_scale_optimizer(optimizer)
         scale = tf.convert_to_tensor(optimizer.dynamic_scale) if scaled else optimizer.loss_scale_factor
@@ -136,14 +158,14 @@ class StepCapture:
             return
         self._keep_grads(grads, variables, scale)
 
-    def _keep_grads(self, grads, variables, scale):
+    def _keep_grads(self, grads: Gradients, variables: Sequence[Variable], scale: Tensor | None) -> None:
         for g, v in zip(grads, variables):
             if g is not None:
                 self.grads[id(v)] = g if scale is None else g / tf.cast(scale, g.dtype)
 
-    def _on_clip(self, clip):
+    def _on_clip(self, clip: Callable[[Gradients], Gradients]) -> Callable[[Gradients], Gradients]:
         @functools.wraps(clip)
-        def hooked(grads):
+        def hooked(grads: Gradients) -> Gradients:
             clipped = clip(grads)
             c = self._active()
             if c._here():
@@ -156,9 +178,10 @@ class StepCapture:
 
         return hooked
 
-    def _on_all_reduce(self, reduce):
+    def _on_all_reduce(self, reduce: Callable[[list[tuple[Tensor | None, Variable]]], Any]
+                       ) -> Callable[[Iterable[tuple[Tensor | None, Variable]]], Any]:
         @functools.wraps(reduce)
-        def hooked(grads_and_vars):
+        def hooked(grads_and_vars: Iterable[tuple[Tensor | None, Variable]]) -> Any:
             grads_and_vars = list(grads_and_vars)
             reduced = reduce(grads_and_vars)
             c = self._active()
@@ -169,7 +192,7 @@ class StepCapture:
 
         return hooked
 
-    def _sum_replicas(self):
+    def _sum_replicas(self) -> None:
         """Under tf.distribute: the whole batch's gradients (and clipped gradients) for the statistics.
 
         A gradient the optimizer summed itself takes that sum; the others are summed here, in one all-reduce.
@@ -184,7 +207,7 @@ class StepCapture:
             summed = self.replica_context.all_reduce(tf.distribute.ReduceOp.SUM, missing)
             self._reduced.update({id(g): (g, total) for g, total in zip(missing, summed)})
 
-        def total(g):
+        def total(g: Tensor | None) -> Tensor | None:
             return None if g is None else self._reduced[id(g)][1]
 
         for grads, variables, scale in self._unsummed:
@@ -193,7 +216,8 @@ class StepCapture:
             self.applied = (self.applied or []) + [total(g) for g in clipped]
         self._unsummed, self._clipped = [], []
 
-    def values(self, x, y, loss, layers):
+    def values(self, x: Any, y: Any, loss: Tensor | None, layers: Sequence[Layer]
+               ) -> tuple[dict[str, Tensor], Tensor, list[Tensor]]:
         """The SCALARS of this step by name, and the per-variable rows, from what the hooks caught.
 
         Args:
@@ -232,11 +256,11 @@ class StepCapture:
         }
         return values, var_rows, terms
 
-    def scalars(self, values, y, sample_weight):
+    def scalars(self, values: dict[str, Tensor], y: Any, sample_weight: Any) -> Tensor:
         """SCALARS in order, then OUTPUT's columns per output of a multi-output model."""
         return tf.stack(SCALARS.pack(values) + self._output_columns(y, sample_weight))
 
-    def _output_columns(self, y, sample_weight):
+    def _output_columns(self, y: Any, sample_weight: Any) -> list[Tensor]:
         """OUTPUT's columns per output of a multi-output model: its own loss, non-finite targets and prediction."""
         if not self.outputs:
             return []
@@ -247,7 +271,7 @@ class StepCapture:
             "loss": loss, "target_nonfinite": count_nonfinite(tf.nest.flatten(target)),
             "prediction_nonfinite": count_nonfinite(tf.nest.flatten(prediction))})]
 
-    def _variable_rows(self):
+    def _variable_rows(self) -> tuple[Tensor, Tensor, Tensor]:
         """variable_rows over what the optimizers saw; a variable without a gradient counts as unchanged."""
         after = [self.after.get(id(v), v) for v in self.trainable]
         before = [self.before.get(id(v), a) for v, a in zip(self.trainable, after)]
@@ -255,7 +279,7 @@ class StepCapture:
         return variable_rows(grads, before, after, self.applied)
 
 
-def not_absorbed(values, layer_nonfinite):
+def not_absorbed(values: dict[str, Tensor], layer_nonfinite: Tensor) -> Tensor:
     """In the graph: True when this step holds a non-finite value that loss scaling did not absorb.
 
     The same test as `StepRecord.phase`, for the snapshot to stop at the first such step, but for a collapsed
@@ -268,7 +292,7 @@ def not_absorbed(values, layer_nonfinite):
     return counts > 0
 
 
-def unexpected_layer_nonfinite(stats, layers, expected):
+def unexpected_layer_nonfinite(stats: Tensor, layers: int, expected: Iterable[int]) -> Tensor:
     """In the graph: the non-finite counts of the `layers` rows of `stats` summed, but for the `expected` ones'."""
     keep = [i for i in range(layers) if i not in set(expected)]
     if not keep:
@@ -276,7 +300,7 @@ def unexpected_layer_nonfinite(stats, layers, expected):
     return tf.reduce_sum(tf.gather(stats[:, LAYER.at("nonfinite")], keep))
 
 
-def loss_terms(layers, keras_models):
+def loss_terms(layers: Sequence[Layer], keras_models: Sequence[KerasModel]) -> list[Tensor]:
     """Per probed layer the loss terms it owns, then the models' own terms summed (`layer_loss_terms`)."""
     if not keras_models:
         return [tf.constant(0.0)] * (len(layers) + 1)
@@ -286,7 +310,7 @@ def loss_terms(layers, keras_models):
     return terms
 
 
-def count_nonfinite(tensors):
+def count_nonfinite(tensors: Iterable[Tensor | None]) -> Tensor:
     """Non-finite entries over a list of tensors, as one float32 scalar."""
     counts = [any_nonfinite_count(t) for t in tensors if t is not None]
     return tf.add_n(counts) if counts else tf.constant(0.0)
