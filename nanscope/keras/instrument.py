@@ -19,8 +19,8 @@ import types
 import weakref
 
 import numpy as np
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from nanscope.engine.records import expected_layer_indices
 from nanscope.engine.schema import join
@@ -45,6 +45,20 @@ from nanscope.runtime import tensorflow
 if TYPE_CHECKING:
     from keras import Model
     from rich.console import Console
+
+    from nanscope.engine.probes import LayerRecorder
+    from nanscope.engine.records import StepRecord
+    from nanscope.guard.host import GuestGuard
+    from nanscope.guard.sentinel import SentinelRows
+    from nanscope.report.model import TraceReport
+
+# TensorFlow and Keras objects: they ship no types, so they are Any to mypy.
+Tensor: TypeAlias = Any
+Variable: TypeAlias = Any
+Layer: TypeAlias = Any
+Optimizer: TypeAlias = Any
+# A step's arguments as the snapshot keeps them: (args, kwargs).
+Arguments: TypeAlias = tuple[Sequence[Any], dict[str, Any]]
 
 tf, keras = tensorflow()
 log = logging.getLogger("nanscope")
@@ -103,13 +117,13 @@ def instrument(models: Model | Sequence[Model], optimizers: Any = (),
                            tensorboard=tensorboard, trace=trace, expect_nonfinite=list(expect_nonfinite),
                            forensics=forensics, guard=guard)
 
-    def decorate(function):
+    def decorate(function: Callable[..., Any]) -> InstrumentedFunction:
         return InstrumentedFunction(function, models, optimizers, options)
 
     return decorate
 
 
-def _as_list(value):
+def _as_list(value: Any) -> list[Any]:
     if value is None:
         return []
     return list(value) if isinstance(value, (list, tuple)) else [value]
@@ -124,38 +138,43 @@ class InstrumentedFunction:
         options: GuestOptions.
     """
 
-    def __init__(self, function, models, optimizers, options):
+    def __init__(self, function: Callable[..., Any], models: list[Model], optimizers: list[Optimizer],
+                 options: GuestOptions) -> None:
         functools.update_wrapper(self, getattr(function, "python_function", function), updated=())
         self.function = function
         self.python_function = getattr(function, "python_function", function)
         self.models, self.optimizers, self.options = models, optimizers, options
         self.nanscope = self
-        self.report = None
-        self.notes, self.steps_seen = [], 0
+        self.report: TraceReport | None = None
+        self.notes: list[str] = []
+        self.steps_seen = 0
         self.recording = True
-        self._run = None
+        self._run: GuestRun | None = None
         self._raised = False
         atexit.register(_finish_at_exit, weakref.ref(self))
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not self.recording:
             return self.function(*args, **kwargs)
         if self._run is None and not self._guarded("setup", lambda: self._start(args, kwargs)):
             return self.function(*args, **kwargs)
+        assert self._run is not None  # made by the setup that did not fail
         result = self._run.call(*args, **kwargs)
         if self._guarded("recording", self._collect) and self._should_raise():
             self._raised = True
             report = self.finish()
+            assert report is not None  # `finish` has a report for a run that started
             raise NonFiniteError(report.diagnosis_line(), report)
         return result
 
-    def _start(self, args, kwargs):
+    def _start(self, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         self._run = GuestRun(self.python_function, self.models, self.optimizers, self.options,
                              jit_compile_of(self.function),
                              getattr(self.function, "python_function", None) is not None, args, kwargs)
         self.report = self._run.recorder.report
 
-    def _collect(self):
+    def _collect(self) -> None:
+        assert self._run is not None  # called after the setup made it
         records = self._run.guard.complete(self._run.read())
         self.steps_seen += len(records)
         self._run.recorder.collect(records)
@@ -163,13 +182,13 @@ class InstrumentedFunction:
             raise self._run.failure
         self._run.guard.observe(records)
 
-    def _should_raise(self):
+    def _should_raise(self) -> bool:
         if self._raised or self._run is None:
             return False
         return self._run.guard.stopped or (self.options.stop_on_nonfinite
                                            and self._run.recorder.first_nonfinite is not None)
 
-    def _guarded(self, what, action):
+    def _guarded(self, what: str, action: Callable[[], object]) -> bool:
         try:
             action()
         except Exception as exc:
@@ -181,7 +200,7 @@ class InstrumentedFunction:
             return False
         return True
 
-    def finish(self):
+    def finish(self) -> TraceReport | None:
         """Build, print and write the report of the steps so far; the TraceReport.
 
         Never raises into the user's loop: a failure of nanscope's own is one warning line, and the report
@@ -200,7 +219,7 @@ class InstrumentedFunction:
         return self.report
 
 
-def _finish_at_exit(reference):
+def _finish_at_exit(reference: weakref.ref[InstrumentedFunction]) -> None:
     instrumented = reference()
     if instrumented is None or instrumented._run is None or instrumented._raised:
         return
@@ -217,7 +236,9 @@ class GuestRun:
     (no step runs), as its first call would.
     """
 
-    def __init__(self, python_function, models, optimizers, options, jit, compiled, args, kwargs):
+    def __init__(self, python_function: Callable[..., Any], models: list[Model], optimizers: list[Optimizer],
+                 options: GuestOptions, jit: object, compiled: bool, args: Sequence[Any], kwargs: dict[str, Any]
+                 ) -> None:
         self.python_function, self.models, self.optimizers, self.options = python_function, models, optimizers, options
         self.jit = bool(jit)
         if not all(m.built for m in models) or not all(o.built for o in optimizers):
@@ -225,7 +246,7 @@ class GuestRun:
                 tf.function(python_function).get_concrete_function(*args, **kwargs)
         self.layers = [layer for model in models for layer in probed_layers(model)]
         self.trainable = _unique(v for model in models for v in model.trainable_variables)
-        self.failure = None
+        self.failure: Exception | None = None
         self.layer_probe = _layer_probe(self.layers)
         self.rows = RowBuffer(len(self.layers), len(self.trainable))
         names = [layer.name for layer in self.layers]
@@ -248,7 +269,9 @@ class GuestRun:
                                      learning_rate=learning_rate)
         # The user's own jit_compile: a step recompiled without XLA would draw other random numbers (Dropout).
         self.compiled = tf.function(self._step, jit_compile=self.jit or None) if compiled else self._step
-        self.sentinel, self.light, self._last_full = None, None, True
+        self.sentinel: SentinelRows | None = None
+        self.light: Callable[..., Any] | None = None
+        self._last_full = True
         if options.guard.mode == "sentinel":
             from nanscope.guard.sentinel import SentinelRows
 
@@ -256,20 +279,22 @@ class GuestRun:
             self.light = (tf.function(self._sentinel_step, jit_compile=self.jit or None) if compiled
                           else self._sentinel_step)
         self.guard = self._guard(variable_names)
-        self._rerun = None
+        self._rerun: Callable[..., Tensor] | None = None
         if self.sentinel is not None:
             self.guard.note(f"mode=sentinel: full statistics on every {options.guard.sample_every}th call and the 16 "
                             "after an event; the other steps recorded the scalars only (layer and variable tables "
                             "are over the full steps)")
 
-    def call(self, *args, **kwargs):
+    def call(self, *args: Any, **kwargs: Any) -> Any:
         """One call of the user's step: the full instrumented step, or in sentinel mode the light one when due."""
         if self.sentinel is None:
             return self.compiled(*args, **kwargs)
         self._last_full = self.sentinel.due_full()
-        return (self.compiled if self._last_full else self.light)(*args, **kwargs)
+        light = self.light
+        assert light is not None  # made with the sentinel
+        return (self.compiled if self._last_full else light)(*args, **kwargs)
 
-    def _guard(self, variable_names):
+    def _guard(self, variable_names: list[str]) -> GuestGuard:
         from nanscope.guard.guard import Guard
         from nanscope.guard.host import GuestGuard, attributed
         from nanscope.keras.guest_fix import guest_fixer
@@ -282,7 +307,7 @@ class GuestRun:
             return made
         state = GuestState(self.snapshot, self.optimizers)
 
-        def rerun(batch):
+        def rerun(batch: Arguments) -> StepRecord:
             return attributed(self.rerun(batch), self.recorder)
 
         fixer = guest_fixer(options, state, rerun, self.optimizers, types.SimpleNamespace(
@@ -291,7 +316,7 @@ class GuestRun:
         guard = Guard(options, state, rerun, variable_names=variable_names, fixer=fixer)
         return GuestGuard(guard, self.recorder, sentinel=self.sentinel)
 
-    def retrace(self):
+    def retrace(self) -> None:
         """Trace the step again on its next call (an optimizer setting read at trace time changed: clipping)."""
         self._rerun = None
         if isinstance(self.compiled, tf.types.experimental.PolymorphicFunction):
@@ -299,7 +324,7 @@ class GuestRun:
         if isinstance(self.light, tf.types.experimental.PolymorphicFunction):
             self.light = tf.function(self._sentinel_step, jit_compile=self.jit or None)
 
-    def rerun(self, batch, step=-1):
+    def rerun(self, batch: Arguments, step: int = -1) -> StepRecord:
         """The step again, compiled, on `batch` ((args, kwargs)) from the variables as they are: its StepRecord."""
         if self._rerun is None:
             self._rerun = tf.function(self._measured)
@@ -307,14 +332,14 @@ class GuestRun:
         row = self._rerun(*args, **kwargs).numpy()
         return self.rows.record(step, np.concatenate([[float(step)], row]))
 
-    def _measured(self, *args, **kwargs):
+    def _measured(self, *args: Any, **kwargs: Any) -> Tensor:
         capture = StepCapture(None, self.optimizers, self.trainable, keras_models=self.models)
         self.layer_probe.begin()
         with self.layer_probe.attached(), capture.attached():
             result = self.python_function(*args, **kwargs)
         return self._row(capture, args, kwargs, result)[0]
 
-    def _header(self, compiled, learning_rate):
+    def _header(self, compiled: bool, learning_rate: LearningRateView) -> dict[str, Any]:
         name, config = optimizer_settings(self.optimizers[0] if self.optimizers else None)
         return run_header(
             **UNKNOWN_TO_GUESTS,
@@ -327,14 +352,14 @@ class GuestRun:
             **precision(self.layers, self.optimizers),
         )
 
-    def _call_order(self):
+    def _call_order(self) -> list[str]:
         return [self.layers[i].name for i in self.layer_probe.call_order]
 
-    def _replay_call(self, batch):
+    def _replay_call(self, batch: Arguments) -> Any:
         args, kwargs = batch
         return self.python_function(*args, **kwargs)
 
-    def _step(self, *args, **kwargs):
+    def _step(self, *args: Any, **kwargs: Any) -> Any:
         hooks = contextlib.ExitStack()
         try:
             capture = StepCapture(None, self.optimizers, self.trainable, keras_models=self.models)
@@ -355,19 +380,21 @@ class GuestRun:
             self.failure = self.failure or exc
         return result
 
-    def _take(self, args, kwargs):
+    def _take(self, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         """The snapshot of the state and the batch before this step (as the fit probe's `_take`)."""
+        assert self.snapshot is not None  # called only with a snapshot
         self.snapshot.remember_structure((args, kwargs))
         self.snapshot.take((args, kwargs), self.rows.counter.read_value())
 
-    def _write(self, capture, args, kwargs, result):
+    def _write(self, capture: StepCapture, args: Sequence[Any], kwargs: dict[str, Any], result: Any) -> None:
         row, values, stats = self._row(capture, args, kwargs, result)
         self.rows.write(row)
         if self.snapshot is not None:
             layer_bad = unexpected_layer_nonfinite(stats, len(self.layers), self.expected)
             self.snapshot.freeze(not_absorbed(values, layer_bad))
 
-    def _row(self, capture, args, kwargs, result):
+    def _row(self, capture: StepCapture, args: Sequence[Any], kwargs: dict[str, Any], result: Any
+             ) -> tuple[Tensor, dict[str, Tensor], Tensor]:
         """The step's row (without its step number), its SCALARS by name and its layer statistics."""
         batch = [t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t)]
         stats = self.layer_probe.stats_matrix()
@@ -378,7 +405,7 @@ class GuestRun:
         row = tf.concat([tf.stack([_batch_rows(batch)]), join([scalars, stats, tf.stack(terms), var_rows])], axis=0)
         return row, values, stats
 
-    def _sentinel_step(self, *args, **kwargs):
+    def _sentinel_step(self, *args: Any, **kwargs: Any) -> Any:
         """The light step: the snapshot, the optimizer hooks, one short row (`SentinelRows`)."""
         from nanscope.guard.sentinel import SentinelCapture
 
@@ -398,21 +425,23 @@ class GuestRun:
             batch = [t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t)]
             values, _, _ = capture.values([t for t in batch if t.dtype.is_floating], None, returned_loss(result),
                                           self.layers)
+            assert self.sentinel is not None  # the light step runs only in sentinel mode
             self.sentinel.write(_batch_rows(batch), capture.scalars(values, None, None))
         except Exception as exc:
             self.failure = self.failure or exc
         return result
 
-    def read(self):
+    def read(self) -> list[StepRecord]:
         """StepRecords of the steps run since the last read (the sentinel's short rows after a light call)."""
         if not self._last_full:
+            assert self.sentinel is not None  # only a sentinel runs the light step
             records = self.sentinel.read(self.rows.next_step)
             if records:
                 self.rows.next_step = records[-1].step + 1
             return records
         return [self.rows.record(step, row) for step, row in self.rows.read()]
 
-    def finish(self, notes):
+    def finish(self, notes: Iterable[str]) -> TraceReport:
         extra = ["recorded around a custom train step by nanscope.instrument"]
         if self.jit and self.options.forensics:
             extra.append("forensics off: the step is compiled with jit_compile=True, and XLA cannot compile the "
@@ -424,7 +453,7 @@ class GuestRun:
         return self.recorder.finish(RunEvidence(keras_model=self.models[0]), list(notes) + extra + self.guard.notes())
 
 
-def returned_loss(result):
+def returned_loss(result: Any) -> Tensor | None:
     """The loss a step returned: the value itself, its first element, or its "loss" key (None if none)."""
     if isinstance(result, dict):
         result = result.get("loss")
@@ -433,13 +462,14 @@ def returned_loss(result):
     return result if tf.is_tensor(result) else None
 
 
-def _batch_rows(batch):
+def _batch_rows(batch: Sequence[Tensor]) -> Tensor:
     """Rows of the step's first tensor argument (0 when it has no batch axis)."""
     return tf.cast(tf.shape(batch[0])[0], tf.float32) if batch and batch[0].shape.rank else tf.constant(0.0)
 
 
-def _unique(variables):
-    seen, out = set(), []
+def _unique(variables: Iterable[Variable]) -> list[Variable]:
+    seen: set[int] = set()
+    out: list[Variable] = []
     for v in variables:
         if id(v) not in seen:
             seen.add(id(v))
@@ -447,7 +477,7 @@ def _unique(variables):
     return out
 
 
-def _layer_probe(layers):
+def _layer_probe(layers: Sequence[Layer]) -> LayerRecorder:
     from nanscope.engine.probes import LayerRecorder
 
     return LayerRecorder(layers)
