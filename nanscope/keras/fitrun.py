@@ -212,13 +212,14 @@ class FitRun:
             return None
         assert self.probe is not None  # `_start` made it before the recorder
         report = self.recorder.report
-        report.run = run = run_header(**{**report.run, "outputs": fit_outputs(self.model, self.probe.output_names),
+        outputs = fit_outputs(self.model, self.probe.output_names)
+        report.run = run = run_header(**{**report.run, "outputs": outputs,
                                          **rows_seen(self.recorder.history, self.params.get("steps"))})
         evidence = RunEvidence(keras_model=self.model)
         if self.probe.moments is not None:
             labels = [(label, "float32") for label in self.probe.moments.labels() if label.startswith("x")]
             ids = id_inputs(labels, self.model)
-            evidence.features, evidence.targets = self.probe.moments.scales(ids, run.get("loss"), run.get("outputs"))
+            evidence.features, evidence.targets = self.probe.moments.scales(ids, run.get("loss"), outputs)
         assert self.guard is not None  # made with the recorder (a setup that failed between them fails here, as before)
         self.guard.finish(report)
         report = self.recorder.finish(evidence, self.notes + self._notes() + self.guard.notes(),

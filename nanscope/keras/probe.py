@@ -18,6 +18,8 @@ traced is caught, kept in `failure`, and the step goes on uninstrumented.
 
 import contextlib
 import functools
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
@@ -33,7 +35,22 @@ from nanscope.keras.rows import RowBuffer
 from nanscope.keras.snapshot import StepSnapshot
 from nanscope.runtime import tensorflow
 
+if TYPE_CHECKING:
+    from nanscope.engine.records import StepRecord
+    from nanscope.guard.sentinel import SentinelRows
+
 tf, keras = tensorflow()
+
+# TensorFlow and Keras objects: they ship no types, so they are Any to mypy.
+Tensor: TypeAlias = Any
+KerasModel: TypeAlias = Any
+Optimizer: TypeAlias = Any
+# A step's batch as fit hands it to `train_step`, and what the step returns (its logs).
+Data: TypeAlias = Any
+Logs: TypeAlias = Any
+# Keras' `train_step` (data -> logs) and train function (iterator -> logs).
+TrainStep: TypeAlias = Callable[[Data], Logs]
+TrainFunction: TypeAlias = Callable[[Any], Logs]
 
 
 class StepProbe:
@@ -51,7 +68,10 @@ class StepProbe:
             others only what detection needs (`nanscope.guard.sentinel`). One device only.
     """
 
-    def __init__(self, model, expected=(), forensics=True, metrics=False, sentinel=None):
+    sentinel: "SentinelRows | None"  # set in __init__ (where SentinelRows is imported only under mode="sentinel")
+
+    def __init__(self, model: KerasModel, expected: Iterable[int] = (), forensics: bool = True, metrics: bool = False,
+                 sentinel: int | None = None) -> None:
         self.model = model
         self.optimizers = training_optimizers(model)
         optimizer = model.optimizer
@@ -68,7 +88,7 @@ class StepProbe:
         self.rows = RowBuffer(len(self.layers), len(self.trainable), len(self.output_names), self.per_execution,
                               self.strategy if self.replicas > 1 else None)
         self.expected = list(expected)
-        self.snapshot = None
+        self.snapshot: StepSnapshot | None = None
         self.forensics_off = "tf.distribute" if self.replicas > 1 else None
         if forensics and self.forensics_off is None:
             state = list(model.variables) + [v for optimizer in self.optimizers for v in optimizer.variables]
@@ -79,18 +99,19 @@ class StepProbe:
         self.xla_inside = bool(model.jit_compile) and self.snapshot is not None
         self.moments = FeatureMoments() if self.replicas == 1 else None
         self.original_step = model.train_step
-        self.failure = None
-        self.after_execution = None  # callable(logs) -> logs, run on the host after each execution (the guard)
+        self.failure: Exception | None = None
+        # Run on the host after each execution (the guard).
+        self.after_execution: Callable[[Logs], Logs] | None = None
         self.sentinel = None
         if sentinel and self.replicas == 1:
             from nanscope.guard.sentinel import SentinelRows
 
             self.sentinel = SentinelRows(self.rows.counter, len(self.output_names), self.per_execution, sentinel)
         self._last_full = True
-        self._saved = None
-        self._rerun = None
+        self._saved: tuple[tuple[Any, str, Any], TrainFunction] | None = None  # (the train step's, the function)
+        self._rerun: Callable[[Data], Tensor] | None = None
 
-    def attach(self):
+    def attach(self) -> None:
         """Replace `train_step` with the instrumented one and rebuild the train function around it."""
         model = self.model
         self._saved = (replace_train_step(model, self._instrumented(self.original_step)), model.train_function)
@@ -102,7 +123,7 @@ class StepProbe:
             function = self._hooked_per_call(function)
         set_train_function(model, self._detaching_on_error(function))
 
-    def detach(self):
+    def detach(self) -> None:
         """Put `train_step` and the train function back as they were found."""
         if self._saved is None:
             return
@@ -112,47 +133,49 @@ class StepProbe:
         set_train_function(self.model, function)
 
     @property
-    def attached(self):
+    def attached(self) -> bool:
         return self._saved is not None
 
-    def retrace(self):
+    def retrace(self) -> None:
         """Trace the step again on its next call (an optimizer setting read at trace time changed: clipping)."""
         self._rerun = None
         if self.attached:
             self.detach()
             self.attach()
 
-    def _sampling(self, full):
+    def _sampling(self, full: TrainFunction) -> TrainFunction:
         """Sentinel mode: the full train function on sampled executions and after events, else the light one."""
+        sentinel = self.sentinel
+        assert sentinel is not None  # `attach` samples only with a sentinel
         with xla_outside_off(self.model, self.xla_inside):
             light = rebuild_train_function(self.model)
 
         @functools.wraps(full)
-        def train_function(iterator):
-            self._last_full = self.sentinel.full_now = self.sentinel.due_full()  # read again if a step is traced
+        def train_function(iterator: Any) -> Logs:
+            self._last_full = sentinel.full_now = sentinel.due_full()  # read again if a step is traced
             return (full if self._last_full else light)(iterator)
 
         return train_function
 
-    def _hooked_per_call(self, function):
+    def _hooked_per_call(self, function: TrainFunction) -> TrainFunction:
         """The train function with the layer and optimizer hooks attached for each call (under tf.distribute)."""
         self._hub = StepCapture(self.model, self.optimizers, self.trainable).shared_by_threads()
 
         @functools.wraps(function)
-        def train_function(iterator):
+        def train_function(iterator: Any) -> Logs:
             with self.layer_probe.attached(), self._hub.attached():
                 return function(iterator)
 
         return train_function
 
-    def _detaching_on_error(self, function):
+    def _detaching_on_error(self, function: TrainFunction) -> TrainFunction:
         # Keras calls on_train_end only when fit returns: an error inside a step must
         # still leave the model as it was found. StopIteration ends every epoch.
         # A count, not a list of calls: the function runs once per execution for the whole fit.
         calls = 0
 
         @functools.wraps(function)
-        def train_function(iterator):
+        def train_function(iterator: Any) -> Logs:
             nonlocal calls
             calls += 1
             try:
@@ -177,16 +200,17 @@ class StepProbe:
 
         return train_function
 
-    def read(self):
+    def read(self) -> list["StepRecord"]:
         """StepRecords of the steps finished since the last read, in step order."""
         if not self._last_full:
+            assert self.sentinel is not None  # only a sentinel runs the light train function
             records = self.sentinel.read(self.rows.next_step)
             if records:
                 self.rows.next_step = records[-1].step + 1
             return records
         return [self.rows.record(step, row) for step, row in self.rows.read()]
 
-    def _instrumented(self, original):
+    def _instrumented(self, original: TrainStep) -> TrainStep:
         if self.replicas > 1:
             return self._instrumented_per_replica(original)
 
@@ -202,28 +226,30 @@ class StepProbe:
             return sums_skipped(self._snapshot_around(full, original, light), self.optimizers)
         return sums_skipped(self._instrumented_step(original, snapshot=self.snapshot is not None), self.optimizers)
 
-    def _snapshot_around(self, step, original, light=None):
+    def _snapshot_around(self, step: TrainStep, original: TrainStep, light: TrainStep | None = None) -> TrainStep:
         """`step` (compiled by XLA), after the snapshot of its state and batch, taken outside XLA; in the
         sentinel's light train function, `light` instead."""
         @functools.wraps(original)
-        def train_step(data):
+        def train_step(data: Data) -> Logs:
             try:
                 self._take(data)
             except Exception as exc:  # nanscope's own failure: the step runs, without a snapshot
                 self.failure = self.failure or exc
-            if light is not None and not self.sentinel.full_now:
+            # `light` is made with the sentinel only.
+            if light is not None and self.sentinel is not None and not self.sentinel.full_now:
                 return light(data)
             return step(data)
 
         return train_step
 
-    def _take(self, data):
+    def _take(self, data: Data) -> None:
+        assert self.snapshot is not None  # taken only with a snapshot
         self.snapshot.remember_structure(data)
         self.snapshot.take(data, self.rows.counter.read_value())
 
-    def _instrumented_step(self, original, snapshot):
+    def _instrumented_step(self, original: TrainStep, snapshot: bool) -> TrainStep:
         @functools.wraps(original)
-        def train_step(data):
+        def train_step(data: Data) -> Logs:
             if self.sentinel is not None and not self.sentinel.full_now:
                 return self._sentinel_step(original, data)
             hooks = contextlib.ExitStack()
@@ -249,7 +275,7 @@ class StepProbe:
 
         return train_step
 
-    def _write(self, capture, data, logs):
+    def _write(self, capture: StepCapture, data: Data, logs: Logs) -> None:
         x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
         row, values, stats = self._row(capture, data, logs)
         self.rows.write(row)
@@ -259,7 +285,7 @@ class StepProbe:
             layer_bad = unexpected_layer_nonfinite(stats, len(self.layers), self.expected)
             self.snapshot.freeze(not_absorbed(values, layer_bad))
 
-    def _row(self, capture, data, logs):
+    def _row(self, capture: StepCapture, data: Data, logs: Logs) -> tuple[Tensor, dict[str, Tensor], Tensor]:
         """The step's row (without its step number), its SCALARS by name and its layer statistics."""
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         stats = self.layer_probe.stats_matrix()
@@ -268,7 +294,7 @@ class StepProbe:
                          join([capture.scalars(values, y, sample_weight), stats, tf.stack(terms), var_rows])], axis=0)
         return row, values, stats
 
-    def rerun(self, data, step=-1):
+    def rerun(self, data: Data, step: int = -1) -> "StepRecord":
         """The step again, compiled, on `data` from the variables as they are: its StepRecord (one device).
 
         It runs the user's `train_step` with the same hooks and builds the same row, but writes
@@ -280,14 +306,14 @@ class StepProbe:
         row = self._rerun(data).numpy()
         return self.rows.record(step, np.concatenate([[float(step)], row]))
 
-    def _measured(self, data):
+    def _measured(self, data: Data) -> Tensor:
         capture = StepCapture(self.model, self.optimizers, self.trainable, outputs=len(self.output_names))
         self.layer_probe.begin()
         with self.layer_probe.attached(), capture.attached():
             logs = self.original_step(data)
         return self._row(capture, data, logs)[0]
 
-    def _sentinel_step(self, original, data, snapshot=True):
+    def _sentinel_step(self, original: TrainStep, data: Data, snapshot: bool = True) -> Logs:
         """The light step: the snapshot (unless taken outside XLA), the optimizer and loss hooks, one short row
         (`SentinelRows`)."""
         from nanscope.guard.sentinel import SentinelCapture
@@ -309,6 +335,7 @@ class StepProbe:
         try:
             x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
             values, _, _ = capture.values(x, y, _logged_loss(capture, logs), self.layers)
+            assert self.sentinel is not None  # the light step runs only in sentinel mode
             self.sentinel.write(_batch_rows(x), capture.scalars(values, y, sample_weight))
             if self.snapshot is not None:
                 self.snapshot.freeze(not_absorbed(values, tf.constant(0.0)))
@@ -316,12 +343,12 @@ class StepProbe:
             self.failure = self.failure or exc
         return logs
 
-    def _instrumented_per_replica(self, original):
+    def _instrumented_per_replica(self, original: TrainStep) -> TrainStep:
         # Replica threads take turns while one step is traced: the layer and optimizer hooks
         # are attached once, around the train function (`_hooked_per_call`), and each
         # thread's hooks write into that thread's own capture.
         @functools.wraps(original)
-        def train_step(data):
+        def train_step(data: Data) -> Logs:
             context = tf.distribute.get_replica_context()
             self.layer_probe.begin_replica(int(tf.get_static_value(context.replica_id_in_sync_group)))
             capture = StepCapture(self.model, self.optimizers, self.trainable, replica_context=context,
@@ -339,19 +366,19 @@ class StepProbe:
         return train_step
 
     @property
-    def call_order(self):
+    def call_order(self) -> list[str]:
         """Probed layer names in execution order, as seen when the step was traced."""
         return [self.layers[i].name for i in self.layer_probe.call_order]
 
 
-def sums_skipped(step, optimizers):
+def sums_skipped(step: TrainStep, optimizers: Sequence[Optimizer]) -> TrainStep:
     """`step`, a train step on one replica, with the optimizers' own sum of the replicas' gradients skipped while it
     is traced: on one replica that sum is the gradients themselves, and Keras' all-reduce, traced, keeps the graph
     for the life of the process (engine/step.py), so every train function nanscope built (two a fit) was kept."""
     hooks = [hook for optimizer in optimizers for hook in keras_sum_skipped(optimizer)]
 
     @functools.wraps(step)
-    def train_step(data):
+    def train_step(data: Data) -> Logs:
         with overridden(hooks):
             return step(data)
 
@@ -359,7 +386,7 @@ def sums_skipped(step, optimizers):
 
 
 @contextlib.contextmanager
-def xla_outside_off(model, off):
+def xla_outside_off(model: KerasModel, off: bool) -> Iterator[None]:
     """While Keras builds the train function: without XLA around `train_step` when `off` (it compiles its own)."""
     if not off:
         yield
@@ -371,16 +398,16 @@ def xla_outside_off(model, off):
         model.jit_compile = True
 
 
-def held_optimizers(model):
+def held_optimizers(model: KerasModel) -> list[Optimizer]:
     """Optimizers held as the model's own attributes (a GAN's `d_optimizer` and `g_optimizer`), in order."""
-    held = []
+    held: list[Optimizer] = []
     for value in vars(model).values():
         if isinstance(value, keras.optimizers.Optimizer) and all(value is not o for o in held):
             held.append(value)
     return held
 
 
-def training_optimizers(model):
+def training_optimizers(model: KerasModel) -> list[Optimizer]:
     """The optimizers the model's step trains with: `model.optimizer`, and those it holds as attributes.
 
     A model that compiles with its own optimizers (keras-io's GAN: `super().compile()`, then
@@ -394,19 +421,19 @@ def training_optimizers(model):
     return [own, *held]
 
 
-def _logged_loss(capture, logs):
+def _logged_loss(capture: StepCapture, logs: Logs) -> Tensor | None:
     """The loss `compute_loss` returned (caught by the capture), or else the "loss" a custom train_step logs."""
     if capture.loss is not None or not isinstance(logs, dict):
         return None
     return logs.get("loss")
 
 
-def _batch_rows(x):
+def _batch_rows(x: Any) -> Tensor:
     flat = [t for t in tf.nest.flatten(x) if t is not None]
     return tf.cast(tf.shape(flat[0])[0], tf.float32) if flat else tf.constant(0.0)
 
 
-def multi_output_names(model):
+def multi_output_names(model: KerasModel) -> list[str]:
     """Names of a compiled multi-output model's outputs, in Keras' flattened order; [] for one output.
 
     Known before the first step only for models with symbolic outputs (functional,
