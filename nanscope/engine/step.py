@@ -32,6 +32,7 @@ from nanscope.engine.exact import Tensor
 from nanscope.engine.failures import raised_while_tracing
 from nanscope.engine.variable_stats import (Snapshot, any_nonfinite_count, applied_updates, global_norm,
                                             graph_position, summary_stats, variable_rows)
+from nanscope.model.learning_rate import inner_optimizer
 from nanscope.model.models import LoadedModel, build_model
 from nanscope.engine.probes import LayerRecorder
 from nanscope.engine.records import StepRecord
@@ -382,7 +383,7 @@ def keras_sum_skipped(optimizer: Optimizer) -> list[tuple[Any, str, Callable[[An
     """The `overridden` hooks that hand `optimizer` its gradients on as they are, in place of Keras' own sum of
     the replicas' gradients (a LossScaleOptimizer's: its inner optimizer's), for a step traced for one replica
     or one that hands every replica the sum itself (see the module's doc)."""
-    return all_reduce_gradients_hooks(getattr(optimizer, "inner_optimizer", optimizer), as_handed)
+    return all_reduce_gradients_hooks(inner_optimizer(optimizer), as_handed)
 
 
 def as_handed(reduce: object) -> type[list[Any]]:

@@ -29,6 +29,7 @@ from nanscope.engine.schema import LAYER, OUTPUT, SCALARS, VARIABLE
 from nanscope.engine.step import is_loss_scale_optimizer, layer_loss_terms
 from nanscope.internals import all_reduce_gradients_hooks, clip_gradients_hook, overridden
 from nanscope.keras.outputs import output_terms
+from nanscope.model.learning_rate import inner_optimizer
 from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()
@@ -86,7 +87,7 @@ class StepCapture:
             [(self.model, "compute_loss", self._on_compute_loss)] if self.model is not None else [])
         for optimizer in self.optimizers:
             targets += [(optimizer, "apply", functools.partial(self._on_apply, optimizer)),
-                        clip_gradients_hook(getattr(optimizer, "inner_optimizer", optimizer), self._on_clip),
+                        clip_gradients_hook(inner_optimizer(optimizer), self._on_clip),
                         *all_reduce_gradients_hooks(optimizer, self._on_all_reduce)]
         with overridden(targets):
             yield self

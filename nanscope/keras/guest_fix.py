@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 from nanscope.guard.guard import Rerun
 from nanscope.guard.options import GuardOptions
 from nanscope.guard.state import Batch, GuestState
-from nanscope.run.proven_fix import IN_PROCESS, set_overrides
+from nanscope.model.optimizers import set_overrides
+from nanscope.run.proven_fix import IN_PROCESS
 
 if TYPE_CHECKING:
     from nanscope.report.model import FirstNonfinite, TraceReport

@@ -10,16 +10,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from nanscope.errors import SpecError, did_you_mean, first_line
 from nanscope.model.factory import load_callable
-from nanscope.model.learning_rate import schedule_of
+from nanscope.model.learning_rate import inner_optimizer, schedule_of
 from nanscope.runtime import tensorflow
 
 if TYPE_CHECKING:
     from nanscope.model.models import LoadedModel
     from nanscope.spec.sections import RunSpec, ScheduleSpec
 
-__all__ = ["build_optimizer", "build_schedule", "optimizer_settings"]
+__all__ = ["build_optimizer", "build_schedule", "optimizer_settings", "set_overrides"]
 
 
 def build_optimizer(spec: RunSpec, loaded_model: LoadedModel, overrides: dict[str, Any] | None = None) -> Any:
@@ -100,7 +102,7 @@ def optimizer_settings(optimizer: Any) -> tuple[str | None, dict[str, Any]]:
     """
     if optimizer is None:
         return None, {}
-    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    inner = inner_optimizer(optimizer)
     config = inner.get_config()
     shown = {k: config[k] for k in SHOWN_OPTIMIZER_SETTINGS if config.get(k) is not None}
     if isinstance(shown.get("learning_rate"), (dict, str)):  # a serialised schedule or callable
@@ -119,3 +121,29 @@ def _current_learning_rate(optimizer: Any) -> float | None:
 def _optimizer_class(keras: Any, name: str) -> str:
     known = {cls.lower(): cls for cls in dir(keras.optimizers) if cls[:1].isupper()}
     return known.get(name.lower().replace("_", ""), name)
+
+
+def set_overrides(optimizer: Any, overrides: dict[str, Any],
+                  retrace: Callable[[], object] | None = None) -> Callable[[], None]:
+    """Set `overrides` on `optimizer` (the inner one under loss scaling), calling `retrace()` where the step's graph
+    reads them (every setting but a float learning rate); return the callable that puts the settings back.
+
+    The learning rate is put back as the number it was: Keras keeps it in a variable that its setter assigns in
+    place, so keeping the variable itself would put back the new rate.
+    """
+    optimizer = inner_optimizer(optimizer)
+    before = {key: _read(optimizer, key) for key in overrides}
+    _set(optimizer, overrides, retrace)
+    return lambda: _set(optimizer, before, retrace)
+
+
+def _read(optimizer: Any, key: str) -> Any:
+    value = getattr(optimizer, key, None)
+    return float(np.asarray(value)) if key == "learning_rate" else value
+
+
+def _set(optimizer: Any, values: dict[str, Any], retrace: Callable[[], object] | None) -> None:
+    for key, value in values.items():
+        setattr(optimizer, key, value)
+    if retrace is not None and set(values) - {"learning_rate"}:
+        retrace()

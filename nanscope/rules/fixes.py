@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 import numpy as np
 
 from nanscope.engine.step import GradTransform, KerasModel
+from nanscope.model.optimizers import set_overrides
 
 if TYPE_CHECKING:
     from nanscope.data.batches import BatchOrder
@@ -122,22 +123,6 @@ def optimizer_setting(name: str, value: Any, also: dict[str, Any] | None = None)
     values = {name: value, **(also or {})}
 
     def change(model: KerasModel) -> Callable[[], None]:
-        inner = getattr(model.optimizer, "inner_optimizer", model.optimizer)
-        before = {key: _held(getattr(inner, key)) for key in values}
-        for key, new in values.items():
-            setattr(inner, key, new)
-
-        def undo() -> None:
-            for key, old in before.items():
-                setattr(inner, key, old)
-
-        return undo
+        return set_overrides(model.optimizer, values)
 
     return change
-
-
-def _held(value: Any) -> Any:
-    """What a setting holds now: a variable's value (Keras keeps `learning_rate` in a variable that the setter
-    assigns in place, so keeping the variable itself to put back would put back the new value)."""
-    read = getattr(value, "numpy", None)
-    return read().item() if callable(read) else value

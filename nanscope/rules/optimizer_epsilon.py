@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from nanscope.model.learning_rate import inner_optimizer
 from nanscope.rules.facts import Facts, FirstNonfinite
 from nanscope.rules.fixes import Bundle, Change, Session, StepFix, optimizer_setting
 from nanscope.rules.operand import operand
@@ -64,7 +65,7 @@ def bundle_fixes(rec: Recommendation, bundle: Bundle, run: dict[str, Any]) -> li
     """The saved step with epsilon at SAFE_EPSILON."""
     del rec, run  # Unused
     optimizer = bundle.model.optimizer
-    if not hasattr(getattr(optimizer, "inner_optimizer", optimizer), "epsilon"):
+    if not hasattr(inner_optimizer(optimizer), "epsilon"):
         return []
     return [StepFix(f"epsilon={SAFE_EPSILON:g}", {"epsilon": SAFE_EPSILON},
                     change=optimizer_setting("epsilon", SAFE_EPSILON))]

@@ -15,13 +15,12 @@ variable as it found it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from nanscope.data.targets import Arrays
+from nanscope.model.optimizers import set_overrides
 
 if TYPE_CHECKING:
     from nanscope.engine.step import InstrumentedStep
@@ -147,26 +146,3 @@ def in_process(change: Change) -> bool:
     if not set(overrides) <= set(IN_PROCESS):
         return False
     return not ("learning_rate" in overrides and not isinstance(overrides["learning_rate"], (int, float)))
-
-
-def set_overrides(optimizer: Any, overrides: dict[str, Any], retrace: Callable[[], object]) -> Callable[[], None]:
-    """Set `overrides` on `optimizer` (the inner one under loss scaling), calling `retrace()` where the step's graph
-    reads them (every setting but a float learning rate); return the callable that puts the settings back."""
-    from nanscope.model.learning_rate import inner_optimizer
-
-    optimizer = inner_optimizer(optimizer)
-    before = {key: _read(optimizer, key) for key in overrides}
-    _set(optimizer, overrides, retrace)
-    return lambda: _set(optimizer, before, retrace)
-
-
-def _read(optimizer: Any, key: str) -> Any:
-    value = getattr(optimizer, key, None)
-    return float(np.asarray(value)) if key == "learning_rate" else value
-
-
-def _set(optimizer: Any, values: dict[str, Any], retrace: Callable[[], object]) -> None:
-    for key, value in values.items():
-        setattr(optimizer, key, value)
-    if set(values) - {"learning_rate"}:
-        retrace()
