@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from nanscope.data import targets
+from nanscope.data import inputs, targets
 from nanscope.data.targets import Arrays
 from nanscope.errors import DataError
 from nanscope.runtime import tensorflow
@@ -64,7 +64,7 @@ def materialize(dataset: Dataset, steps: int, batch_size: int, validation_fracti
         limit = max(needed, UNKNOWN_LENGTH_ROWS)
         rows = _read(dataset.take(limit + 1))
         # The rows read, not len(x): a mapping or tuple of inputs has as many members as inputs.
-        endless = rows is not None and len(targets.parts(rows[0])[0]) > limit
+        endless = rows is not None and inputs.rows(rows[0]) > limit
         if rows is not None and endless:
             _no_validation(validation_fraction, where, known=False)
             rows = [_head(part, needed) for part in rows]

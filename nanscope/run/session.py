@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from nanscope.data import targets
+from nanscope.data import inputs, targets
 from nanscope.data.batches import BatchOrder, batch
 from nanscope.run.sources import LoadedData, load_data, split_validation
 from nanscope.engine.cluster import bounded
@@ -312,7 +312,7 @@ def evaluate_loss(step_engine: InstrumentedStep, data: Rows, batch_size: int) ->
     for start in range(0, data.rows, batch_size):
         part = slice(start, start + batch_size)
         x, y = targets.take(data.x, part), targets.take(data.y, part)
-        count = min(batch_size, data.rows - start)  # not len(x): a mapping of inputs has as many keys as inputs
+        count = inputs.rows(x)  # not len(x): a mapping of inputs has as many keys as inputs
         total += float(fn(x, y)) * count
         rows += count
     return total / rows if rows else None
