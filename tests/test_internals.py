@@ -334,6 +334,32 @@ def test_canary_a_tf_functions_jit_compile():
     canary(f"tf.function.{internals.JIT_COMPILE}", check)
 
 
+def test_canary_a_variable_made_past_the_creator_scopes_adds_no_trace():
+    def traces(make):
+        made, calls = [], []
+
+        @tf.function
+        def step(x):
+            calls.append(1)
+            if not made:
+                with tf.init_scope():
+                    made.append(make(tf.constant(1.0), trainable=False))
+            return x + made[0]
+
+        values = [float(step(tf.constant(float(i)))) for i in range(3)]
+        return len(calls), values
+
+    def check():
+        untraced, counted = traces(internals.untraced_variable), traces(tf.Variable)
+        if counted[0] != 2:  # what keras.trace_count restores with its one counted variable
+            return f"a tf.Variable made in the first trace made TensorFlow trace {counted[0]} times, not 2"
+        if untraced != (1, [1.0, 2.0, 3.0]):
+            return f"untraced_variable: {untraced[0]} traces, values {untraced[1]} (expected 1, [1.0, 2.0, 3.0])"
+        return None
+
+    canary("resource_variable_ops.ResourceVariable past tf.function's variable creator scope", check)
+
+
 def test_canary_keras_global_seed_generator():
     def check():
         internals.set_keras_global_seed_generator(None)

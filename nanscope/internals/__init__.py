@@ -7,9 +7,9 @@ through a function here, in the module of the library it belongs to:
   the optimizer's `_clip_gradients`, `_all_reduce_sum_gradients`, `_learning_rate` and
   `_iterations`, the functional graph, the global SeedGenerator, the compile config, and the
   surgery on a model's train step (`train_step`, `train_function`, `make_train_function(force=True)`);
-- `internals.tensorflow`: op callbacks, the `_gradient_function` frame of the gradient
-  tape, a tf.function's `_jit_compile`, the eager context's function library and op
-  execution, and the collective runtime of a multi-worker run;
+- `internals.tensorflow`: a variable a tracing tf.function does not count, op callbacks, the
+  `_gradient_function` frame of the gradient tape, a tf.function's `_jit_compile`, the eager
+  context's function library and op execution, and the collective runtime of a multi-worker run;
 - `internals.typer`: the click Typer vendors.
 
 Each has a canary test (tests/test_internals.py) that names the hook and the installed
@@ -29,7 +29,7 @@ from nanscope.internals.keras import (
 from nanscope.internals.tensorflow import (
     GRADIENT_FUNCTION, INITIALIZE_LOCAL_DEVICES, JIT_COMPILE, abort_collective_ops, configure_coordination,
     differentiated_op, execute_op, function_graph, get_config_key_value, jit_compile_of, local_devices_chosen,
-    op_callback, set_config_key_value,
+    op_callback, set_config_key_value, untraced_variable,
 )
 from nanscope.internals.typer import usage_error
 
@@ -42,5 +42,5 @@ __all__ = [
     "get_config_key_value", "given_learning_rate", "inbound_tensors", "inputs_struct", "jit_compile_of",
     "keras_global_seed_generator", "local_devices_chosen", "op_callback", "overridden", "override", "own_losses",
     "raw_iterations", "rebuild_train_function", "replace_train_step", "restore", "set_config_key_value",
-    "set_keras_global_seed_generator", "set_train_function", "symbolic_build", "usage_error",
+    "set_keras_global_seed_generator", "set_train_function", "symbolic_build", "untraced_variable", "usage_error",
 ]

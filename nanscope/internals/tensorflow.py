@@ -1,7 +1,8 @@
 """TensorFlow's private surface: `tensorflow.python` (and other non-public TensorFlow modules) and the
 private attributes nanscope reads or patches.
 
-TensorFlow's op callbacks and the `_gradient_function` frame of its gradient tape (forensics),
+A variable made past the variable creator scopes (one a tracing tf.function does not count), TensorFlow's op
+callbacks and the `_gradient_function` frame of its gradient tape (forensics),
 a tf.function's `_jit_compile`, the eager context's function library and op execution (the
 replay of a SavedModel's functions), and the collective runtime of a multi-worker run: its
 coordination service and key-value store, aborting collectives, and the strategy's
@@ -24,6 +25,28 @@ JIT_COMPILE = "_jit_compile"
 def jit_compile_of(function: Any) -> Any:
     """The `jit_compile` a tf.function was made with (True, False or None); None for a plain function."""
     return getattr(function, JIT_COMPILE, None)
+
+
+# --- variables made while a step traces ------------------------------------------------------------------
+
+
+def untraced_variable(initial_value: Any, **kwargs: Any) -> Any:
+    """A tf.Variable made outside any graph (call it under `tf.init_scope()`) that a tf.function tracing at the
+    time does not take for one of its own.
+
+    A variable made while a tf.function traces its first call makes TensorFlow trace that function a second
+    time (`_created_variables`), and with it draw once more the seed of every unseeded legacy random op in the
+    user's step: a seed the run without nanscope never draws. Constructed as a `ResourceVariable` directly,
+    past the variable creator scopes (`tensorflow/python/ops/resource_variable_ops.py`), the tf.function never
+    hears of it. Under a tf.distribute strategy the strategy's creator must place it: there it is a plain
+    `tf.Variable`.
+    """
+    import tensorflow as tf
+    from tensorflow.python.ops import resource_variable_ops
+
+    if tf.distribute.has_strategy():
+        return tf.Variable(initial_value, **kwargs)
+    return resource_variable_ops.ResourceVariable(initial_value, **kwargs)
 
 
 # --- op callbacks and the gradient tape ----------------------------------------------------------------

@@ -26,6 +26,7 @@ from nanscope.report.model import run_header
 from nanscope.keras.probe import StepProbe, held_optimizers
 from nanscope.run.attribution import StepNames
 from nanscope.keras.recorder import StepRecorder
+from nanscope.keras.trace_count import makes_variables
 from nanscope.model.learning_rate import LearningRateView
 from nanscope.keras.workers import worker_role
 from nanscope.rules.evidence import RunEvidence
@@ -72,12 +73,12 @@ class FitRun:
         else:
             self._start_on_first_call()
 
-    def _start(self) -> None:
+    def _start(self, built_ahead: bool = False) -> None:
         model, options = self.model, self.options
         expected = expected_layer_indices(options.expect_nonfinite, [layer.name for layer in probed_layers(model)])
         sentinel = options.guard.sample_every if options.guard.mode == "sentinel" else None
         probe = self.probe = StepProbe(model, expected, forensics=options.forensics,
-                                       metrics=options.guard.intervenes, sentinel=sentinel)
+                                       metrics=options.guard.intervenes, sentinel=sentinel, built_ahead=built_ahead)
         names = StepNames(layers=[(layer.name, type(layer).__name__) for layer in probe.layers],
                           variables=probe.variable_names, outputs=probe.output_names)
         if probe.snapshot is not None:
@@ -142,13 +143,16 @@ class FitRun:
         self._unbuilt_function = original
 
     def _build_and_start(self, iterator: DatasetIterator) -> None:
-        with random_state_kept():  # the build traces `call` (or the step) once more than fit would
+        def build() -> None:
             if defines_call(self.model):
                 symbolic_build(self.model, iterator.element_spec)
             else:  # nothing to build the model by: the step's trace builds the optimizers it uses
                 tf, _ = tensorflow()
                 tf.function(self.model.train_step).get_concrete_function(iterator.element_spec)
-        self._start()
+
+        with random_state_kept():  # the build traces `call` (or the step) once more than fit would
+            built_ahead = makes_variables(build)
+        self._start(built_ahead)
 
     def guarded(self, what: str, action: Callable[[], object]) -> bool:
         """Run nanscope's own `action`; a failure stops recording with one warning line instead of stopping fit."""

@@ -35,6 +35,7 @@ from nanscope.run.attribution import StepNames
 from nanscope.keras.recorder import GuestOptions, StepRecorder
 from nanscope.keras.rows import RowBuffer
 from nanscope.keras.snapshot import StepSnapshot
+from nanscope.keras.trace_count import FirstTrace, makes_variables
 from nanscope.internals import jit_compile_of
 from nanscope.model.learning_rate import LearningRateView
 from nanscope.model.optimizers import optimizer_settings
@@ -241,9 +242,13 @@ class GuestRun:
                  ) -> None:
         self.python_function, self.models, self.optimizers, self.options = python_function, models, optimizers, options
         self.jit = bool(jit)
+        built_ahead = False
         if not all(m.built for m in models) or not all(o.built for o in optimizers):
             with random_state_kept():  # a trace more than the user's: it must draw no seed
-                tf.function(python_function).get_concrete_function(*args, **kwargs)
+                built_ahead = makes_variables(
+                    lambda: tf.function(python_function).get_concrete_function(*args, **kwargs))
+        # A build that took the user's variables out of the step's first trace: TensorFlow would trace it twice.
+        self.first_trace = FirstTrace(built_ahead and compiled)
         self.layers = [layer for model in models for layer in probed_layers(model)]
         self.trainable = _unique(v for model in models for v in model.trainable_variables)
         self.failure: Exception | None = None
@@ -362,6 +367,7 @@ class GuestRun:
     def _step(self, *args: Any, **kwargs: Any) -> Any:
         hooks = contextlib.ExitStack()
         try:
+            self.first_trace.made_in_trace()
             capture = StepCapture(None, self.optimizers, self.trainable, keras_models=self.models)
             self.layer_probe.begin()
             if self.snapshot is not None:
@@ -411,6 +417,7 @@ class GuestRun:
 
         hooks = contextlib.ExitStack()
         try:
+            self.first_trace.made_in_trace()
             capture = SentinelCapture(None, self.optimizers, self.trainable, keras_models=self.models)
             if self.snapshot is not None:
                 self._take(args, kwargs)

@@ -15,6 +15,7 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from nanscope.data import targets
+from nanscope.internals import untraced_variable
 from nanscope.rules.evidence import FeatureScale, TargetScale
 from nanscope.runtime import tensorflow
 
@@ -48,8 +49,9 @@ class FeatureMoments:
         if columns is None:
             return None
         if label not in self._sums:
-            with tf.init_scope():
-                self._sums[label] = tf.Variable(tf.zeros([4, columns]), trainable=False, name="nanscope_moments")
+            with tf.init_scope():  # not counted by the tracing step: it is traced as often as without nanscope
+                self._sums[label] = untraced_variable(tf.zeros([4, columns]), trainable=False,
+                                                      name="nanscope_moments")
         return self._sums[label] if self._sums[label].shape[1] == columns else None
 
     def labels(self) -> list[str]:

@@ -33,6 +33,7 @@ from nanscope.keras.capture import StepCapture, not_absorbed, unexpected_layer_n
 from nanscope.keras.moments import FeatureMoments
 from nanscope.keras.rows import RowBuffer
 from nanscope.keras.snapshot import StepSnapshot
+from nanscope.keras.trace_count import FirstTrace, makes_variables
 from nanscope.runtime import tensorflow
 
 if TYPE_CHECKING:
@@ -66,17 +67,21 @@ class StepProbe:
             them back with a skipped step).
         sentinel: int, default None. `mode="sentinel"`: every Nth execution runs the full step, the
             others only what detection needs (`nanscope.guard.sentinel`). One device only.
+        built_ahead: bool, default False. nanscope made variables of the model (or of the optimizers) from the
+            first batch, before the step's first trace would have (`keras.trace_count`).
     """
 
     sentinel: "SentinelRows | None"  # set in __init__ (where SentinelRows is imported only under mode="sentinel")
 
     def __init__(self, model: KerasModel, expected: Iterable[int] = (), forensics: bool = True, metrics: bool = False,
-                 sentinel: int | None = None) -> None:
+                 sentinel: int | None = None, built_ahead: bool = False) -> None:
         self.model = model
         self.optimizers = training_optimizers(model)
         optimizer = model.optimizer
         if optimizer in self.optimizers and not optimizer.built:
-            optimizer.build(model.trainable_variables)  # what Keras does on the first step, done before it
+            # What Keras does on the first step, done before it.
+            built_ahead = makes_variables(lambda: optimizer.build(model.trainable_variables)) or built_ahead
+        self.first_trace = FirstTrace(built_ahead)
         self.layers = probed_layers(model)
         self.trainable = list(model.trainable_variables)
         self.variable_names = relative_variable_names(self.trainable, model)
@@ -254,6 +259,7 @@ class StepProbe:
                 return self._sentinel_step(original, data)
             hooks = contextlib.ExitStack()
             try:
+                self.first_trace.made_in_trace()
                 capture = StepCapture(self.model, self.optimizers, self.trainable,
                                       outputs=len(self.output_names))
                 self.layer_probe.begin()

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any, TypeAlias
 
 from nanscope.engine.variable_stats import Snapshot
+from nanscope.internals import untraced_variable
 from nanscope.runtime import tensorflow
 
 tf, keras = tensorflow()
@@ -69,8 +70,10 @@ class StepSnapshot:
 
     def _batch_variables(self, flat: list[Tensor]) -> list[Variable | None]:
         if self._batch is None or len(self._batch) != len(flat):
-            with tf.init_scope():  # created outside the traced step, whichever trace first gets here
-                self._batch = [None if not tf.is_tensor(t) else tf.Variable(
+            # Made outside the traced step, whichever trace first gets here, and not counted by it: the step is
+            # traced as often as without nanscope (its unseeded random ops draw the same seeds).
+            with tf.init_scope():
+                self._batch = [None if not tf.is_tensor(t) else untraced_variable(
                     tf.zeros([0] * t.shape.rank if t.shape.rank is not None else [0], t.dtype),
                     shape=tf.TensorShape(None), trainable=False, name="nanscope_batch") for t in flat]
         return self._batch
