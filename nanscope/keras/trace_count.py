@@ -10,10 +10,10 @@ traced once.
 nanscope makes its own variables of the step past TensorFlow's count
 (`internals.untraced_variable`), so they add no trace. Where nanscope itself built,
 before the step's first trace, what that trace would have built (it builds the
-optimizer to copy its slots, and an unbuilt model from the first batch), the trace
-would lose its second run (when that build made a variable: `makes_variables`): `FirstTrace` makes one
-variable in it instead, the one
-TensorFlow counts, and the step is traced twice, as without nanscope.
+optimizer to copy its slots, and an unbuilt model from the first batch), and that
+build made a variable (`makes_variables`), the trace would lose its second run:
+`FirstTrace` makes one variable in it instead, one TensorFlow counts, and the step is
+traced twice, as without nanscope.
 """
 
 from collections.abc import Callable
