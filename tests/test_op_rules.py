@@ -47,12 +47,18 @@ def test_poisson_xlogy_describes_the_log_argument_not_the_counts(tmp_path):
     assert report.recommendations[0].id == "avoid-poles"
 
 
-def test_arcface_names_the_acos_fed_a_cosine_past_1(tmp_path):
+def test_arcface_names_the_acos_whose_gradient_is_infinite_at_a_cosine_of_exactly_1(tmp_path):
+    # The relu embedding has 3 units: a row with one positive unit normalises to exactly a class centre, so the cosine
+    # is exactly 1 at step 0 and Acos' gradient -1/sqrt(1 - x^2) is -inf (a cosine rounded past 1 is the forward case,
+    # which tests/golden/rule_evidence.json pins on its own).
     report = trace("arcface-2d-unclamped", tmp_path)
     first = report.first_nonfinite
-    assert (first.op, first.layer) == ("Acos", "arc") and first.inputs["max"] > 1.0
-    assert report.recommendations[0].id == "clamp-inverse-trig"
-    assert "max 1.00000012" in report.recommendations[0].evidence[0]
+    assert (first.step, first.phase, first.op, first.layer) == (0, "backward", "Reciprocal", "arc")
+    assert (first.inputs["op"], first.inputs["max"], first.inputs["negative_fraction"]) == ("Acos", 1.0, 0.0)
+    top = report.recommendations[0]
+    assert (top.id, top.severity) == ("clamp-inverse-trig", "error")
+    assert "Reciprocal (gradient of Acos)" in top.evidence[0] and "reaches exactly 1" in top.evidence[0]
+    assert "tf.clip_by_value(x, -1.0 + 1e-7, 1.0 - 1e-7)" in top.fix
 
 
 def test_an_op_without_a_rule_gets_guard_op_when_nothing_else_explains_the_run(tmp_path):
