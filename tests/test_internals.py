@@ -19,7 +19,7 @@ import pytest
 import typer
 
 from nanscope import internals
-from nanscope.engine.step import as_handed
+from nanscope.engine.model_view import as_handed
 from nanscope.internals import override, overridden, restore
 from nanscope.runtime import tensorflow
 

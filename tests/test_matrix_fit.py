@@ -74,7 +74,7 @@ def assert_report_right(cell, doc, shown, model, steps=STEPS):
 
 
 def flat_layers(model):
-    from nanscope.engine.step import probed_layers
+    from nanscope.engine.model_view import probed_layers
 
     return probed_layers(model)
 

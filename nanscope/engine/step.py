@@ -21,7 +21,6 @@ for the life of the process: every trace (a replay, a fix tried, a retrace) kept
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -32,18 +31,17 @@ from nanscope.engine.exact import Tensor
 from nanscope.engine.failures import raised_while_tracing
 from nanscope.engine.variable_stats import (Snapshot, any_nonfinite_count, applied_updates, global_norm,
                                             graph_position, summary_stats, variable_rows)
-from nanscope.model.learning_rate import inner_optimizer
 from nanscope.model.models import LoadedModel, build_model
 from nanscope.engine.probes import LayerRecorder
 from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import OUTPUT, SCALARS, VARIABLE, StepLayout
 from nanscope.errors import ModelError
-from nanscope.internals import all_reduce_gradients_hooks, flatten_layers, overridden, own_losses
+from nanscope.internals import overridden
 from nanscope.runtime import tensorflow
+from nanscope.tf_types import Optimizer
+from nanscope.engine.model_view import (LayerInfo, is_loss_scale_optimizer, keras_gradients, keras_sum_skipped,
+                                         layer_loss_terms, probed_layers, relative_variable_names)
 
-# Keras models, layers, optimizers and variables: Keras ships no types (Any to mypy).
-KerasModel = Any
-Optimizer = Any
 GradTransform = Callable[[list[Tensor]], list[Tensor]]
 # What `_train` hands the statistics: y_pred, total, data_loss, grads, applied, scale, output_losses, updates.
 Trained = tuple[Any, Tensor, Tensor, list[Tensor], list[Tensor], Tensor | None, list[Tensor], list[Tensor | None]]
@@ -61,31 +59,6 @@ class StepLoss(Protocol):
     def terms(self, y: Any, y_pred: Any) -> list[Tensor]: ...
 
     def total(self, terms: list[Tensor]) -> Tensor: ...
-
-
-@dataclass
-class LayerInfo:
-    """A probed layer: its name, its class and the dtype it computes in."""
-
-    name: str
-    cls: str
-    dtype: str = "float32"
-
-
-def probed_layers(keras_model: KerasModel) -> list[Any]:
-    """The layers of a Keras model to probe, nested ones included, input layers left out."""
-    if keras_model is None:
-        return []
-    return [
-        layer for layer in flatten_layers(keras_model)
-        if type(layer).__name__ != "InputLayer"
-    ]
-
-
-def variable_name(variable: Any) -> str:
-    """A variable's path-like name ("dense/kernel"), for Keras and plain tf.Variables alike."""
-    name = getattr(variable, "path", None) or variable.name
-    return name[:-2] if name.endswith(":0") else name
 
 
 class InstrumentedStep:
@@ -379,19 +352,6 @@ class InstrumentedStep:
         return list(self._snapshot.copies) + list(extra)
 
 
-def keras_sum_skipped(optimizer: Optimizer) -> list[tuple[Any, str, Callable[[Any], Any]]]:
-    """The `overridden` hooks that hand `optimizer` its gradients on as they are, in place of Keras' own sum of
-    the replicas' gradients (a LossScaleOptimizer's: its inner optimizer's), for a step traced for one replica
-    or one that hands every replica the sum itself (see the module's doc)."""
-    return all_reduce_gradients_hooks(inner_optimizer(optimizer), as_handed)
-
-
-def as_handed(reduce: object) -> type[list[Any]]:
-    """In place of the optimizer's all-reduce of the replicas' gradients: the (gradient, variable) pairs as handed."""
-    del reduce  # Unused
-    return list
-
-
 def _one_replica() -> bool:
     """True where the step is traced for one replica (no strategy, or one device): the sum of its gradients is
     the gradients themselves."""
@@ -410,42 +370,3 @@ def _total(counts: list[Tensor]) -> Tensor:
     """The sum of a list of scalar tensors; one is returned as it is (no op)."""
     tf, _ = tensorflow()
     return counts[0] if len(counts) == 1 else tf.add_n(counts)
-
-
-def is_loss_scale_optimizer(optimizer: Optimizer) -> bool:
-    """True for Keras' LossScaleOptimizer (dynamic loss scaling for float16)."""
-    _, keras = tensorflow()
-    return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-
-
-def layer_loss_terms(layers: Sequence[Any], keras_model: KerasModel) -> list[Tensor]:
-    """Per layer, then for the model itself, the sum of the loss terms it owns (add_loss, weight regularizers).
-
-    Call inside the traced step, after the forward pass. Without a Keras model (a
-    SavedModel) there are no layers and no terms.
-    """
-    tf, _ = tensorflow()
-    if keras_model is None:
-        return []
-    rows = []
-    for layer in [*layers, keras_model]:
-        own = own_losses(layer, regularizers=layer is not keras_model)
-        rows.append(tf.add_n([tf.cast(tf.reduce_sum(t), tf.float32) for t in own]) if own else tf.constant(0.0))
-    return rows
-
-
-def relative_variable_names(variables: Sequence[Any], keras_model: KerasModel) -> list[str]:
-    """Variable names relative to the model ("dense/kernel", not "sequential/dense/kernel")."""
-    names = [variable_name(v) for v in variables]
-    prefix = f"{keras_model.name}/" if keras_model is not None else None
-    if prefix and names and all(n.startswith(prefix) for n in names):
-        return [n[len(prefix):] for n in names]
-    return names
-
-
-def keras_gradients(raw: Sequence[Any], dense: Sequence[Tensor]) -> list[Tensor]:
-    """The gradients to hand the optimizer: an Embedding's IndexedSlices as the tape gave them, as Keras' own
-    train step hands them (Adam and RMSprop update only the rows a sparse gradient names; a dense one of zeros
-    moves the others by their moments), the dense ones (statistics, clipping, unscaling) for the rest."""
-    tf, _ = tensorflow()
-    return [g if isinstance(g, tf.IndexedSlices) else d for g, d in zip(raw, dense)]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
-from nanscope.engine.step import probed_layers
+from nanscope.engine.model_view import probed_layers
 from nanscope.forensics.random_state import random_state_kept
 from nanscope.forensics.events import OpEvent
 from nanscope.forensics.watch import OpWatch

@@ -26,7 +26,8 @@ from nanscope.guard.options import GuardOptions
 from nanscope.guard.interventions import BoundedLog, Intervention, Spike
 from nanscope.guard.ring import RingEntry, SnapshotRing
 from nanscope.guard.spikes import SpikeDetector
-from nanscope.guard.state import Batch, State
+from nanscope.guard.state import State
+from nanscope.tf_types import Batch
 from nanscope.guard.verdicts import judge
 
 if TYPE_CHECKING:

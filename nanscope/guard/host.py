@@ -18,15 +18,14 @@ from nanscope.guard.guard import Fixer, Guard, Rerun
 from nanscope.guard.interventions import Intervention
 from nanscope.guard.options import GuardOptions
 from nanscope.guard.schedule import SampleSchedule
-from nanscope.guard.state import Batch, GuestState, StepSnapshot
+from nanscope.guard.state import GuestState, StepSnapshot
+from nanscope.tf_types import Batch, KerasModel
 
 if TYPE_CHECKING:
     from nanscope.report.model import FirstNonfinite, TraceReport
 
 log = logging.getLogger("nanscope")
 LOG_KEYS = {"skip": "nanscope_skipped", "rollback": "nanscope_rolled_back"}
-# A Keras model: Keras ships no types, so it is Any to mypy.
-KerasModel: TypeAlias = Any
 # What builds the prover of a rollback's fix from the guard's state and re-run (`keras.guest_fix`).
 MakeFixer: TypeAlias = Callable[[GuestState, Rerun], Fixer | None]
 

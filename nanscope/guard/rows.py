@@ -1,15 +1,12 @@
 """Each row's loss of a `fit` batch, for the rows a spike names (the compiled loss, one value per row)."""
 
 from collections.abc import Callable
-from typing import Any, TypeAlias
 
 import numpy as np
 
 from nanscope.runtime import tensorflow
 
-# A Keras model and a batch as `train_step` received it: Keras ships no types, so they are Any to mypy.
-KerasModel: TypeAlias = Any
-Batch: TypeAlias = Any
+from nanscope.tf_types import Batch, KerasModel
 
 
 def fit_row_losses(model: KerasModel) -> Callable[[Batch], np.ndarray] | None:

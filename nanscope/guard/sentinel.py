@@ -16,7 +16,7 @@ and without layer rows it cannot tell an expected `-inf` (`expect_nonfinite`) fr
 unexpected one in the model output, which it counts as non-finite.
 """
 
-from typing import Any, TypeAlias
+from typing import Any
 
 from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import OUTPUT, SCALARS, VARIABLE
@@ -24,11 +24,9 @@ from nanscope.engine.variable_stats import global_norm, summary_stats
 from nanscope.guard.schedule import SampleSchedule
 from nanscope.keras.capture import StepCapture
 from nanscope.runtime import tensorflow
+from nanscope.tf_types import Tensor, Variable
 
 tf, keras = tensorflow()
-# A tensor and a tf.Variable: TensorFlow ships no types, so they are Any to mypy.
-Tensor: TypeAlias = Any
-Variable: TypeAlias = Any
 NORMS = 2  # |w| and |dw| over all trainable weights, at the end of a sentinel row
 
 

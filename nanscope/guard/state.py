@@ -10,15 +10,11 @@ it (`extra`), so the logs and the epoch's averages leave the skipped step out.
 import contextlib
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
-from typing import Any, Protocol, TypeAlias
+from typing import Protocol
 
 import numpy as np
 
-# Keras optimizers and variables, and a batch as `train_step` received it (eager tensors, nested): TensorFlow and
-# Keras ship no types, so they are Any to mypy.
-Optimizer: TypeAlias = Any
-Variable: TypeAlias = Any
-Batch: TypeAlias = Any
+from nanscope.tf_types import Batch, Optimizer, Variable
 
 
 class _Copy(Protocol):

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 
 from nanscope.engine.records import StepRecord
 from nanscope.guard.ring import SnapshotRing
-from nanscope.guard.state import Batch, State
+from nanscope.guard.state import State
+from nanscope.tf_types import Batch
 
 if TYPE_CHECKING:
     from nanscope.report.model import FirstNonfinite

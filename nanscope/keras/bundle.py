@@ -22,20 +22,18 @@ import os
 import shutil
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from nanscope.forensics.bundle_code import CODE_DIR, copy_code, named_by_origin, origin_name
 from nanscope.internals import compile_config, flatten_layers
 from nanscope.keras.bundle_load import BundleError, load_bundle_model
+from nanscope.tf_types import Batch, KerasModel
 
 if TYPE_CHECKING:
     from nanscope.rules.rule import Recommendation
 
-# A Keras model and a batch of eager tensors: Keras ships no types, so they are Any to mypy.
-KerasModel: TypeAlias = Any
-Batch: TypeAlias = Any
 
 KIND = "fit"
 FILES = ("repro.json", "model.keras", "state.npz", CODE_DIR)

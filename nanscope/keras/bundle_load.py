@@ -9,20 +9,17 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from nanscope.errors import NanscopeError, first_line
+from nanscope.tf_types import Batch, KerasModel, Variable
 
 if TYPE_CHECKING:
     from nanscope.rules.rule import Recommendation
 
 # A Keras model, its variables and a batch as `train_step` received it (eager tensors, nested): Keras and TensorFlow
-# ship no types, so they are Any to mypy.
-KerasModel: TypeAlias = Any
-Variable: TypeAlias = Any
-Batch: TypeAlias = Any
 
 
 class BundleError(Exception):

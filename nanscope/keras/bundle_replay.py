@@ -11,11 +11,11 @@ step; the data rules read the saved batch.
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from nanscope.engine.step import probed_layers
+from nanscope.engine.model_view import probed_layers
 from nanscope.errors import NanscopeError, first_line
 from nanscope.forensics.bundle_code import name_origins
 from nanscope.forensics.replay import describe_event
@@ -25,15 +25,13 @@ from nanscope.keras.header import compiled_loss_name, model_loss_name, precision
 from nanscope.model.learning_rate import schedule_fields
 from nanscope.model.optimizers import optimizer_settings
 from nanscope.runtime import tensorflow
+from nanscope.tf_types import Batch, KerasModel
 
 if TYPE_CHECKING:
     from nanscope.keras.bundle_load import FitBundle
     from nanscope.report.model import TraceReport
     from nanscope.rules.evidence import RunEvidence
 
-# A Keras model and a batch as `train_step` received it: Keras ships no types, so they are Any to mypy.
-KerasModel: TypeAlias = Any
-Batch: TypeAlias = Any
 
 
 def replay_fit_bundle(directory: str | os.PathLike[str], document: dict[str, Any], arrays: Mapping[str, np.ndarray],

@@ -9,21 +9,19 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from nanscope.engine.step import probed_layers
+from nanscope.engine.model_view import probed_layers
 from nanscope.forensics.guest import replay_call
 from nanscope.internals import compile_loss
+from nanscope.tf_types import Batch, KerasModel
 
 if TYPE_CHECKING:
     from nanscope.forensics.events import OpEvent
     from nanscope.keras.bundle_load import FitBundle
 
-# A Keras model and a batch as `train_step` receives it: Keras ships no types, so they are Any to mypy.
-KerasModel: TypeAlias = Any
-Batch: TypeAlias = Any
 
 
 @dataclass

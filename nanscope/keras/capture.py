@@ -26,21 +26,15 @@ from typing import Any, TypeAlias
 
 from nanscope.engine.variable_stats import any_nonfinite_count, variable_rows
 from nanscope.engine.schema import LAYER, OUTPUT, SCALARS, VARIABLE
-from nanscope.engine.step import is_loss_scale_optimizer, layer_loss_terms
+from nanscope.engine.model_view import is_loss_scale_optimizer, layer_loss_terms
 from nanscope.internals import all_reduce_gradients_hooks, clip_gradients_hook, overridden
 from nanscope.keras.outputs import output_terms
 from nanscope.model.learning_rate import inner_optimizer
 from nanscope.runtime import tensorflow
+from nanscope.tf_types import KerasModel, Layer, Optimizer, ReplicaContext, Tensor, Variable
 
 tf, keras = tensorflow()
 
-# TensorFlow and Keras objects: they ship no types, so they are Any to mypy.
-Tensor: TypeAlias = Any
-Variable: TypeAlias = Any
-Layer: TypeAlias = Any
-KerasModel: TypeAlias = Any
-Optimizer: TypeAlias = Any
-ReplicaContext: TypeAlias = Any
 # A gradient is None for a variable the loss does not reach.
 Gradients: TypeAlias = list[Tensor | None]
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from nanscope.engine.records import expected_layer_indices
-from nanscope.engine.step import probed_layers
+from nanscope.engine.model_view import probed_layers
 from nanscope.data.inputs import id_inputs
 from nanscope.errors import first_line
 from nanscope.guard.host import GuestGuard
@@ -23,7 +23,8 @@ from nanscope.forensics.random_state import random_state_kept
 from nanscope.keras.forensics import GuestForensics, labelled_fit_batch
 from nanscope.keras.header import fit_header, fit_outputs, rows_seen
 from nanscope.report.model import run_header
-from nanscope.keras.probe import StepProbe, held_optimizers
+from nanscope.keras.model_parts import held_optimizers
+from nanscope.keras.probe import StepProbe
 from nanscope.run.attribution import StepNames
 from nanscope.keras.recorder import StepRecorder
 from nanscope.keras.trace_count import makes_variables
@@ -31,6 +32,7 @@ from nanscope.model.learning_rate import LearningRateView
 from nanscope.keras.workers import worker_role
 from nanscope.rules.evidence import RunEvidence
 from nanscope.runtime import tensorflow
+from nanscope.tf_types import KerasModel
 
 if TYPE_CHECKING:
     from nanscope.engine.records import StepRecord
@@ -38,8 +40,6 @@ if TYPE_CHECKING:
     from nanscope.report.model import FirstNonfinite, TraceReport
     from nanscope.rules.rule import Recommendation
 
-# A Keras model and the iterator fit hands its train function: Keras ships no types, so they are Any to mypy.
-KerasModel: TypeAlias = Any
 DatasetIterator: TypeAlias = Any
 
 log = logging.getLogger("nanscope")

@@ -17,6 +17,7 @@ from nanscope.forensics.guest import replay_call
 from nanscope.forensics.random_state import random_state_kept
 from nanscope.forensics.replay import describe_event
 from nanscope.runtime import tensorflow
+from nanscope.tf_types import Batch, KerasModel, Layer, Optimizer, Variable
 
 if TYPE_CHECKING:
     from nanscope.engine.records import StepRecord
@@ -25,12 +26,6 @@ if TYPE_CHECKING:
     from nanscope.report.model import FirstNonfinite
 
 # A batch as the step received it (nested tensors), Keras layers, models, optimizers and variables: Keras and
-# TensorFlow ship no types, so they are Any to mypy.
-Batch: TypeAlias = Any
-Layer: TypeAlias = Any
-KerasModel: TypeAlias = Any
-Optimizer: TypeAlias = Any
-Variable: TypeAlias = Any
 # A batch's parts: (label, values, kind), kind as `run.attribution.bad_values_line` words it.
 Labelled: TypeAlias = list[tuple[str, np.ndarray, str]]
 

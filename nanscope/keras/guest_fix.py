@@ -18,22 +18,20 @@ is traced again). Every trial leaves every variable and setting as it found it.
 import math
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nanscope.guard.guard import Rerun
 from nanscope.guard.options import GuardOptions
-from nanscope.guard.state import Batch, GuestState
+from nanscope.guard.state import GuestState
 from nanscope.model.optimizers import set_overrides
 from nanscope.run.proven_fix import IN_PROCESS
+from nanscope.tf_types import Batch, KerasModel, Optimizer
 
 if TYPE_CHECKING:
     from nanscope.report.model import FirstNonfinite, TraceReport
     from nanscope.rules.evidence import RunEvidence
     from nanscope.rules.fixes import StepFix
 
-# A Keras model and optimizer: Keras ships no types, so they are Any to mypy.
-KerasModel: TypeAlias = Any
-Optimizer: TypeAlias = Any
 
 
 class _Recorder(Protocol):

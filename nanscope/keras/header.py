@@ -1,21 +1,15 @@
 """The report's run header for a guest run: `model.fit` with NanScope, or a step under `instrument`."""
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol
 
-from nanscope.engine.step import is_loss_scale_optimizer
+from nanscope.engine.model_view import is_loss_scale_optimizer
 from nanscope.keras.workers import WorkerRole, describe_strategy
 from nanscope.model.optimizers import optimizer_settings
 from nanscope.report.model import run_header
 from nanscope.runtime import tensorflow
 from nanscope.store.history import StepHistory
-
-# Keras models, layers, optimizers and compiled losses, and a tf.distribute strategy: Keras and TensorFlow ship no
-# types, so they are Any to mypy.
-KerasModel: TypeAlias = Any
-Layer: TypeAlias = Any
-Optimizer: TypeAlias = Any
-Strategy: TypeAlias = Any
+from nanscope.tf_types import KerasModel, Layer, Optimizer, Strategy
 
 
 class _Probe(Protocol):

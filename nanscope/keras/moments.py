@@ -10,7 +10,7 @@ Sums are float32: fine for telling unit scale from a scale of 10 or more.
 """
 
 from collections.abc import Collection, Sequence
-from typing import Any, TypeAlias
+from typing import Any
 
 import numpy as np
 
@@ -18,12 +18,10 @@ from nanscope.data import targets
 from nanscope.internals import untraced_variable
 from nanscope.rules.evidence import FeatureScale, TargetScale
 from nanscope.runtime import tensorflow
+from nanscope.tf_types import Tensor, Variable
 
 tf, keras = tensorflow()
 
-# Tensors (or nests of them) and tf.Variables: TensorFlow ships no types, so they are Any to mypy.
-Tensor: TypeAlias = Any
-Variable: TypeAlias = Any
 
 
 class FeatureMoments:

@@ -8,15 +8,13 @@ loss once more: a few small ops per output, no second forward pass.
 """
 
 from collections.abc import Sequence
-from typing import Any, TypeAlias
+from typing import Any
 
 from nanscope.internals import compile_loss, compiled_output_losses, compiled_structures
 from nanscope.run.losses import loss_name, unscaled_for_replicas
 from nanscope.runtime import tensorflow
 
-# A Keras model and tensors (or nests of them): Keras and TensorFlow ship no types, so they are Any to mypy.
-KerasModel: TypeAlias = Any
-Tensor: TypeAlias = Any
+from nanscope.tf_types import KerasModel, Tensor
 
 
 def output_loss_specs(model: KerasModel) -> list[tuple[str, str, float]]:

@@ -25,16 +25,18 @@ import numpy as np
 
 from nanscope.engine.probes import LayerRecorder
 from nanscope.engine.schema import join
-from nanscope.engine.step import keras_sum_skipped, probed_layers, relative_variable_names
+from nanscope.engine.model_view import keras_sum_skipped, probed_layers, relative_variable_names
 from nanscope.internals import (
-    compile_loss, overridden, rebuild_train_function, replace_train_step, restore, set_train_function,
+    overridden, rebuild_train_function, replace_train_step, restore, set_train_function,
 )
 from nanscope.keras.capture import StepCapture, not_absorbed, unexpected_layer_nonfinite
+from nanscope.keras.model_parts import multi_output_names, training_optimizers
 from nanscope.keras.moments import FeatureMoments
 from nanscope.keras.rows import RowBuffer
 from nanscope.keras.snapshot import StepSnapshot
 from nanscope.keras.trace_count import FirstTrace, makes_variables
 from nanscope.runtime import tensorflow
+from nanscope.tf_types import KerasModel, Optimizer, Tensor
 
 if TYPE_CHECKING:
     from nanscope.engine.records import StepRecord
@@ -42,10 +44,6 @@ if TYPE_CHECKING:
 
 tf, keras = tensorflow()
 
-# TensorFlow and Keras objects: they ship no types, so they are Any to mypy.
-Tensor: TypeAlias = Any
-KerasModel: TypeAlias = Any
-Optimizer: TypeAlias = Any
 # A step's batch as fit hands it to `train_step`, and what the step returns (its logs).
 Data: TypeAlias = Any
 Logs: TypeAlias = Any
@@ -404,29 +402,6 @@ def xla_outside_off(model: KerasModel, off: bool) -> Iterator[None]:
         model.jit_compile = True
 
 
-def held_optimizers(model: KerasModel) -> list[Optimizer]:
-    """Optimizers held as the model's own attributes (a GAN's `d_optimizer` and `g_optimizer`), in order."""
-    held: list[Optimizer] = []
-    for value in vars(model).values():
-        if isinstance(value, keras.optimizers.Optimizer) and all(value is not o for o in held):
-            held.append(value)
-    return held
-
-
-def training_optimizers(model: KerasModel) -> list[Optimizer]:
-    """The optimizers the model's step trains with: `model.optimizer`, and those it holds as attributes.
-
-    A model that compiles with its own optimizers (keras-io's GAN: `super().compile()`, then
-    `d_optimizer` and `g_optimizer`) leaves `model.optimizer` as compile's default, which
-    its step never uses and Keras never builds: it is left out then.
-    """
-    held = [o for o in held_optimizers(model) if o is not model.optimizer]
-    own = model.optimizer
-    if own is None or (held and not own.built):
-        return held
-    return [own, *held]
-
-
 def _logged_loss(capture: StepCapture, logs: Logs) -> Tensor | None:
     """The loss `compute_loss` returned (caught by the capture), or else the "loss" a custom train_step logs."""
     if capture.loss is not None or not isinstance(logs, dict):
@@ -437,19 +412,3 @@ def _logged_loss(capture: StepCapture, logs: Logs) -> Tensor | None:
 def _batch_rows(x: Any) -> Tensor:
     flat = [t for t in tf.nest.flatten(x) if t is not None]
     return tf.cast(tf.shape(flat[0])[0], tf.float32) if flat else tf.constant(0.0)
-
-
-def multi_output_names(model: KerasModel) -> list[str]:
-    """Names of a compiled multi-output model's outputs, in Keras' flattened order; [] for one output.
-
-    Known before the first step only for models with symbolic outputs (functional,
-    Sequential with an Input); a subclassed model's outputs are not split.
-    """
-    try:
-        count = len(model.outputs or [])
-    except (AttributeError, ValueError):
-        return []
-    if count < 2 or compile_loss(model) is None:
-        return []
-    names = list(getattr(model, "output_names", None) or [])
-    return names if len(names) == count else [f"output_{i}" for i in range(count)]

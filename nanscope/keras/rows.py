@@ -7,7 +7,6 @@ step counter, and under tf.distribute an on-read copy per replica with a replica
 plus under tf.distribute the replica's own gradients' non-finite count.
 """
 
-from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -15,14 +14,11 @@ from nanscope.engine.distributed import combine_replicas
 from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import Columns, StepLayout
 from nanscope.runtime import tensorflow
+from nanscope.tf_types import ReplicaContext, Strategy, Tensor
 
 tf, keras = tensorflow()
 # The columns a buffer row starts with, before the step's outputs (engine/schema.py).
 HEAD = Columns("step", "batch_rows")
-# Tensors, a tf.distribute strategy and its replica context: TensorFlow ships no types, so they are Any to mypy.
-Tensor: TypeAlias = Any
-Strategy: TypeAlias = Any
-ReplicaContext: TypeAlias = Any
 
 
 class RowBuffer:

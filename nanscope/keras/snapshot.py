@@ -12,19 +12,16 @@ still holds that step when the host looks.
 """
 
 from collections.abc import Iterable
-from typing import Any, TypeAlias
+from typing import Any
 
 from nanscope.engine.variable_stats import Snapshot
 from nanscope.internals import untraced_variable
 from nanscope.runtime import tensorflow
+from nanscope.tf_types import Batch, Tensor, Variable
 
 tf, keras = tensorflow()
 
 # Tensors, tf.Variables and a batch as `train_step` received it (nested tensors): TensorFlow ships no types, so
-# they are Any to mypy.
-Tensor: TypeAlias = Any
-Variable: TypeAlias = Any
-Batch: TypeAlias = Any
 
 
 class StepSnapshot:

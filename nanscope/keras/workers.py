@@ -10,12 +10,11 @@ worker `w` holds replicas `w*R .. w*R+R-1`.
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any
 
 from nanscope.runtime import tensorflow
 
-# A tf.distribute strategy: TensorFlow ships no types, so it is Any to mypy.
-Strategy: TypeAlias = Any
+from nanscope.tf_types import Strategy
 
 
 @dataclass(frozen=True)

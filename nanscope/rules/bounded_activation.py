@@ -6,9 +6,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from nanscope.engine.limits import activation_limit
-from nanscope.engine.step import KerasModel
+from nanscope.tf_types import KerasModel
 from nanscope.internals import flatten_layers
-from nanscope.rules.facts import Facts, Layer, LayerFacts
+from nanscope.rules.facts import Facts, LayerFacts
+from nanscope.tf_types import Layer
 from nanscope.rules.fixes import Bundle, Change, Session, StepFix
 from nanscope.rules.rule import Finding, Fixtures, Recommendation, Rule
 from nanscope.rules.trends import geometric_growth

@@ -16,7 +16,7 @@ from numpy.typing import ArrayLike
 
 from nanscope.data import inputs
 from nanscope.data.targets import Arrays
-from nanscope.engine.step import KerasModel
+from nanscope.tf_types import KerasModel
 from nanscope.rules.fixes import Session
 from nanscope.rules.outliers import Glitches, glitch_rows, glitches_in
 

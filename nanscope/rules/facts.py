@@ -7,22 +7,22 @@ and the scale of the training data (`rules.evidence`). No live Keras model, no r
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol
 
 import numpy as np
 
 from nanscope.engine.records import StepRecord
-from nanscope.engine.step import KerasModel, probed_layers
+from nanscope.engine.model_view import probed_layers
+from nanscope.tf_types import KerasModel
 from nanscope.rules.evidence import BatchRows, FeatureScale, RunEvidence, TargetScale
 from nanscope.rules.outliers import Glitches
 from nanscope.store.history import StepHistory
+from nanscope.tf_types import Layer
 
 # The step columns the rules read of every step (SERIES names; see history.series_columns).
 STEP_COLUMNS = ("phase", "update_skipped", "loss_scale", "loss_scale_before", "grad_nonfinite")
 # Keras activations that grow without bound, as relu does (the bounded-activation rule's case).
 RELU_NAMES = {"relu", "leaky_relu", "elu", "relu6"}
-# A Keras layer: Keras ships no types, so it is Any to mypy.
-Layer: TypeAlias = Any
 
 
 class FirstNonfinite(Protocol):

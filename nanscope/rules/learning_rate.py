@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 
-from nanscope.engine.step import KerasModel
+from nanscope.tf_types import KerasModel
 from nanscope.model.learning_rate import (Schedule, inner_optimizer, lowered_learning_rate_fix, scaled_schedule,
                                           schedule_of)
 from nanscope.rules.facts import Facts, HealthySteps

@@ -2,7 +2,7 @@
 
 import math
 from dataclasses import replace
-from typing import Any, TypeAlias
+from typing import Any
 
 import numpy as np
 
@@ -12,6 +12,7 @@ from nanscope.rules.facts import Facts
 from nanscope.rules.fixes import Bundle, Change, LoadedData, Session, StepFix, moments
 from nanscope.rules.rule import Finding, Fixtures, Recommendation, Rule
 from nanscope.runtime import tensorflow
+from nanscope.tf_types import Tensor
 
 NORMALIZE_INPUTS = Rule(
     "normalize-inputs",
@@ -48,8 +49,6 @@ ROOT_CAUSE_SCORE = 1.05
 # The op rules whose producer overflowed or underflowed (a magnitude the data sets); the others name a value at a
 # domain edge (an exact zero, a fully masked row, an inf fill) that no scaling moves.
 MAGNITUDE_RULES = {"stable-exp", "stable-log", "loss-scaling", "float32-layer"}
-# A batch's eager tensor: TensorFlow ships no types, so it is Any to mypy.
-Tensor: TypeAlias = Any
 MSE_LIKE_LOSSES = {"mean_squared_error", "mse", "mean_absolute_error", "mae", "huber", "huber_loss", "log_cosh"}
 
 

@@ -30,7 +30,8 @@ from nanscope.run.sources import LoadedData, load_data, split_validation
 from nanscope.engine.cluster import bounded
 from nanscope.engine.chunk import CHUNK_STEPS, ChunkFailure, ChunkRunner, fits_on_device
 from nanscope.model.models import build_model
-from nanscope.engine.step import InstrumentedStep, is_loss_scale_optimizer
+from nanscope.engine.step import InstrumentedStep
+from nanscope.engine.model_view import is_loss_scale_optimizer
 from nanscope.errors import SpecError
 from nanscope.run.losses import Loss, check_labels_fit, resolve_loss
 from nanscope.model.models import LoadedModel, load_model, output_names
