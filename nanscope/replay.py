@@ -28,7 +28,8 @@ from nanscope.rules.diagnose import diagnose
 from nanscope.rules.evidence import evidence_from_session
 from nanscope.run.session import open_session
 from nanscope.spec.load import parse_spec
-from nanscope.run.trace import describe_run, locate_first_nonfinite  # the step runs as trace-steps runs it
+from nanscope.run.describe import describe_run  # the step runs as trace-steps runs it
+from nanscope.run.locate import locate_first_nonfinite
 
 
 def replay_repro(directory: str | os.PathLike, verify: bool = False, unsafe: bool = False) -> TraceReport:

@@ -15,41 +15,36 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from nanscope import interrupt
-from nanscope.run.attribution import StepNames, attribute_from_record, describe_bad_batch
-from nanscope.data import inputs, targets
 from nanscope.engine.failures import step_failure
 from nanscope.engine.loss_scale import LossScaleWatch
 from nanscope.engine.cluster import collective_failure_message, is_collective_failure
 from nanscope.engine.distributed import DistributedStep
-from nanscope.engine.records import expected_layer_indices, first_nonfinite_worker
+from nanscope.engine.records import expected_layer_indices
 from nanscope.errors import SpecError
 from nanscope.finishing import optional_part
 from nanscope.guard.trace_sentinel import trace_sentinel
+from nanscope.run.describe import describe_run, run_notes, sentinel_notes
 from nanscope.run.guard_state import prepare_guard, trace_guard
+from nanscope.run.locate import locate_first_nonfinite
 from nanscope.store.history import StepHistory
 from nanscope.model.learning_rate import LearningRateView, settle_learning_rate
-from nanscope.model.optimizers import optimizer_settings
-from nanscope.report.model import TraceReport, run_header
+from nanscope.report.model import TraceReport
 from nanscope.rules.diagnose import diagnose
 from nanscope.rules.evidence import evidence_from_session
-from nanscope.runtime import tensorflow
 from nanscope.run.session import open_session, start_up_failures
 from nanscope.spec.options import TraceOptions
 from nanscope.store.lines import AggregatesLine, ErrorLine, SummaryLine
 from nanscope.store.tracefile import TraceWriter
 
 if TYPE_CHECKING:
-    from nanscope.data.targets import Arrays
     from nanscope.engine.cluster import Cluster
     from nanscope.engine.records import StepRecord
     from nanscope.engine.chunk import ChunkRunner
     from nanscope.engine.step import InstrumentedStep
-    from nanscope.guard.options import GuardOptions
     from nanscope.guard.trace_sentinel import TraceSentinel
-    from nanscope.report.model import FirstNonfinite
     from nanscope.report.tensorboard import TensorBoardLog
     from nanscope.run.guard_state import TraceGuard
     from nanscope.run.session import Session
@@ -96,7 +91,7 @@ def run_trace(spec: RunSpec, options: TraceOptions | None = None) -> TraceReport
         trace_path=str(options.trace_path or default_trace_path(spec)),
         cluster=session.cluster,
     )
-    report.notes.extend(session.model.notes + run_notes(spec) + _sentinel_notes(options.guard, sentinel))
+    report.notes.extend(session.model.notes + run_notes(spec) + sentinel_notes(options.guard, sentinel))
     guard = trace_guard(options.guard, engine, session, report, expected)
     writes = session.cluster is None or session.cluster.is_chief
     trace = (TraceWriter(report.trace_path, report.trace_header(), report.history, options.trace_full)  # type: ignore[arg-type]
@@ -295,146 +290,6 @@ def _finish(session: Session, engine: InstrumentedStep, report: TraceReport, opt
         except KeyboardInterrupt:
             report.interrupted = True
             report.notes.append("--verify was interrupted: recommendations not yet re-run stay unverified")
-
-
-def locate_first_nonfinite(record: StepRecord, engine: InstrumentedStep, session: Session, x: Arrays, y: Arrays,
-                           options: TraceOptions | None = None) -> FirstNonfinite:
-    """Attribute a non-finite step to its phase, its producing layer and op, and the user line behind it.
-
-    The compiled record names the phase and the first layer or variable that shows
-    the value; an eager forensic replay of this one step (`nanscope.forensics`) then
-    names the op that produced it, its inputs and its source line.
-    """
-    x, y, rows, part = _worker_part(record, engine, session, x, y)
-    first = _attribute(record, engine, session, x, y, rows)
-    options = options or TraceOptions()
-    state_before = None
-    if first.phase != "data" and options.forensics:
-        from nanscope.forensics import describe_event, localize_step
-
-        found = localize_step(engine, x, y)
-        if part:
-            first.detail.append(f"the forensic replay ran on the chief over {part}")
-        describe_event(first, found.event, first.phase, loss_name=_loss_of(engine.loss, first.output))
-        first.detail.append(f"forensic replay of step {record.step}: {found.seconds:.3f} s")
-        state_before = found.state_before
-    if options.save_repro is not None:
-        from nanscope.forensics import save_repro
-        from nanscope.forensics.replay import state_before_step
-
-        save_repro(options.save_repro, session, record.step, x, y, state_before or state_before_step(engine))
-        first.detail.append(f"repro saved: nanscope replay {options.save_repro}")
-    return first
-
-
-def step_names(engine: InstrumentedStep) -> StepNames:
-    """The StepNames of an instrumented step: its layers, their call order, its variables, the model's outputs."""
-    return StepNames(layers=[(info.name, info.cls) for info in engine.layer_info], call_order=engine.layer_call_order,
-                     variables=engine.variable_names, outputs=[o.name for o in engine.loss.outputs])
-
-
-def _worker_part(record: StepRecord, engine: InstrumentedStep, session: Session, x: Arrays, y: Arrays
-                 ) -> tuple[Arrays, Arrays, Any, str | None]:
-    """(x, y, dataset rows, description) of the part of the batch that the first worker with a non-finite count
-    trained on; the whole batch (description None) unless several workers trained."""
-    rows = session.order.indices(record.step)
-    worker = first_nonfinite_worker(record)
-    if worker is None or not isinstance(engine, DistributedStep):  # workers are counted across a cluster only
-        return x, y, rows, None
-    start, end = engine.worker_rows(len(rows), worker)
-    part = slice(start, end)
-    described = f"worker {worker}'s part of the batch (batch rows {start}-{end - 1})"
-    return targets.take(x, part), targets.take(y, part), rows[part], described
-
-
-def _attribute(record: StepRecord, engine: InstrumentedStep, session: Session, x: Arrays, y: Arrays,
-               rows: Any = None) -> FirstNonfinite:
-    first = attribute_from_record(record, step_names(engine))
-    if first.phase == "data":
-        rows = session.order.indices(record.step) if rows is None else rows
-        first.detail = describe_bad_batch(x, y, rows, session.train.feature_names,
-                                          session.train.target_names, [o.name for o in engine.loss.outputs])
-    return first
-
-
-def _loss_of(loss: Any, output: str | None) -> str:
-    """The loss of output `output` of a multi-output model ("kind: sparse_categorical_crossentropy"), or the loss."""
-    named = next((o for o in loss.outputs if o.name == output), None)
-    return f"{named.loss.name} of output {named.name!r}" if named else loss.name
-
-
-def describe_run(session: Session, engine: InstrumentedStep, learning_rate: LearningRateView | None = None
-                 ) -> dict[str, Any]:
-    """The run header: what was run, for the report and the trace (`learning_rate`: the optimizer's
-    LearningRateView, which adds the schedule under one)."""
-    spec = session.spec
-    optimizer_name, optimizer_config = optimizer_settings(engine.optimizer)
-    return run_header(
-        spec=spec.source,
-        model=session.model.description,
-        model_kind=session.model.kind,
-        parameters=session.model.param_count,
-        data=session.train.description,
-        train_rows=session.train.rows,
-        validation_rows=session.validation.rows if session.validation is not None else 0,
-        input_shape=inputs.row_shapes(session.train.x),
-        batch_size=spec.data.batch_size,
-        shuffle=spec.data.shuffle,
-        loss=session.loss.name,
-        outputs=_outputs(session),
-        optimizer=optimizer_name,
-        optimizer_config=optimizer_config,
-        **(learning_rate.header_fields() if learning_rate is not None else {}),
-        steps_requested=spec.train.steps,
-        seed=spec.train.seed,
-        jit_compile=spec.train.jit_compile,
-        mixed_precision=spec.train.mixed_precision,
-        loss_scaling=engine.loss_scaled,
-        layer_dtypes={info.name: info.dtype for info in engine.layer_info},
-        **_distribution(engine),
-    )
-
-
-def _outputs(session: Session) -> list[dict[str, Any]]:
-    """Per model output: its name, its loss and the loss's weight in the total."""
-    if session.loss.multi_output:
-        return [{"name": o.name, "loss": o.loss.name, "weight": o.weight} for o in session.loss.outputs]
-    return [{"name": name, "loss": session.loss.name, "weight": 1.0} for name in session.output_names[:1]]
-
-
-def _distribution(engine: InstrumentedStep) -> dict[str, Any]:
-    """The `distribute` entry of the run header under tf.distribute (strategy and replicas); nothing on one device."""
-    if not isinstance(engine, DistributedStep):
-        return {}
-    strategy = engine.strategy
-    tf, _ = tensorflow()
-    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):  # its class is CollectiveAllReduceStrategy
-        return {"distribute": {"strategy": "MultiWorkerMirroredStrategy", "replicas": strategy.num_replicas_in_sync,
-                               "workers": engine.workers, "replicas_per_worker": engine.local_replicas}}
-    described = {"strategy": type(strategy).__name__, "replicas": strategy.num_replicas_in_sync}
-    return {"distribute": described}
-
-
-def _sentinel_notes(guard_options: GuardOptions | None, sentinel: TraceSentinel | None) -> list[str]:
-    """What the report says of `--mode sentinel` where the run cannot take it (tf.distribute)."""
-    if guard_options is None or guard_options.mode != "sentinel" or sentinel is not None:
-        return []
-    return ["mode=sentinel: not under train.distribute; every step was recorded in full"]
-
-
-def run_notes(spec: RunSpec) -> list[str]:
-    """What the report should say about how the run was made."""
-    notes: list[str] = []
-    if not spec.train.jit_compile:
-        notes.append("the traced step runs without XLA (jit_compile: false) so every layer output can be probed")
-    if spec.train.distribute == "multi_worker":
-        notes.append("train.distribute: multi_worker: each worker takes its part of the batch and its replicas split "
-                     "it; the forensic replay of a non-finite step runs on the chief, eagerly on one device, over the "
-                     "part of the batch of the first worker that saw the value, without the strategy")
-    elif spec.train.distribute:
-        notes.append("train.distribute: the batch is split over the replicas; the forensic replay of a non-finite "
-                     "step runs eagerly on one device over the whole batch, without the strategy")
-    return notes
 
 
 def default_trace_path(spec: RunSpec) -> Path:
