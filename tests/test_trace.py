@@ -231,7 +231,7 @@ def test_trace_file_and_json_report(tmp_path):
 
 
 def test_the_run_header_has_one_field_order_and_rejects_unknown_or_missing_fields():
-    from nanscope.report.model import REQUIRED_RUN_FIELDS, RUN_FIELDS, run_header
+    from nanscope.report.header import REQUIRED_RUN_FIELDS, RUN_FIELDS, run_header
 
     fields = {name: name.upper() for name in REQUIRED_RUN_FIELDS}
     header = run_header(distribute={"replicas": 2}, **dict(reversed(list(fields.items()))))

@@ -22,7 +22,7 @@ from nanscope.internals import compile_metrics_built, flatten_layers, set_train_
 from nanscope.forensics.random_state import random_state_kept
 from nanscope.keras.forensics import GuestForensics, labelled_fit_batch
 from nanscope.keras.header import fit_header, fit_outputs, rows_seen
-from nanscope.report.model import run_header
+from nanscope.report.header import run_header
 from nanscope.keras.model_parts import held_optimizers
 from nanscope.keras.probe import StepProbe
 from nanscope.run.attribution import StepNames

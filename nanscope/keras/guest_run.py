@@ -31,7 +31,7 @@ from nanscope.keras.snapshot import StepSnapshot
 from nanscope.keras.trace_count import FirstTrace, makes_variables
 from nanscope.model.learning_rate import LearningRateView
 from nanscope.model.optimizers import optimizer_settings
-from nanscope.report.model import run_header
+from nanscope.report.header import run_header
 from nanscope.rules.evidence import RunEvidence
 from nanscope.runtime import tensorflow
 from nanscope.tf_types import Optimizer, Tensor, Variable

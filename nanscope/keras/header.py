@@ -6,7 +6,7 @@ from typing import Any, Protocol
 from nanscope.engine.model_view import is_loss_scale_optimizer
 from nanscope.keras.workers import WorkerRole, describe_strategy
 from nanscope.model.optimizers import optimizer_settings
-from nanscope.report.model import run_header
+from nanscope.report.header import run_header
 from nanscope.runtime import tensorflow
 from nanscope.store.history import StepHistory
 from nanscope.tf_types import KerasModel, Layer, Optimizer, Strategy

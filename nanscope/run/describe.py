@@ -11,7 +11,7 @@ from nanscope.data import inputs
 from nanscope.engine.distributed import DistributedStep
 from nanscope.model.learning_rate import LearningRateView
 from nanscope.model.optimizers import optimizer_settings
-from nanscope.report.model import run_header
+from nanscope.report.header import run_header
 from nanscope.runtime import tensorflow
 
 if TYPE_CHECKING:

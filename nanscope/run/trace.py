@@ -34,7 +34,8 @@ from nanscope.model.learning_rate import LearningRateView, settle_learning_rate
 from nanscope.report.model import TraceReport
 from nanscope.rules.diagnose import diagnose
 from nanscope.rules.evidence import evidence_from_session
-from nanscope.run.session import open_session, start_up_failures
+from nanscope.run.environment import start_up_failures
+from nanscope.run.session import open_session
 from nanscope.spec.options import TraceOptions
 from nanscope.store.lines import AggregatesLine, ErrorLine, SummaryLine
 from nanscope.store.tracefile import TraceWriter

@@ -31,7 +31,7 @@ class HeaderLine:
     """The first line: the run description, the layers and variables, and how the steps are written.
 
     Args:
-        run: dict. The run header (`nanscope.report.model.run_header`).
+        run: dict. The run header (`nanscope.report.header.run_header`).
         layers: list of [name, class]. The probed layers, in row order.
         layer_order: list. The layers' order in the model, for the tables.
         variables: list of str. The trainable variables, in row order.

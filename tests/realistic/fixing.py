@@ -20,7 +20,7 @@ import numpy as np
 import yaml
 
 from nanscope.runtime import tensorflow
-from nanscope.run.session import dtype_policy
+from nanscope.run.environment import dtype_policy
 
 tf, keras = tensorflow()
 # Steps each fixed run trains for: past 4x the latest failing step in the corpus (the focal loss at step 37).

@@ -25,7 +25,7 @@ from rich.console import Console
 from nanscope.model.factory import load_callable
 from nanscope.keras import NanScope
 from nanscope.runtime import tensorflow
-from nanscope.run.session import dtype_policy
+from nanscope.run.environment import dtype_policy
 from nanscope.spec.load import parse_spec
 from nanscope.run.trace import run_trace
 from nanscope.spec.options import TraceOptions
