@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeAlias
 
 from nanscope.engine.variable_stats import any_nonfinite_count, variable_rows
-from nanscope.engine.schema import LAYER, OUTPUT, SCALARS, VARIABLE
+from nanscope.engine.schema import OUTPUT, SCALARS, VARIABLE
 from nanscope.engine.model_view import is_loss_scale_optimizer, layer_loss_terms
 from nanscope.internals import all_reduce_gradients_hooks, clip_gradients_hook, overridden
 from nanscope.keras.outputs import output_terms
@@ -272,27 +272,6 @@ class StepCapture:
         before = [self.before.get(id(v), a) for v, a in zip(self.trainable, after)]
         grads = [self.grads.get(id(v), tf.zeros_like(tf.convert_to_tensor(v))) for v in self.trainable]
         return variable_rows(grads, before, after, self.applied)
-
-
-def not_absorbed(values: dict[str, Tensor], layer_nonfinite: Tensor) -> Tensor:
-    """In the graph: True when this step holds a non-finite value that loss scaling did not absorb.
-
-    The same test as `StepRecord.phase`, for the snapshot to stop at the first such step, but for a collapsed
-    loss scale (`engine.loss_scale`), which only the host sees over many steps: a skipped update is absorbed here.
-    `layer_nonfinite` is the sum of the non-finite counts of layers not expected to have them.
-    """
-    counts = (values["x_nonfinite"] + values["y_nonfinite"] + values["output_nonfinite"] + values["loss_nonfinite"]
-              + values["weights_nonfinite"] + layer_nonfinite
-              + values["grad_nonfinite"] * (1.0 - values["update_skipped"]))
-    return counts > 0
-
-
-def unexpected_layer_nonfinite(stats: Tensor, layers: int, expected: Iterable[int]) -> Tensor:
-    """In the graph: the non-finite counts of the `layers` rows of `stats` summed, but for the `expected` ones'."""
-    keep = [i for i in range(layers) if i not in set(expected)]
-    if not keep:
-        return tf.constant(0.0)
-    return tf.reduce_sum(tf.gather(stats[:, LAYER.at("nonfinite")], keep))
 
 
 def loss_terms(layers: Sequence[Layer], keras_models: Sequence[KerasModel]) -> list[Tensor]:

@@ -21,13 +21,13 @@ from nanscope.engine.records import expected_layer_indices
 from nanscope.engine.schema import join
 from nanscope.engine.model_view import probed_layers, relative_variable_names
 from nanscope.forensics.random_state import random_state_kept
-from nanscope.keras.capture import StepCapture, not_absorbed, unexpected_layer_nonfinite
+from nanscope.keras.capture import StepCapture
 from nanscope.keras.forensics import GuestForensics, labelled_arguments
 from nanscope.keras.header import UNKNOWN_TO_GUESTS, parameter_count, precision
 from nanscope.run.attribution import StepNames
 from nanscope.keras.recorder import GuestOptions, StepRecorder
 from nanscope.keras.rows import RowBuffer
-from nanscope.keras.snapshot import StepSnapshot
+from nanscope.keras.snapshot import StepSnapshot, not_absorbed, unexpected_layer_nonfinite
 from nanscope.keras.trace_count import FirstTrace, makes_variables
 from nanscope.model.learning_rate import LearningRateView
 from nanscope.model.optimizers import optimizer_settings

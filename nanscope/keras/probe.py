@@ -29,11 +29,11 @@ from nanscope.engine.model_view import keras_sum_skipped, probed_layers, relativ
 from nanscope.internals import (
     overridden, rebuild_train_function, replace_train_step, restore, set_train_function,
 )
-from nanscope.keras.capture import StepCapture, not_absorbed, unexpected_layer_nonfinite
+from nanscope.keras.capture import StepCapture
 from nanscope.keras.model_parts import multi_output_names, training_optimizers
 from nanscope.keras.moments import FeatureMoments
 from nanscope.keras.rows import RowBuffer
-from nanscope.keras.snapshot import StepSnapshot
+from nanscope.keras.snapshot import StepSnapshot, not_absorbed, unexpected_layer_nonfinite
 from nanscope.keras.trace_count import FirstTrace, makes_variables
 from nanscope.runtime import tensorflow
 from nanscope.tf_types import KerasModel, Optimizer, Tensor

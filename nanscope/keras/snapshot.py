@@ -8,12 +8,14 @@ and puts the state after the step back (`GuestReplay`).
 
 With `steps_per_execution > 1` the host learns of a non-finite step only after the
 execution: the snapshot then stops copying (`freeze`) once a step is non-finite, so it
-still holds that step when the host looks.
+still holds that step when the host looks. `not_absorbed` and `unexpected_layer_nonfinite` are that
+test, in the graph.
 """
 
 from collections.abc import Iterable
 from typing import Any
 
+from nanscope.engine.schema import LAYER
 from nanscope.engine.variable_stats import Snapshot
 from nanscope.internals import untraced_variable
 from nanscope.runtime import tensorflow
@@ -96,3 +98,24 @@ class StepSnapshot:
     def nbytes(self) -> int:
         """Bytes the state copy takes on the device."""
         return sum(int(v.shape.num_elements() or 0) * v.dtype.size for v in self.state.copies)
+
+
+def not_absorbed(values: dict[str, Tensor], layer_nonfinite: Tensor) -> Tensor:
+    """In the graph: True when this step holds a non-finite value that loss scaling did not absorb.
+
+    The same test as `StepRecord.phase`, for the snapshot to stop at the first such step, but for a collapsed
+    loss scale (`engine.loss_scale`), which only the host sees over many steps: a skipped update is absorbed here.
+    `layer_nonfinite` is the sum of the non-finite counts of layers not expected to have them.
+    """
+    counts = (values["x_nonfinite"] + values["y_nonfinite"] + values["output_nonfinite"] + values["loss_nonfinite"]
+              + values["weights_nonfinite"] + layer_nonfinite
+              + values["grad_nonfinite"] * (1.0 - values["update_skipped"]))
+    return counts > 0
+
+
+def unexpected_layer_nonfinite(stats: Tensor, layers: int, expected: Iterable[int]) -> Tensor:
+    """In the graph: the non-finite counts of the `layers` rows of `stats` summed, but for the `expected` ones'."""
+    keep = [i for i in range(layers) if i not in set(expected)]
+    if not keep:
+        return tf.constant(0.0)
+    return tf.reduce_sum(tf.gather(stats[:, LAYER.at("nonfinite")], keep))
