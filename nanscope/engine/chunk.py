@@ -20,10 +20,10 @@ import numpy as np
 
 from nanscope.data import inputs, targets
 from nanscope.data.targets import Arrays
-from nanscope.engine.exact import Tensor
 from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import LAYER, SCALAR_COUNTS, SCALARS, join
 from nanscope.runtime import tensorflow
+from nanscope.tf_types import Tensor
 
 if TYPE_CHECKING:
     from nanscope.engine.step import InstrumentedStep

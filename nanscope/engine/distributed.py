@@ -31,13 +31,12 @@ import numpy as np
 from nanscope import interrupt
 from nanscope.data import inputs
 from nanscope.data.targets import Arrays
-from nanscope.engine.exact import Tensor
 from nanscope.engine.variable_stats import any_nonfinite_count
 from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import LAYER, LAYER_MAXED, OUTPUT, SCALARS, output_offsets
 from nanscope.engine.step import GradTransform, InstrumentedStep, StepLoss
 from nanscope.engine.model_view import layer_loss_terms
-from nanscope.tf_types import Optimizer
+from nanscope.tf_types import Optimizer, Tensor
 from nanscope.internals import overridden
 from nanscope.model.models import LoadedModel
 from nanscope.runtime import tensorflow

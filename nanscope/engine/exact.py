@@ -22,11 +22,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from nanscope.runtime import tensorflow
+from nanscope.tf_types import Tensor
 
 # Per graph: (value, dtype) -> the constant made in it.
-# A TF tensor (symbolic while the step is traced): TensorFlow ships no types, so Any to mypy.
-Tensor = Any
-
 _CONSTANTS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, str], Any]] = weakref.WeakKeyDictionary()
 
 # Tensors of a known shape are small with at most this many entries; tensors whose first

@@ -9,11 +9,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nanscope.engine.exact import Tensor
 from nanscope.internals import all_reduce_gradients_hooks, flatten_layers, own_losses
 from nanscope.model.learning_rate import inner_optimizer
 from nanscope.runtime import tensorflow
-from nanscope.tf_types import KerasModel, Optimizer
+from nanscope.tf_types import KerasModel, Optimizer, Tensor
 
 
 @dataclass

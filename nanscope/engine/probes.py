@@ -19,10 +19,11 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from nanscope.engine.exact import Tensor, all_axes, constant, finite_stats, small
+from nanscope.engine.exact import all_axes, constant, finite_stats, small
 from nanscope.engine.schema import LAYER, LAYER_MAXED
 from nanscope.internals import overridden
 from nanscope.runtime import tensorflow
+from nanscope.tf_types import Tensor
 
 # Ops whose output is never negative: |x| is x, and the probe skips the abs.
 NONNEGATIVE_OPS = frozenset({"Relu", "Relu6", "Softmax", "Sigmoid", "Softplus", "Exp"})

@@ -27,7 +27,6 @@ import numpy as np
 
 from nanscope.data import inputs
 from nanscope.data.targets import Arrays
-from nanscope.engine.exact import Tensor
 from nanscope.engine.failures import raised_while_tracing
 from nanscope.engine.variable_stats import (Snapshot, any_nonfinite_count, applied_updates, global_norm,
                                             graph_position, summary_stats, variable_rows)
@@ -38,7 +37,7 @@ from nanscope.engine.schema import OUTPUT, SCALARS, VARIABLE, StepLayout
 from nanscope.errors import ModelError
 from nanscope.internals import overridden
 from nanscope.runtime import tensorflow
-from nanscope.tf_types import Optimizer
+from nanscope.tf_types import Optimizer, Tensor
 from nanscope.engine.model_view import (LayerInfo, is_loss_scale_optimizer, keras_gradients, keras_sum_skipped,
                                          layer_loss_terms, probed_layers, relative_variable_names)
 

@@ -11,9 +11,10 @@ once (`exact.segment_stats`); a small model gets them on every step instead.
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from nanscope.engine.exact import Tensor, all_axes, constant, count_nonfinite, nonfinite_count, segment_stats, small
+from nanscope.engine.exact import all_axes, constant, count_nonfinite, nonfinite_count, segment_stats, small
 from nanscope.engine.schema import VARIABLE
 from nanscope.runtime import tensorflow
+from nanscope.tf_types import Tensor
 
 
 class Snapshot:

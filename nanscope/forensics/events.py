@@ -7,9 +7,8 @@ from typing import Any
 
 import numpy as np
 from nanscope.runtime import tensorflow
+from nanscope.tf_types import Tensor
 
-# An eager tensor (or a Keras layer, below): TensorFlow and Keras ship no types (Any to mypy).
-Tensor = Any
 
 # For these ops the second input is the denominator: that is the operand to describe.
 DENOMINATOR_OPS = {"RealDiv", "Div", "DivNoNan", "FloorDiv", "TruncateDiv", "Xdivy"}

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from nanscope.internals import execute_op, function_graph
-from nanscope.forensics.events import Tensor
 from nanscope.runtime import tensorflow
+from nanscope.tf_types import Tensor
 
 # A graph op of a FuncGraph, and an attribute value of its NodeDef (a protobuf): Any to mypy.
 GraphOp = Any

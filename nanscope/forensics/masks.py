@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from nanscope.forensics.events import ForwardOp, Tensor
+from nanscope.forensics.events import ForwardOp
+from nanscope.tf_types import Tensor
 
 # The op that made a tensor earlier in the pass (OpWatch.producer_of).
 ProducerOf = Callable[[Tensor], ForwardOp | None]

@@ -18,13 +18,13 @@ from nanscope.forensics.random_state import random_state_kept
 from nanscope.forensics.events import OpEvent
 from nanscope.forensics.watch import OpWatch
 from nanscope.runtime import tensorflow
+from nanscope.tf_types import Optimizer
 
 if TYPE_CHECKING:
     from nanscope.engine.step import InstrumentedStep
     from nanscope.model.models import LoadedModel
 
-# Keras optimizers, losses.Loss (run/, a layer up) and batches of tensors: Any to mypy.
-Optimizer = Any
+# What changes a step's gradients before the update (a clipping strategy), as engine/step.py's GradTransform.
 GradTransform = Callable[[list[Any]], list[Any]]
 
 

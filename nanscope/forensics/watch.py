@@ -31,11 +31,11 @@ from nanscope.forensics.events import (
     is_float_tensor,
     operand_stats,
 )
-from nanscope.forensics.events import Tensor
 from nanscope.forensics.functions import InnerOp, is_function_call, localize_in_function
 from nanscope.forensics.masks import masked_rows
 from nanscope.forensics.sources import keras_loss_source, library_dirs, user_source
 from nanscope.internals import differentiated_op, op_callback, overridden
+from nanscope.tf_types import Tensor
 
 
 class OpWatch:

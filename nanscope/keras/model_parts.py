@@ -8,7 +8,7 @@ from nanscope.internals import compile_loss
 from nanscope.runtime import tensorflow
 from nanscope.tf_types import KerasModel, Optimizer
 
-tf, keras = tensorflow()
+_, keras = tensorflow()
 
 
 def held_optimizers(model: KerasModel) -> list[Optimizer]:

@@ -23,6 +23,7 @@ import numpy as np
 
 from nanscope import internals
 from nanscope.runtime import tensorflow
+from nanscope.tf_types import Optimizer
 
 log = logging.getLogger("nanscope")
 
@@ -34,8 +35,7 @@ __all__ = ["LearningRateView", "lowered_learning_rate_fix", "peak_learning_rate"
 # others (decay_steps, alpha, power, ...) are shapes, left as they are.
 RATE_KEYS = ("initial_learning_rate", "warmup_target", "end_learning_rate", "values")
 
-# Keras optimizers and LearningRateSchedules: TensorFlow and Keras ship no types, so they are Any to mypy.
-Optimizer = Any
+# Keras LearningRateSchedules: Keras ships no types, so they are Any to mypy.
 Schedule = Any
 
 

@@ -17,13 +17,11 @@ from nanscope.errors import DataError, ModelError, first_line
 from nanscope.model.factory import call_factory, load_callable
 from nanscope.internals import compiled_loss_weights
 from nanscope.runtime import tensorflow
+from nanscope.tf_types import KerasModel, Tensor
 
 if TYPE_CHECKING:
     from nanscope.spec.sections import RunSpec
 
-# A Keras model, a restored SavedModel, their variables and tensors: TF and Keras ship no types (Any to mypy).
-KerasModel = Any
-Tensor = Any
 
 
 class ModelCall(Protocol):

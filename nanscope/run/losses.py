@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 from nanscope.errors import DataError, SpecError, did_you_mean, first_line
 from nanscope.model.factory import call_factory, load_callable
-from nanscope.engine.exact import Tensor
 from nanscope.runtime import tensorflow
+from nanscope.tf_types import Tensor
 
 if TYPE_CHECKING:
     from nanscope.model.models import LoadedModel

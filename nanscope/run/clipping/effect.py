@@ -28,8 +28,8 @@ import numpy as np
 from nanscope.run.clipping.transforms import STAT_COLUMNS, keras_clip
 from nanscope.model.optimizers import build_optimizer
 from nanscope.runtime import tensorflow
-from nanscope.engine.exact import Tensor
 from nanscope.spec.sections import CLIP_FIELDS
+from nanscope.tf_types import Tensor
 
 if TYPE_CHECKING:
     from nanscope.run.clipping.strategies import Strategy

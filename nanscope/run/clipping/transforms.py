@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from nanscope.engine.exact import Tensor
 from nanscope.runtime import tensorflow
+from nanscope.tf_types import Tensor
 
 if TYPE_CHECKING:
     from nanscope.run.clipping.strategies import Strategy
