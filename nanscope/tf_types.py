@@ -4,6 +4,7 @@ TensorFlow and Keras ship no types, so each is `Any` to mypy; the name says what
 Import them from here rather than declaring them again in each module.
 """
 
+from collections.abc import Callable
 from typing import Any, TypeAlias
 
 Tensor: TypeAlias = Any  # a tf.Tensor (eager or symbolic) or a KerasTensor
@@ -14,3 +15,5 @@ Optimizer: TypeAlias = Any  # a keras.optimizers.Optimizer (a LossScaleOptimizer
 Strategy: TypeAlias = Any  # a tf.distribute.Strategy
 ReplicaContext: TypeAlias = Any  # a tf.distribute.ReplicaContext
 Batch: TypeAlias = Any  # one step's data as the step takes it: a tensor, a tuple or a dict of them
+# What changes a step's gradients between the backward pass and the update (a clipping strategy).
+GradTransform: TypeAlias = Callable[[list[Tensor]], list[Tensor]]

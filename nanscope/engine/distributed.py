@@ -34,7 +34,8 @@ from nanscope.data.targets import Arrays
 from nanscope.engine.variable_stats import any_nonfinite_count
 from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import LAYER, LAYER_MAXED, OUTPUT, SCALARS, output_offsets
-from nanscope.engine.step import GradTransform, InstrumentedStep, StepLoss
+from nanscope.engine.step import InstrumentedStep, StepLoss
+from nanscope.tf_types import GradTransform
 from nanscope.engine.model_view import layer_loss_terms
 from nanscope.tf_types import Optimizer, Tensor
 from nanscope.internals import overridden

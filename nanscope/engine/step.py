@@ -20,7 +20,7 @@ for the life of the process: every trace (a replay, a fix tried, a retrace) kept
 """
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -28,20 +28,20 @@ import numpy as np
 from nanscope.data import inputs
 from nanscope.data.targets import Arrays
 from nanscope.engine.failures import raised_while_tracing
-from nanscope.engine.variable_stats import (Snapshot, any_nonfinite_count, applied_updates, global_norm,
+from nanscope.engine.step_scalars import StepTensors, scalar_row
+from nanscope.engine.variable_stats import (Snapshot, any_nonfinite_count, applied_updates, float32, global_norm,
                                             graph_position, summary_stats, variable_rows)
 from nanscope.model.models import LoadedModel, build_model
 from nanscope.engine.probes import LayerRecorder
 from nanscope.engine.records import StepRecord
-from nanscope.engine.schema import OUTPUT, SCALARS, VARIABLE, StepLayout
+from nanscope.engine.schema import VARIABLE, StepLayout
 from nanscope.errors import ModelError
 from nanscope.internals import overridden
 from nanscope.runtime import tensorflow
-from nanscope.tf_types import Optimizer, Tensor
+from nanscope.tf_types import GradTransform, Optimizer, Tensor
 from nanscope.engine.model_view import (LayerInfo, is_loss_scale_optimizer, keras_gradients, keras_sum_skipped,
                                          layer_loss_terms, probed_layers, relative_variable_names)
 
-GradTransform = Callable[[list[Tensor]], list[Tensor]]
 # What `_train` hands the statistics: y_pred, total, data_loss, grads, applied, scale, output_losses, updates.
 Trained = tuple[Any, Tensor, Tensor, list[Tensor], list[Tensor], Tensor | None, list[Tensor], list[Tensor | None]]
 
@@ -191,7 +191,7 @@ class InstrumentedStep:
         measured, weight_norm = summary_stats(grads, self.trainable, None if applied is grads else applied)
         scalars = self._scalars(x, y, y_pred, total, data_loss, applied, scale, output_losses, measured)
         # |w| and |dw| over all weights, for the rules that read every step's (the update ratio, the weights' growth).
-        changes = [_f32(v) - _f32(c) if d is None else _f32(d)
+        changes = [float32(v) - float32(c) if d is None else float32(d)
                    for d, v, c in zip(updates, self.trainable, self._snapshot.copies)]
         return scalars, tf.stack([weight_norm, global_norm(changes)])
 
@@ -249,37 +249,15 @@ class InstrumentedStep:
 
     def _scalars(self, x: Any, y: Any, y_pred: Any, total: Tensor, data_loss: Tensor, applied: list[Tensor],
                  scale: Tensor | None, output_losses: list[Tensor], measured: dict[str, Tensor]) -> Tensor:
-        """The step's scalar row (SCALARS, then OUTPUT per output); `measured`: the gradient and weight columns."""
-        tf, _ = tensorflow()
-        target_counts = [any_nonfinite_count(t) for t in tf.nest.flatten(y)]
-        prediction_counts = [self._prediction_nonfinite(t) for t in tf.nest.flatten(y_pred)]
-        per_output = [OUTPUT.pack({"loss": loss, "target_nonfinite": target, "prediction_nonfinite": prediction})
-                      for loss, target, prediction in zip(output_losses, target_counts, prediction_counts)]
-        return tf.stack(SCALARS.pack({
-            "loss": tf.cast(total, tf.float32), "data_loss": data_loss,
-            "x_nonfinite": _total([any_nonfinite_count(t) for t in tf.nest.flatten(x)]),
-            "y_nonfinite": _total(target_counts), "output_nonfinite": _total(prediction_counts),
-            "loss_nonfinite": tf.cast(tf.logical_not(tf.math.is_finite(total)), tf.float32),
-            **measured,
-            "loss_scale": tf.cast(tf.convert_to_tensor(self.optimizer.dynamic_scale), tf.float32)
-            if self.loss_scaled else 0.0,
-            "update_skipped": self._skipped(applied, scale),
-            "loss_scale_before": scale if self.loss_scaled else 0.0,
-            "loss_missing": 0.0,
-        }) + [column for row in (per_output if self.loss.multi_output else []) for column in row])
+        """The step's scalar row (engine/step_scalars.py); `measured`: the gradient and weight columns."""
+        scale_after = self.optimizer.dynamic_scale if self.loss_scaled else None
+        return scalar_row(StepTensors(x, y, y_pred, total, data_loss, applied, scale, output_losses), measured,
+                          scale_after, self.loss.multi_output, self._prediction_nonfinite)
 
     def _prediction_nonfinite(self, prediction: Tensor) -> Tensor:
         """Non-finite entries of one model output: the count its layer's probe took, where there is one."""
         counted = self._recorder.nonfinite_count(prediction)
         return any_nonfinite_count(prediction) if counted is None else counted
-
-    def _skipped(self, applied: list[Tensor], scale: Tensor | None) -> Tensor:
-        """1.0 when a LossScaleOptimizer skipped this update (its scaled gradients were not finite)."""
-        tf, _ = tensorflow()
-        if not self.loss_scaled:
-            return tf.constant(0.0)
-        finite = [tf.reduce_all(tf.math.is_finite(g * tf.cast(scale, g.dtype))) for g in applied]
-        return tf.cast(tf.logical_not(tf.reduce_all(tf.stack(finite))), tf.float32)
 
     def run(self, step: int, x: Arrays, y: Arrays) -> StepRecord:
         """Run one train step on a batch and return its StepRecord."""
@@ -357,15 +335,3 @@ def _one_replica() -> bool:
     tf, _ = tensorflow()
     context = tf.distribute.get_replica_context()
     return context is None or context.num_replicas_in_sync == 1
-
-
-def _f32(tensor: Tensor) -> Tensor:
-    tf, _ = tensorflow()
-    tensor = tf.convert_to_tensor(tensor)
-    return tensor if tensor.dtype == tf.float32 else tf.cast(tensor, tf.float32)
-
-
-def _total(counts: list[Tensor]) -> Tensor:
-    """The sum of a list of scalar tensors; one is returned as it is (no op)."""
-    tf, _ = tensorflow()
-    return counts[0] if len(counts) == 1 else tf.add_n(counts)

@@ -75,7 +75,7 @@ def variable_rows(grads: Sequence[Tensor], before: Sequence[Tensor], after: Sequ
     # Per variable: the gradient, the weights after the update and the update itself.
     tensors = [
         t for g, b, v, d in zip(grads, before, after, updates)
-        for t in (_f32(g), _f32(v), _f32(v) - _f32(b) if d is None else _f32(d))
+        for t in (float32(g), float32(v), float32(v) - float32(b) if d is None else float32(d))
     ]
     if small(tensors):
         norms, nonfinite = _exact_norms(tensors)
@@ -86,7 +86,8 @@ def variable_rows(grads: Sequence[Tensor], before: Sequence[Tensor], after: Sequ
     order = tuple(_MEASURED.index(name) for name in VARIABLE)
     rows = tf.gather(pairs, constant(order, "int32"), axis=constant(1, "int32"))
     grad_norm = combined_norm(tf.unstack(rows, axis=1)[VARIABLE.at("grad_norm")])
-    applied_norm = grad_norm if applied is None else combined_norm(tf.sqrt(sum_of_squares([_f32(a) for a in applied])))
+    applied_norm = (grad_norm if applied is None
+                    else combined_norm(tf.sqrt(sum_of_squares([float32(a) for a in applied]))))
     return rows, grad_norm, applied_norm
 
 
@@ -104,8 +105,8 @@ def summary_stats(grads: Sequence[Tensor | None], after: Sequence[Tensor], appli
         (the SCALARS columns by name, the updated weights' global norm).
     """
     tf, _ = tensorflow()
-    grads = [_f32(g) for g in grads if g is not None]
-    weights = [_f32(w) for w in after]
+    grads = [float32(g) for g in grads if g is not None]
+    weights = [float32(w) for w in after]
     squares = tf.add_n([tf.nn.l2_loss(g) for g in grads]) * constant(2.0) if grads else constant(0.0)
     probe = tf.add_n([tf.nn.l2_loss(w) for w in weights]) * constant(2.0) if weights else constant(0.0)
 
@@ -125,7 +126,7 @@ def summary_stats(grads: Sequence[Tensor | None], after: Sequence[Tensor], appli
 def global_norm(tensors: Iterable[Tensor | None]) -> Tensor:
     """The global L2 norm, one fused pass; a sum of squares that overflows is redone scaled by the largest entry."""
     tf, _ = tensorflow()
-    tensors = [_f32(t) for t in tensors if t is not None]
+    tensors = [float32(t) for t in tensors if t is not None]
     if not tensors:
         return constant(0.0)
     norm = tf.sqrt(tf.add_n([2.0 * tf.nn.l2_loss(t) for t in tensors]))
@@ -195,7 +196,7 @@ def _increment(ops: list[Any], handle: Tensor) -> Tensor | None:
         sign = _INCREMENTS.get(op.type)
         if sign is None or op.inputs[0] is not handle:
             return None
-        writes.append((sign, _f32(op.inputs[1])))
+        writes.append((sign, float32(op.inputs[1])))
     if not writes:
         return None
     (first_sign, change), rest = writes[0], writes[1:]
@@ -253,7 +254,8 @@ def any_nonfinite_count(tensor: Tensor) -> Tensor:
     return nonfinite_count(tensor, tf.logical_not(tf.math.is_finite(probe)))
 
 
-def _f32(tensor: Tensor) -> Tensor:
+def float32(tensor: Tensor) -> Tensor:
+    """`tensor` as a float32 tensor (cast where it is another dtype)."""
     tf, _ = tensorflow()
     tensor = tf.convert_to_tensor(tensor)
     return tensor if tensor.dtype == tf.float32 else tf.cast(tensor, tf.float32)

@@ -7,7 +7,6 @@ is slow and only ever runs for the one step that went wrong.
 """
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -18,14 +17,12 @@ from nanscope.forensics.random_state import random_state_kept
 from nanscope.forensics.events import OpEvent
 from nanscope.forensics.watch import OpWatch
 from nanscope.runtime import tensorflow
-from nanscope.tf_types import Optimizer
+from nanscope.tf_types import GradTransform, Optimizer
 
 if TYPE_CHECKING:
     from nanscope.engine.step import InstrumentedStep
     from nanscope.model.models import LoadedModel
 
-# What changes a step's gradients before the update (a clipping strategy), as engine/step.py's GradTransform.
-GradTransform = Callable[[list[Any]], list[Any]]
 
 
 class _First(Protocol):

@@ -22,6 +22,7 @@ from nanscope.engine.schema import join
 from nanscope.engine.model_view import probed_layers, relative_variable_names
 from nanscope.forensics.random_state import random_state_kept
 from nanscope.keras.capture import StepCapture
+from nanscope.keras.guest_step import as_guest
 from nanscope.keras.forensics import GuestForensics, labelled_arguments
 from nanscope.keras.header import UNKNOWN_TO_GUESTS, parameter_count, precision
 from nanscope.run.attribution import StepNames
@@ -186,8 +187,7 @@ class GuestRun:
         return self.python_function(*args, **kwargs)
 
     def _step(self, *args: Any, **kwargs: Any) -> Any:
-        hooks = contextlib.ExitStack()
-        try:
+        def attach(hooks: contextlib.ExitStack) -> StepCapture:
             self.first_trace.made_in_trace()
             capture = StepCapture(None, self.optimizers, self.trainable, keras_models=self.models)
             self.layer_probe.begin()
@@ -195,17 +195,14 @@ class GuestRun:
                 self._take(args, kwargs)
             hooks.enter_context(self.layer_probe.attached())
             hooks.enter_context(capture.attached())
-        except Exception as exc:  # nanscope's own failure: the user's step runs as it would without it
-            hooks.close()
-            self.failure = self.failure or exc
-            return self.python_function(*args, **kwargs)
-        with hooks:
-            result = self.python_function(*args, **kwargs)
-        try:
-            self._write(capture, args, kwargs, result)
-        except Exception as exc:
-            self.failure = self.failure or exc
-        return result
+            return capture
+
+        return as_guest(attach, lambda: self.python_function(*args, **kwargs),
+                        lambda capture, result: self._write(capture, args, kwargs, result), self._failed)
+
+    def _failed(self, exc: Exception) -> None:
+        """Keep the first failure of nanscope's own code (the step went on without it)."""
+        self.failure = self.failure or exc
 
     def _take(self, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         """The snapshot of the state and the batch before this step (as the fit probe's `_take`)."""
@@ -236,28 +233,22 @@ class GuestRun:
         """The light step: the snapshot, the optimizer hooks, one short row (`SentinelRows`)."""
         from nanscope.guard.sentinel import SentinelCapture
 
-        hooks = contextlib.ExitStack()
-        try:
+        def attach(hooks: contextlib.ExitStack) -> SentinelCapture:
             self.first_trace.made_in_trace()
             capture = SentinelCapture(None, self.optimizers, self.trainable, keras_models=self.models)
             if self.snapshot is not None:
                 self._take(args, kwargs)
             hooks.enter_context(capture.attached())
-        except Exception as exc:  # nanscope's own failure: the user's step runs as it would without it
-            hooks.close()
-            self.failure = self.failure or exc
-            return self.python_function(*args, **kwargs)
-        with hooks:
-            result = self.python_function(*args, **kwargs)
-        try:
+            return capture
+
+        def write(capture: SentinelCapture, result: Any) -> None:
             batch = [t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t)]
             values, _, _ = capture.values([t for t in batch if t.dtype.is_floating], None, returned_loss(result),
                                           self.layers)
             assert self.sentinel is not None  # the light step runs only in sentinel mode
             self.sentinel.write(_batch_rows(batch), capture.scalars(values, None, None))
-        except Exception as exc:
-            self.failure = self.failure or exc
-        return result
+
+        return as_guest(attach, lambda: self.python_function(*args, **kwargs), write, self._failed)
 
     def read(self) -> list[StepRecord]:
         """StepRecords of the steps run since the last read (the sentinel's short rows after a light call)."""

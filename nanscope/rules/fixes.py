@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import numpy as np
 
-from nanscope.engine.step import GradTransform
+from nanscope.tf_types import GradTransform
 
 from nanscope.tf_types import KerasModel
 from nanscope.model.optimizers import set_overrides

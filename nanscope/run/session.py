@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from nanscope.data.targets import Arrays
     from nanscope.engine.cluster import Cluster
     from nanscope.engine.records import StepRecord
-    from nanscope.engine.step import GradTransform
+    from nanscope.tf_types import GradTransform
     from nanscope.spec.sections import RunSpec
 
 
