@@ -17,7 +17,8 @@ from nanscope.render.format import sparkline
 from nanscope.render.trace_report import render_trace_report
 from nanscope.report.redraw import load_trace
 from nanscope.store.lines import AggregatesLine, ScalarsLine, SummaryLine
-from nanscope.store.series import OverviewFold, ScalarColumns
+from nanscope.store.overview import OverviewFold
+from nanscope.store.series import ScalarColumns
 from nanscope.store.tracefile import TraceWriter
 
 LAYOUT = StepLayout(outputs=0, layers=3, terms=4, variables=4)

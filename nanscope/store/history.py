@@ -31,16 +31,17 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Sequence
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from nanscope.engine.limits import SPIKE_FACTOR, SPIKE_WINDOW, activation_limit
 from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import Columns
+from nanscope.store.healthy import Healthy
 from nanscope.store.aggregates import LayerAggregate, OutputAggregate, VariableAggregate
 from nanscope.store.rows import scalar_row, series_columns
-from nanscope.store.series import OVERVIEW_WIDTH, Overview, ScalarColumns, TraceColumns
+from nanscope.store.overview import OVERVIEW_WIDTH, Overview
+from nanscope.store.series import ScalarColumns, TraceColumns
 from nanscope.spec.options import DEFAULT_KEEP, DEFAULT_SAMPLE
 
 # Events beyond this many add no rows (each costs up to 2 * keep rows; keep: DEFAULT_KEEP).
@@ -55,26 +56,6 @@ TREND_WINDOW = 1024
 # times the median of the SPIKE_WINDOW finite losses before it); a layer's activation bound is
 # rules.bounded_activation's for its dtype (an output whose square overflows float32, a hundredth of float16's
 # max).
-
-
-@dataclass
-class Healthy:
-    """The finite steps of a run, for the rules: every one's scalars, and the full rows kept of them.
-
-    Args:
-        steps, loss, grad_norm, update_ratio, weight_norm: np.ndarray, one entry per finite step.
-        records: list of StepRecord. The kept full rows of finite steps, in step order.
-    """
-
-    steps: np.ndarray
-    loss: np.ndarray
-    grad_norm: np.ndarray
-    update_ratio: np.ndarray
-    weight_norm: np.ndarray
-    records: list = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.steps)
 
 
 class StepHistory:
@@ -288,7 +269,8 @@ class StepHistory:
         return self.series.column(name)
 
     def overview(self, width: int = OVERVIEW_WIDTH) -> Overview:
-        """What a report shows of every step's scalars (series.Overview), in bounded size; cached until a new step."""
+        """What a report shows of every step's scalars (store.overview.Overview), in bounded size; cached until a
+        new step."""
         if self._overview is None or self._overview[0] != (self.count, width):
             self._overview = ((self.count, width), self.series.overview(width))
         return self._overview[1]
