@@ -83,7 +83,7 @@ def test_no_line_of_nanscope_keeps_memory_per_execution(growth):
 
 def test_under_mirrored_strategy_nanscope_launches_no_collective_it_can_do_without(tmp_path):
     script = REPO / "tests" / "specs" / "distribute" / "collectives.py"
-    done = subprocess.run([sys.executable, str(script), "plain", "clipnorm", "trace"], cwd=tmp_path,
+    done = subprocess.run([sys.executable, str(script), "plain", "clipnorm", "trace", "trace-guard"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=180, check=False,
                           env={**os.environ, "NANSCOPE_CPU_REPLICAS": "2", "TF_CPP_MIN_LOG_LEVEL": "3",
                                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
@@ -97,6 +97,9 @@ def test_under_mirrored_strategy_nanscope_launches_no_collective_it_can_do_witho
     # trace-steps' own step sums the gradients once, the optimizer's own sum skipped, and is traced once: one
     # all-reduce a replica (before, two a replica in each of two traces: 8; then one in each of two traces: 4).
     assert launched["trace"] == {"all_reduce": 2}
+    # Under the guard the step copies the optimizer's state too, each device its own, and the verdicts and the skip
+    # re-run the traced step: still one all-reduce a replica, in one trace.
+    assert launched["trace-guard"] == {"all_reduce": 2}
 
 
 def live_graphs():

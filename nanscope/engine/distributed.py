@@ -22,6 +22,10 @@ rows) into its own slot of a zero matrix that rides the gradients' all-reduce: t
 gradients and every replica's row cross the cluster in one collective, and every worker
 builds the same record of the whole step. The row also carries each worker's stop
 request (Ctrl-C), so every worker stops after the same step.
+
+The state before the update (the weights, and under the guard the optimizer's variables) is
+copied into mirrored variables, every device its own values (`_take_snapshots`), so the guard's
+skip, rollback and re-runs work as on one device, and each re-run gives each replica its rows.
 """
 
 from typing import Any
@@ -79,6 +83,8 @@ class DistributedStep(InstrumentedStep):
 
     # Each step goes through `strategy.run` with host-split batches: one call per step.
     chunkable = False
+    # The inherited light step would train outside `strategy.run`, on one device: every step runs in full.
+    runs_light = False
 
     def __init__(self, strategy: Any, model: LoadedModel, loss: StepLoss, optimizer: Optimizer, sample_x: Arrays,
                  sample_y: Arrays, grad_transform: GradTransform | None = None, source: str | None = None,
@@ -99,12 +105,33 @@ class DistributedStep(InstrumentedStep):
     def _step(self, x: Any, y: Any) -> tuple[Tensor, ...]:
         tf, _ = tensorflow()
         self._recorder.begin()
-        self._snapshot.take()
+        self._take_snapshots()
         with overridden(self._keras_sum_skipped):
             per_replica = self.strategy.run(self._replica_step, args=(x, y))
         if self.workers > 1:  # every replica holds the gathered rows: this worker's first one's are enough
             return tuple(self.strategy.experimental_local_results(part)[0] for part in per_replica)
         return tuple(tf.stack(self.strategy.experimental_local_results(part)) for part in per_replica)
+
+    def keep_optimizer_state(self) -> None:
+        """As InstrumentedStep's; the copies are mirrored variables, as the optimizer's, made under the
+        strategy's scope and taken with the weights' (`_take_snapshots`)."""
+        with self.strategy.scope():
+            super().keep_optimizer_state()
+
+    def _take_snapshots(self) -> None:
+        """Copy the state before the update, in cross-replica context: every device copies its own component of
+        each variable into its own component of the copy, so the copy moves nothing between devices and launches
+        no collective (a plain `assign` would send the first device's value to every other)."""
+        tf, _ = tensorflow()
+
+        def copy_local(copy: Any, variable: Any) -> Any:
+            return copy.assign(tf.convert_to_tensor(variable))  # read in the update context: this device's value
+
+        for snapshot in (self._snapshot, self._optimizer_snapshot):
+            if snapshot is None:
+                continue
+            for copy, variable in zip(snapshot.copies, snapshot.variables):
+                self.strategy.extended.update(copy, copy_local, args=(variable,), group=False)
 
     def replica_rows(self, rows: Any, replica: int) -> tuple[Any, Any]:
         """(start, end) of `replica`'s rows in a batch of `rows`: its worker's range, split over its replicas."""

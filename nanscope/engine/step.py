@@ -83,6 +83,8 @@ class InstrumentedStep:
 
     # `_step` can run inside a `tf.while_loop` over device-resident data (engine/chunk.py).
     chunkable = True
+    # `run_light` (the sentinel's step) trains as `run` does.
+    runs_light = True
 
     def __init__(self, model: LoadedModel, loss: StepLoss, optimizer: Optimizer, sample_x: Arrays, sample_y: Arrays,
                  jit_compile: bool = False, grad_transform: GradTransform | None = None,
@@ -199,9 +201,7 @@ class InstrumentedStep:
         """Copy the state, then forward, loss, backward and the update, in the graph being traced; the tensors the
         statistics are taken of."""
         tf, _ = tensorflow()
-        self._snapshot.take()
-        if self._optimizer_snapshot is not None:
-            self._optimizer_snapshot.take()
+        self._take_snapshots()
         with tf.GradientTape() as tape:
             with self.raised_by("model"):
                 y_pred = self.predictions(self.model.call(x, training=True))
@@ -228,6 +228,13 @@ class InstrumentedStep:
             self.optimizer.apply_gradients(zip(handed, self.trainable))
         updates = applied_updates(start, self.trainable)
         return y_pred, total, data_loss, grads, applied, scale, output_losses, updates
+
+    def _take_snapshots(self) -> None:
+        """Copy the state before the update, in the graph being traced: the model's, and the optimizer's after
+        `keep_optimizer_state`."""
+        self._snapshot.take()
+        if self._optimizer_snapshot is not None:
+            self._optimizer_snapshot.take()
 
     def _layer_loss_terms(self) -> list[Tensor]:
         self._loss_terms = layer_loss_terms(self.layers, self.model.keras_model)

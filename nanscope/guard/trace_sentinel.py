@@ -66,7 +66,7 @@ class TraceSentinel:
 def trace_sentinel(options: GuardOptions | None, engine: InstrumentedStep) -> TraceSentinel | None:
     """The TraceSentinel of a trace-steps run under `GuardOptions(mode="sentinel")` (before the step is traced: it
     copies the optimizer's state too), or None: full mode, or an engine without a light step (tf.distribute)."""
-    if options is None or options.mode != "sentinel" or not hasattr(engine, "run_light"):
+    if options is None or options.mode != "sentinel" or not engine.runs_light:
         return None
     engine.keep_optimizer_state()
     return TraceSentinel(engine, options.sample_every)

@@ -6,6 +6,10 @@ it copies the optimizer's variables too (`InstrumentedStep.keep_optimizer_state`
 skip undoes the whole step. The batches are the session's, drawn by step on the host,
 so nothing of the batch is copied. A step's logs, metrics and callbacks do not exist
 here: a skipped step stays in the history, with its intervention.
+
+Under `train.distribute` the step is a `DistributedStep`: its copies are mirrored variables, taken on
+every device before `strategy.run`, and a re-run for the verdicts splits the batch over the replicas
+again, so each replica gets its own rows back.
 """
 
 from __future__ import annotations
@@ -107,17 +111,14 @@ def active(options: GuardOptions | None) -> TypeGuard[GuardOptions]:
 
 
 def prepare_guard(options: GuardOptions | None, engine: InstrumentedStep) -> None:
-    """Before the step is traced: under a guard, the step copies the optimizer's variables too (one device)."""
-    if active(options) and hasattr(engine, "keep_optimizer_state"):
+    """Before the step is traced: under a guard, the step copies the optimizer's variables too."""
+    if active(options):
         engine.keep_optimizer_state()
 
 
 def trace_guard(options: GuardOptions | None, engine: InstrumentedStep, session: Session, report: TraceReport,
                 expected: Iterable[int]) -> TraceGuard | None:
-    """The TraceGuard of one trace-steps run, or None when the guard has nothing to do (stop or continue, no ring).
-
-    Under tf.distribute no state is kept: the guard then stops the run at a step that needs one, with a note.
-    """
+    """The TraceGuard of one trace-steps run, or None when the guard has nothing to do (stop or continue, no ring)."""
     from nanscope.guard.guard import Guard
     from nanscope.guard.host import attributed
     from nanscope.run.proven_fix import FixProver
@@ -125,20 +126,23 @@ def trace_guard(options: GuardOptions | None, engine: InstrumentedStep, session:
     if not active(options):
         return None
     view = TraceView(report, expected)
-    if not hasattr(engine, "keep_optimizer_state"):
-        made = TraceGuard(Guard(options), view)
-        made.no_state(options, "tf.distribute")
-        return made
     state = TraceState(engine, session.batch)
 
     def rerun(batch: tuple[Arrays, Arrays]) -> Any:
         return attributed(engine.run(-1, *batch), view)
 
-    fixer = FixProver(engine, session, report, expected) if options.on_nonfinite == "rollback" else None
+    # Under multi_worker every worker would prove a fix on its own report, and only the chief's has the forensic
+    # replay: their candidates could differ, and so would the collectives of their trials. They lower the rate.
+    proves = options.on_nonfinite == "rollback" and session.cluster is None
+    fixer = FixProver(engine, session, report, expected) if proves else None
     guard = Guard(options, state, rerun, variable_names=engine.variable_names, fixer=fixer)
     if guard.ring is not None:  # the state before step 0: a chunk of steps can fail before the ring's first turn
         guard.ring.take(0, state.current())
-    return TraceGuard(guard, view)
+    made = TraceGuard(guard, view)
+    if options.on_nonfinite == "rollback" and options.apply_fix and not proves:
+        made.note("guard: under train.distribute: multi_worker a rollback lowers the learning rate; it proves no "
+                  "fix (each worker's report differs: only the chief replays the step)")
+    return made
 
 
 class TraceGuard(GuestGuard):

@@ -3,8 +3,10 @@
 Counts the calls of `tf.distribute.ReplicaContext.all_reduce` and `all_gather` (each goes on to
 the real one) while each fit traces its step, per way to compile (argv[1:], default `plain`):
 `plain` (Adam), `clipnorm` (Adam with clipnorm=1: the optimizer sums the clipped gradients, not
-the ones the statistics are of); and `trace`: trace-steps under `distribute: mirrored` (tests/specs/healthy.yaml,
-2 steps), whose step is nanscope's own. Run with NANSCOPE_CPU_REPLICAS=2.
+the ones the statistics are of); `trace`: trace-steps under `distribute: mirrored` (tests/specs/healthy.yaml,
+2 steps), whose step is nanscope's own; and `trace-guard`: the same under the guard (skip, a ring every step) on
+nan-second-half.yaml, whose step 1 is non-finite: the state kept before every step, the verdicts' re-runs and
+the skip. Run with NANSCOPE_CPU_REPLICAS=2.
 """
 
 import collections
@@ -75,9 +77,32 @@ def traced():
     return dict(calls)
 
 
+def guarded():
+    """The collectives trace-steps' step launches under the guard, with its verdicts and a skip."""
+    from pathlib import Path
+
+    import yaml
+
+    from nanscope.guard import GuardOptions
+    from nanscope.run.trace import run_trace
+    from nanscope.spec.load import parse_spec
+    from nanscope.spec.options import TraceOptions
+
+    path = Path(__file__).resolve().parent / "nan-second-half.yaml"
+    document = yaml.safe_load(path.read_text())
+    document["train"]["optimizer"] = {"name": "adam", "learning_rate": 0.001}
+    calls.clear()
+    report = run_trace(parse_spec(document, source=str(path)),
+                       TraceOptions(keep_going=True, guard=GuardOptions(on_nonfinite="skip", snapshot_every=1)))
+    assert report.steps_run == 4 and report.first_nonfinite.origin == "batch", report.notes
+    assert [i["action"] for i in report.interventions] == ["skip"]
+    return dict(calls)
+
+
+WAYS = {"trace": traced, "trace-guard": guarded}
 optimizers = {"plain": lambda: keras.optimizers.Adam(1e-3),
               "clipnorm": lambda: keras.optimizers.Adam(1e-3, clipnorm=1.0)}
 ways = sys.argv[1:] or ["plain"]
-launches = {way: traced() if way == "trace" else {"without": launched(optimizers[way], False),
+launches = {way: WAYS[way]() if way in WAYS else {"without": launched(optimizers[way], False),
                                                   "with": launched(optimizers[way], True)} for way in ways}
 print(json.dumps(launches))
