@@ -16,6 +16,11 @@ from typing import Any
 import numpy as np
 
 
+# A dataclass field's metadata: the field is left out of its JSON while it is None (a field newer than the
+# documents already written, which keep their shape: tests/golden/trace-0.1.0).
+OMITTED_WHEN_NONE = {"omitted_when_none": True}
+
+
 def jsonable(value: Any) -> Any:
     """`value` as plain JSON types, with non-finite floats as strings.
 
@@ -29,7 +34,8 @@ def jsonable(value: Any) -> Any:
     if kind is list:
         return [jsonable(v) for v in value]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: jsonable(item) for f in dataclasses.fields(value)
+                if (item := getattr(value, f.name)) is not None or not f.metadata.get("omitted_when_none")}
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -23,8 +23,8 @@ from nanscope.spec.options import TraceOptions
 SPECS = Path(__file__).parent / "specs" / "distribute"
 
 
-def run_two_replicas(args, tmp_path):
-    env = {**os.environ, "NANSCOPE_CPU_REPLICAS": "2", "TF_CPP_MIN_LOG_LEVEL": "3"}
+def run_two_replicas(args, tmp_path, **env):
+    env = {**os.environ, "NANSCOPE_CPU_REPLICAS": "2", "TF_CPP_MIN_LOG_LEVEL": "3", **env}
     return subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
                           check=False)
 
@@ -88,3 +88,89 @@ def test_settings_mirrored_cannot_run_are_bad_input(train, field):
     spec = parse_spec(document, source=str(SPECS / "healthy.yaml"))
     with pytest.raises(SpecError, match=f"train.{field}"):
         open_session(spec)
+
+
+@pytest.fixture(scope="module")
+def verdicts(tmp_path_factory):
+    """The scenarios of specs/distribute/verdicts.py, run in one process on two replicas."""
+    folder = tmp_path_factory.mktemp("verdicts")
+    done = run_two_replicas([str(SPECS / "verdicts.py"), "planted", "planted-unguarded", "transient", "diverging",
+                             "skip", "clean"], folder)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def verdict(first):
+    """The verdicts' fields of a first_nonfinite (None where the JSON leaves one out)."""
+    keys = ("step", "phase", "replica", "reproducible", "origin", "reproducible_replicas", "origin_replicas")
+    return {key: first.get(key) for key in keys}
+
+
+def test_mirrored_a_planted_nan_row_reproduces_on_its_replica_and_comes_from_the_batch(verdicts):
+    run = verdicts["planted"]
+    assert verdict(run["first_nonfinite"]) == {"step": 3, "phase": "data", "replica": 1, "reproducible": True,
+                                               "origin": "batch", "reproducible_replicas": [1], "origin_replicas": [1]}
+    assert "reproducible: re-run from the state before step 3 on its batch, it is non-finite again (data pass) on " \
+           "replica 1: deterministic" in " ".join(run["notes"])
+    assert "origin: batch: from the state before step 0 the same batch is non-finite too (data pass) on replica 1" \
+        in run["notes"]
+    # The re-runs leave the run as it was: the same losses as without the guard.
+    assert run["losses"] == verdicts["planted-unguarded"]["losses"]
+    assert "reproducible_replicas" not in verdicts["planted-unguarded"]["first_nonfinite"]
+
+
+def test_mirrored_a_transient_fault_on_one_replica_does_not_reproduce(verdicts):
+    run = verdicts["transient"]
+    assert verdict(run["first_nonfinite"]) == {"step": 3, "phase": "forward", "replica": 1, "reproducible": False,
+                                               "origin": None, "reproducible_replicas": [], "origin_replicas": None}
+    assert run["first_nonfinite"]["layer"] == "flaky" and "origin_replicas" not in run["first_nonfinite"]
+    assert any(note.startswith("reproducible: no: re-run from the state before step 3 on its batch, it stays finite "
+                               "on every replica (nondeterminism or a transient fault, seen on replica 1)")
+               for note in run["notes"])
+    assert "origin: not checked: the step did not reproduce" in run["notes"]
+
+
+def test_mirrored_a_diverging_learning_rate_comes_from_the_state(verdicts):
+    run = verdicts["diverging"]
+    assert verdict(run["first_nonfinite"]) == {"step": 6, "phase": "forward", "replica": 0, "reproducible": True,
+                                               "origin": "state", "reproducible_replicas": [0, 1],
+                                               "origin_replicas": []}
+    assert "origin: state: from the state before step 4 the same batch stays finite on every replica: the model's " \
+           "state drifted (learning rate, optimizer moments)" in run["notes"]
+
+
+def test_mirrored_skip_undoes_the_whole_step_optimizer_state_included(verdicts):
+    # Adam's moments and counter are kept with the weights on every device: the steps after a skip train as the
+    # run without the poisoned batch, exactly (before, the optimizer's copy was never taken under the strategy and
+    # a skip put back its values from before step 0: step 5's loss was 0.3793, not 0.3861).
+    run, clean = verdicts["skip"], verdicts["clean"]
+    assert [(i["step"], i["action"]) for i in run["interventions"]] == [(3, "skip"), (7, "skip")]
+    assert [loss for step, loss in enumerate(run["losses"]) if step not in (3, 7)] == clean["losses"]
+
+
+def test_mirrored_rollback_gives_the_verdicts_in_the_json_and_the_printed_report(tmp_path):
+    report = tmp_path / "report.json"
+    done = run_two_replicas(["-m", "nanscope", "trace-steps", str(SPECS / "nan-second-half.yaml"), "--on-nonfinite",
+                             "rollback", "--json", str(report), "--trace", str(tmp_path / "trace.jsonl")],
+                            tmp_path, COLUMNS="160")
+    assert done.returncode == 1, done.stderr[-2000:]
+    document = json.loads(report.read_text())
+    assert verdict(document["first_nonfinite"]) == {"step": 1, "phase": "data", "replica": 1, "reproducible": True,
+                                                    "origin": "batch", "reproducible_replicas": [1],
+                                                    "origin_replicas": [1]}
+    assert [(i["step"], i["action"], i["restored_step"]) for i in document["interventions"]] == [(1, "rollback", 0)]
+    printed = " ".join(done.stdout.split())
+    assert "reproducible yes: non-finite again from the state before it on replica 1 (deterministic)" in printed
+    assert "origin batch: non-finite from an earlier state too on replica 1 (the data)" in printed
+
+
+def test_mirrored_sentinel_mode_runs_every_step_in_full(tmp_path):
+    # The light step, inherited from the one-device step, would train outside `strategy.run` (before, it did: the
+    # steps after the first had no per-replica counts).
+    report = tmp_path / "report.json"
+    done = run_two_replicas(["-m", "nanscope", "trace-steps", str(SPECS / "healthy.yaml"), "--mode", "sentinel",
+                             "--json", str(report), "--trace", str(tmp_path / "trace.jsonl")], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    document = json.loads(report.read_text())
+    assert [step["replica_nonfinite"] for step in document["steps"]] == [[0, 0]] * 6
+    assert "mode=sentinel: not under train.distribute; every step was recorded in full" in document["notes"]

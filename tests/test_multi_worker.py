@@ -6,6 +6,7 @@ seconds of TensorFlow start-up.
 """
 
 import json
+import math
 import os
 import re
 import signal
@@ -264,3 +265,24 @@ def test_verify_is_refused_before_joining_the_cluster(tmp_path, monkeypatch):
     assert done.output.strip().splitlines() == [
         f"nanscope: error: {SPECS / 'healthy.yaml'}: train.distribute: multi_worker: --verify is not supported "
         "(run --verify on one machine (train.distribute: mirrored))"]
+
+
+def test_rollback_gives_the_verdicts_naming_the_worker(tmp_path):
+    # Every worker keeps the state before each step on its devices and re-runs the step with the others (the same
+    # records, so the same decisions): the chief's report names the replica and its worker in each verdict.
+    args = [*trace_args("nan-on-worker-1.yaml"), "--on-nonfinite", "rollback"]
+    (chief, _, chief_err), (worker, _, worker_err) = finish(start_workers(args, tmp_path, free_ports(2)))
+    assert (chief, worker) == (1, 1), chief_err[-2000:] + worker_err[-2000:]
+    report = json.loads((tmp_path / "w0.json").read_text())
+    first = report["first_nonfinite"]
+    assert (first["step"], first["worker"], first["replica"], first["reproducible"], first["origin"]) == (
+        1, 1, 1, True, "batch")
+    assert (first["reproducible_replicas"], first["origin_replicas"]) == ([1], [1])
+    assert "origin: batch: from the state before step 0 the same batch is non-finite too (data pass) on replica 1 " \
+           "(worker 1)" in report["notes"]
+    assert [(i["step"], i["action"], i["restored_step"]) for i in report["interventions"]] == [(1, "rollback", 0)]
+    lowered = [{"before": pytest.approx(0.01), "after": pytest.approx(0.001)}]
+    assert report["interventions"][0]["learning_rate"] == lowered
+    assert any(note.startswith("guard: under train.distribute: multi_worker a rollback lowers the learning rate")
+               for note in report["notes"])
+    assert report["steps_run"] == 4 and all(math.isfinite(step["loss"]) for step in report["steps"][2:])

@@ -12,6 +12,11 @@ step, from states kept anyway:
   too, so the data alone causes it. "state": finite there, so the model's state (weights, optimizer
   moments, learning rate) drifted into it. None: not checked (no earlier state).
 
+Under tf.distribute (trace-steps' `DistributedStep`) each re-run splits the batch over the replicas as the step
+did, so each replica gets its own rows again, and its record counts each replica's non-finite values:
+`reproducible_replicas` and `origin_replicas` list the replicas non-finite in each re-run, and the lines name
+them (and their workers under MultiWorkerMirroredStrategy) beside the replica the step was seen on.
+
 Each re-run leaves every variable as it found it.
 """
 
@@ -46,6 +51,7 @@ def judge(first: "FirstNonfinite", state: State, rerun: Callable[[Batch], StepRe
     with state.before_step():
         again = rerun(batch)
     first.reproducible = again.phase is not None
+    first.reproducible_replicas = nonfinite_replicas(again)
     lines = [_reproducible_line(first, again)]
     entry = ring.before(first.step, newest=False) if ring is not None else None
     if not first.reproducible:
@@ -58,22 +64,52 @@ def judge(first: "FirstNonfinite", state: State, rerun: Callable[[Batch], StepRe
         with state.before_step(entry.values):
             earlier = rerun(batch)
         first.origin = "batch" if earlier.phase is not None else "state"
+        first.origin_replicas = nonfinite_replicas(earlier)
         lines.append(_origin_line(first, entry.step, earlier))
     lines[0] += f" (re-runs: {time.perf_counter() - started:.3f} s)"
     return lines
 
 
+def nonfinite_replicas(record: StepRecord) -> list[int] | None:
+    """The replica ids with a non-finite count in `record` (tf.distribute); None on one device."""
+    if not record.replica_nonfinite:
+        return None
+    return [replica for replica, count in enumerate(record.replica_nonfinite) if count]
+
+
+def _where(record: StepRecord, replicas: list[int] | None) -> str:
+    """" on replica 1", " on replicas 0, 3 (workers 0, 1)"; "" on one device or where no replica's own count shows it
+    (a non-finite update of the shared weights)."""
+    if not replicas:
+        return ""
+    text = f" on replica{'s' if len(replicas) > 1 else ''} {', '.join(map(str, replicas))}"
+    if record.worker_nonfinite:
+        per_worker = len(record.replica_nonfinite) // len(record.worker_nonfinite)
+        workers = sorted({replica // per_worker for replica in replicas})
+        text += f" (worker{'s' if len(workers) > 1 else ''} {', '.join(map(str, workers))})"
+    return text
+
+
+def _seen(first: "FirstNonfinite") -> str:
+    """", seen on replica 1" (and its worker) under tf.distribute; "" on one device."""
+    if first.replica is None:
+        return ""
+    return f", seen on replica {first.replica}" + (f" (worker {first.worker})" if first.worker is not None else "")
+
+
 def _reproducible_line(first: "FirstNonfinite", again: StepRecord) -> str:
     if first.reproducible:
         return f"reproducible: re-run from the state before step {first.step} on its batch, it is non-finite again " \
-               f"({again.phase} pass): deterministic"
-    return (f"reproducible: no: re-run from the state before step {first.step} on its batch, it stays finite "
-            "(nondeterminism or a transient fault)")
+               f"({again.phase} pass){_where(again, first.reproducible_replicas)}: deterministic"
+    everywhere = " on every replica" if first.reproducible_replicas is not None else ""
+    return (f"reproducible: no: re-run from the state before step {first.step} on its batch, it stays finite"
+            f"{everywhere} (nondeterminism or a transient fault{_seen(first)})")
 
 
 def _origin_line(first: "FirstNonfinite", step: int, earlier: StepRecord) -> str:
     if first.origin == "batch":
         return f"origin: batch: from the state before step {step} the same batch is non-finite too " \
-               f"({earlier.phase} pass)"
-    return (f"origin: state: from the state before step {step} the same batch stays finite: the model's state "
-            "drifted (learning rate, optimizer moments)")
+               f"({earlier.phase} pass){_where(earlier, first.origin_replicas)}"
+    everywhere = " on every replica" if first.origin_replicas is not None else ""
+    return (f"origin: state: from the state before step {step} the same batch stays finite{everywhere}: the "
+            "model's state drifted (learning rate, optimizer moments)")

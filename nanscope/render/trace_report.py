@@ -12,6 +12,7 @@ from rich.text import Text
 
 from nanscope.render.format import compact_table, fitted, fmt, hanging, header, selected_steps, sparkline
 from nanscope.render.recommendations import recommendations_panel
+from nanscope.render.verdicts import origin_text, reproducible_text
 
 # What the renderer draws is defined above it (report.model, engine.records), and the layers contract keeps render
 # from importing upwards, for type checking too: to mypy these are Any.
@@ -248,6 +249,9 @@ def _first_nonfinite(report: TraceReport) -> Panel:
                      + f" ({first.inputs.get('dtype', '')})")
     for line in first.detail:
         grid.add_row("", line)
+    for key, verdict in (("reproducible", reproducible_text(first)), ("origin", origin_text(first))):
+        if verdict is not None:
+            grid.add_row(key, verdict)
     return Panel(grid, title="first non-finite value", title_align="left", border_style="red")
 
 

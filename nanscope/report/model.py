@@ -20,7 +20,7 @@ from nanscope.errors import EXIT_HEALTHY, EXIT_INTERRUPTED, EXIT_PROBLEM
 from nanscope.store.aggregates import LayerAggregate, VariableAggregate
 from nanscope.engine.records import StepRecord
 from nanscope.store.history import StepHistory
-from nanscope.jsonio import jsonable
+from nanscope.jsonio import OMITTED_WHEN_NONE, jsonable
 
 if TYPE_CHECKING:
     from nanscope.engine.cluster import Cluster
@@ -64,6 +64,10 @@ class FirstNonfinite:
             not checked (`nanscope.guard.verdicts`).
         origin: str or None. The same batch from an earlier state: "batch" non-finite there too, "state"
             finite there (the model's state drifted), None not checked.
+        reproducible_replicas: list of int or None. Under tf.distribute, the replicas non-finite in the re-run
+            behind `reproducible` (empty: finite on every replica). None on one device or not checked, and then
+            left out of the JSON.
+        origin_replicas: list of int or None. The same for the re-run behind `origin`.
     """
 
     step: int
@@ -82,6 +86,8 @@ class FirstNonfinite:
     context: dict = field(default_factory=dict)
     reproducible: bool | None = None
     origin: str | None = None
+    reproducible_replicas: list[int] | None = field(default=None, metadata=OMITTED_WHEN_NONE)
+    origin_replicas: list[int] | None = field(default=None, metadata=OMITTED_WHEN_NONE)
 
 
 @dataclass
