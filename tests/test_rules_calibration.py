@@ -4,7 +4,7 @@
   adaptive ones (Adam's normal band is 1e-3 to 1e-2 at its default rate).
 - A trajectory finding (lower-learning-rate, clip-gradients, bounded-activation, weight-constraint) is at most a
   warning when another finding at error level names the producer of the first non-finite value.
-- bounded-activation advises relu6 only for a relu-like layer.
+- bounded-activation advises relu6 only for a relu-like layer, on a recurrent layer in its own class.
 
 The thresholds are written out, not imported: a changed constant fails a test here.
 """
@@ -106,3 +106,17 @@ def test_bounded_activation_advises_relu6_only_for_a_relu_layer(dtype, activatio
     assert rec.data["relu"] is (activation == "relu")
     assert found["float32-layer"].severity == "error" and "loss-scaling" not in found
     assert rec.severity == "warning" and rec.data["secondary_to"] == "float32-layer"
+
+
+def test_bounded_activation_advises_relu6_in_a_recurrent_layers_own_class():
+    # A relu SimpleRNN's state growing 1e4x a step for 6 steps to 1e20 (an IRNN): the fix names the SimpleRNN, and
+    # not a LayerNormalization after it, which cannot bound the state it carries.
+    _, keras = tensorflow()
+    model = keras.Sequential([keras.Input((5, 3)), keras.layers.Dense(4, name="hidden"),
+                              keras.layers.SimpleRNN(2, activation="relu", name="head")])
+    report = report_of([step(s, layer_max=(1.0, 10.0 ** (4 * s))) for s in range(6)])
+    report.layers = [("hidden", "Dense"), ("head", "SimpleRNN")]
+    rec = fired(report, RunEvidence(keras_model=model))["bounded-activation"]
+    assert rec.severity == "warning" and rec.data["relu"] is True
+    assert rec.fix == ("keras.layers.SimpleRNN(units, activation='relu6')  # layer head; or tanh, Keras' default for "
+                       "a recurrent layer")

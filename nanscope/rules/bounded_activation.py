@@ -26,7 +26,7 @@ BOUNDED_ACTIVATION = Rule(
     "keras.layers.Dense(units, activation='relu6')  # or add keras.layers.LayerNormalization() after it",
 )
 RULES = (BOUNDED_ACTIVATION,)
-FIXTURES = Fixtures(fires=(), quiet=("tabular-regression-adam",))
+FIXTURES = Fixtures(fires=("irnn-relu-state-growth",), quiet=("tabular-regression-adam", "irnn-relu6-layer-norm"))
 
 # Layer outputs growing by more than 50% a step over at least 5 steps and by 1e4
 # overall: healthy outputs settle within a small factor of their start.
@@ -37,6 +37,8 @@ OUTPUT_GROWTH_MIN_TOTAL = 1e4
 # bounded activation cannot stop that (on the bundled exploding regression `--verify` finds relu6 finite but not
 # learning: a validation loss of 2.95e24 against the constant prediction's 32443), so the finding is then info.
 WEIGHTS_GROWING = WEIGHT_GROWTH_LIMIT
+# Keras' recurrent layers, whose relu state grows with the recurrent kernel's gain over the sequence (an IRNN).
+RECURRENT = {"SimpleRNN", "GRU", "LSTM", "SimpleRNNCell", "GRUCell", "LSTMCell"}
 
 
 def detect(facts: Facts) -> list[Finding]:
@@ -79,8 +81,13 @@ def weight_growth(facts: Facts) -> float | None:
 
 
 def bound_for(layer: LayerFacts) -> str:
-    """The fix for `layer`'s growing outputs: relu6 where its activation is relu-like; otherwise a float32 layer
-    (a float16 one) or a LayerNormalization after it, since relu6 cannot bound an exp or a linear output."""
+    """The fix for `layer`'s growing outputs: relu6 where its activation is relu-like (on a recurrent layer, in its
+    own class); otherwise a float32 layer (a float16 one) or a LayerNormalization after it, since relu6 cannot bound
+    an exp or a linear output."""
+    if layer.relu_like and layer.cls in RECURRENT:
+        # A LayerNormalization after a recurrent layer does not bound the state it carries from step to step.
+        return (f"keras.layers.{layer.cls}(units, activation='relu6')  # layer {layer.name}; or tanh, Keras' default "
+                "for a recurrent layer")
     if layer.relu_like:
         return BOUNDED_ACTIVATION.fix
     if layer.dtype in ("float16", "bfloat16"):

@@ -54,6 +54,8 @@ HEALTHY = {
     "attention-pooling-finite-fill": spec("filled_pooling", "padded", model_args={"fill": -1e9}),
     "mape-floored-at-the-unit": spec("linear_head", "counts", f"{LOSSES}:mape_floored"),
     "compound-growth-log-space": spec("compound_growth", "tabular", model_args={"log_space": True}),
+    "irnn-relu6-layer-norm": spec("irnn", "sequences", "mse", {"name": "adam", "learning_rate": 0.01}, steps=64,
+                                  model_args={"activation": "relu6"}, data_args={"steps": 100}),
 }
 
 # case: (spec, the rule that must rank in the top 2)
@@ -96,6 +98,11 @@ BUGGY = {
                                                                            "momentum": 0.9}, steps=100,
                                                model_args={"features": 20, "units": 25},
                                                data_args={"features": 20, "y_scale": 180.0}), "clip-gradients"),
+    # An IRNN (relu SimpleRNN, identity recurrent kernel; Le et al. 2015) on 100-step random walks, its last state
+    # layer-normalised: the state grows ~1.75x a step with the weights' norm flat, passes float32's sqrt(max) and
+    # the LayerNormalization's output turns constant. It stays finite and learns nothing (see test_corpus).
+    "irnn-relu-state-growth": (spec("irnn", "sequences", "mse", {"name": "adam", "learning_rate": 0.01}, steps=64,
+                                    data_args={"steps": 100}), "bounded-activation"),
 }
 
 # case: where its printed top fix goes when `fixing.py` applies it: a `train:` YAML block, numpy on the data, a
@@ -111,7 +118,7 @@ TOP_FIX_SITES = {
     "gem-pooling-without-clamp": "model", "focal-loss-gamma-half": "loss", "arcface-2d-unclamped": "model",
     "negative-binomial-relu-dispersion": "loss", "poisson-relu-rate": "loss", "rmsle-linear-head": "loss",
     "attention-pooling-plus-inf-fill": "model", "mape-over-zero-counts": "loss", "compound-growth-product": "model",
-    "sgd-momentum-exploding-regression": "train",
+    "sgd-momentum-exploding-regression": "train", "irnn-relu-state-growth": "layer-arg:activation",
 }
 
 # Models that override `train_step` (keras-io's VAE and GAN, `generative.py`), watched by the NanScope callback in

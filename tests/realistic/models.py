@@ -5,7 +5,7 @@ report: a NaN row, a missing-value code, a log of a softmax, an exp that overflo
 division by a count that can be 0, a sqrt of a zero distance, a too-large learning rate,
 unscaled inputs or targets, float16 overflow, Adam's epsilon at 0, a fully masked
 attention row, a division by zero inside a loss file, a tf.where whose discarded branch
-has a NaN gradient.
+has a NaN gradient, a relu RNN's state growing past float32's sqrt(max).
 """
 
 import numpy as np
@@ -272,6 +272,17 @@ def float16_overflow(dtype="mixed_float16"):
                                  stddev=1e4, seed=0), dtype=dtype),
                              keras.layers.BatchNormalization(dtype="float32"),
                              keras.layers.Dense(1, dtype="float32")])
+
+
+def irnn(activation="relu"):
+    """Le et al.'s IRNN (a relu SimpleRNN whose recurrent kernel starts at the identity) with its last state
+    layer-normalised before the head: the loss does not see the state's scale, so nothing stops it from growing
+    as the recurrent kernel drifts past the identity; once it passes float32's sqrt(max) the LayerNormalization's
+    variance overflows and its output is a constant. `activation="relu6"` is bounded-activation's fix."""
+    return keras.Sequential([keras.Input((None, 3)),
+                             keras.layers.SimpleRNN(32, activation=activation,
+                                                    recurrent_initializer=keras.initializers.Identity(), name="rnn"),
+                             keras.layers.LayerNormalization(), keras.layers.Dense(1)])
 
 
 def half_dead(shape, dtype=None):

@@ -2,9 +2,9 @@
 
 Whether a case is healthy or buggy is established with plain Keras and numpy, not with
 nanscope: the same model, data, loss and optimizer trained by `model.fit` either stays
-finite while its loss falls (healthy) or goes non-finite or diverges (buggy); bugs in the
-data are shown with numpy. nanscope must then give a
-healthy case no finding at warning or error level, and rank a buggy case's expected
+finite while its loss falls (healthy) or goes non-finite, diverges, or stays finite and learns
+nothing with a layer past its dtype's bound (buggy); bugs in the data are shown with numpy.
+nanscope must then give a healthy case no finding at warning or error level, and rank a buggy case's expected
 rule in its top 2 at warning or error level. The last test prints precision and recall
 over the corpus (the README quotes them). Every buggy case's printed top fix is then run as
 code on the case (`fixing.py`) and must train: stay finite and end at least 1% below the loss
@@ -78,6 +78,12 @@ def fit_alarms(report):
 
 def plain_fit_losses(doc):
     """Per-epoch training losses of plain `model.fit` on the case's model, data, loss and optimizer."""
+    return plain_fit(doc)[0]
+
+
+def plain_fit(doc):
+    """(per-epoch training losses, the trained model) of plain `model.fit` on the case's model, data, loss and
+    optimizer."""
     keras.utils.set_random_seed(doc["train"]["seed"])
     x, y = _call(doc["data"]["factory"], doc["data"]["args"])
     with dtype_policy(doc["train"].get("mixed_precision")):
@@ -88,7 +94,7 @@ def plain_fit_losses(doc):
     rows = len(next(iter(x.values())) if isinstance(x, dict) else x)
     epochs = math.ceil(doc["train"]["steps"] / math.ceil(rows / doc["data"]["batch_size"]))
     history = model.fit(x, y, batch_size=doc["data"]["batch_size"], epochs=epochs, shuffle=False, verbose=0)
-    return history.history["loss"]
+    return history.history["loss"], model
 
 
 def _call(reference, args):
@@ -146,6 +152,27 @@ def first_batch_gradients_finite(doc):
 GRADIENT_BUGS = {"tf-where-gradient-trap", "norm-of-zero-activations"}
 
 
+# A run that stays finite and learns nothing (its last epoch's loss not 1% below the best constant prediction's)
+# because a relu layer's output passed float32's sqrt(max), 1.8e19, so the LayerNormalization after it squares it
+# into inf and outputs a constant: case: that layer. Established with plain fit and the layer's output after it.
+STALLED_BUGS = {"irnn-relu-state-growth": "rnn"}
+SQRT_FLOAT32_MAX = math.sqrt(float(np.finfo(np.float32).max))
+
+
+def stalled_past_the_bound(doc, layer):
+    """Whether plain fit stays finite, ends at the best constant prediction's loss, and leaves `layer`'s output past
+    float32's sqrt(max)."""
+    losses, model = plain_fit(doc)
+    x, y = _call(doc["data"]["factory"], doc["data"]["args"])
+    baseline = fixing.best_constant(_loss(doc["train"]["loss"]), y, y.shape[-1])
+    output = x
+    for one in model.layers[:[one.name for one in model.layers].index(layer) + 1]:  # a Sequential up to `layer`
+        output = one(output)
+    peak = float(np.max(np.abs(output)))
+    return all(math.isfinite(v) for v in losses) and losses[-1] >= (1 - fixing.MARGIN) * baseline and \
+        peak > SQRT_FLOAT32_MAX
+
+
 @pytest.mark.parametrize("name", sorted(cases.BUGGY))
 def test_a_buggy_case_ranks_its_rule_in_the_top_2(name, reports):
     doc, expected = cases.BUGGY[name]
@@ -153,6 +180,8 @@ def test_a_buggy_case_ranks_its_rule_in_the_top_2(name, reports):
         assert DATA_BUGS[name](*_call(doc["data"]["factory"], doc["data"]["args"]))
     elif name in GRADIENT_BUGS:
         assert doc["train"]["loss"] == "mse" and not first_batch_gradients_finite(doc)
+    elif name in STALLED_BUGS:
+        assert stalled_past_the_bound(doc, STALLED_BUGS[name])
     else:  # plain Keras: the run goes non-finite, or ends far worse than predicting the targets' mean
         losses = plain_fit_losses(doc)
         _, y = _call(doc["data"]["factory"], doc["data"]["args"])
