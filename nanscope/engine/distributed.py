@@ -127,9 +127,7 @@ class DistributedStep(InstrumentedStep):
         def copy_local(copy: Any, variable: Any) -> Any:
             return copy.assign(tf.convert_to_tensor(variable))  # read in the update context: this device's value
 
-        for snapshot in (self._snapshot, self._optimizer_snapshot):
-            if snapshot is None:
-                continue
+        for snapshot in self.state.snapshots():
             for copy, variable in zip(snapshot.copies, snapshot.variables):
                 self.strategy.extended.update(copy, copy_local, args=(variable,), group=False)
 

@@ -10,6 +10,7 @@ the model is caught where the model is built (`models.build_model`).
 import contextlib
 import re
 from collections.abc import Iterator
+from typing import Any
 
 from nanscope.errors import ModelError, NanscopeError, first_line
 from nanscope.runtime import tensorflow
@@ -28,6 +29,18 @@ def raised_while_tracing(where: str) -> Iterator[None]:
         raise ModelError(f"{where}raised {type(exc).__name__} while the train step was traced: {first_line(exc)}"
                          f"{where_suffix(exc)}",
                          hint="NANSCOPE_DEBUG=1 shows the traceback") from exc
+
+
+def model_outputs(y_pred: Any, where: str) -> Any:
+    """`y_pred`, the model's output, checked: tensors (one, or a list or dict of them), not None or plain values;
+    else a ModelError naming `where` (the spec file and field)."""
+    tf, _ = tensorflow()
+    parts = tf.nest.flatten(y_pred)
+    if not parts or not all(tf.is_tensor(part) for part in parts):
+        kind = "None" if y_pred is None else f"a {type(y_pred).__name__}"
+        raise ModelError(f"{where}the model's call returned {kind}; expected a tensor, or a list or "
+                         "dict of tensors (one per output)")
+    return y_pred
 
 
 def step_failure(exc: BaseException, step: int, source: str | None = None, jit_compile: bool = False

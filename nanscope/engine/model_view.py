@@ -90,3 +90,11 @@ def keras_gradients(raw: Sequence[Any], dense: Sequence[Tensor]) -> list[Tensor]
     moves the others by their moments), the dense ones (statistics, clipping, unscaling) for the rest."""
     tf, _ = tensorflow()
     return [g if isinstance(g, tf.IndexedSlices) else d for g, d in zip(raw, dense)]
+
+
+def one_replica() -> bool:
+    """True where the step is traced for one replica (no strategy, or one device): the sum of its gradients is
+    the gradients themselves."""
+    tf, _ = tensorflow()
+    context = tf.distribute.get_replica_context()
+    return context is None or context.num_replicas_in_sync == 1

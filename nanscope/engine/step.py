@@ -8,7 +8,8 @@ per-element crosses into Python on a healthy step.
 Before each update the step copies the model's weights into snapshot variables
 (one extra copy, on the device). After a non-finite step that copy restores the
 weights as they were before the step, so the step's forward and backward pass can be
-replayed exactly; the optimizer's slots are not copied. |dw| is the norm of the
+replayed exactly (engine/step_state.py; the optimizer's slots are copied only under the
+guard, to undo a skipped step whole). |dw| is the norm of the
 increments the optimizer wrote (`flat.applied_updates`), or where it wrote otherwise
 (a constraint, a conditional update), of the weights after the step less the copy.
 
@@ -20,16 +21,16 @@ for the life of the process: every trace (a replay, a fix tried, a retrace) kept
 """
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
-import numpy as np
 
 from nanscope.data import inputs
 from nanscope.data.targets import Arrays
-from nanscope.engine.failures import raised_while_tracing
+from nanscope.engine.failures import model_outputs, raised_while_tracing
 from nanscope.engine.step_scalars import StepTensors, scalar_row
-from nanscope.engine.variable_stats import (Snapshot, any_nonfinite_count, applied_updates, float32, global_norm,
+from nanscope.engine.step_state import StepState
+from nanscope.engine.variable_stats import (any_nonfinite_count, applied_updates, float32, global_norm,
                                             graph_position, summary_stats, variable_rows)
 from nanscope.model.models import LoadedModel, build_model
 from nanscope.engine.probes import LayerRecorder
@@ -40,7 +41,7 @@ from nanscope.internals import overridden
 from nanscope.runtime import tensorflow
 from nanscope.tf_types import GradTransform, Optimizer, Tensor
 from nanscope.engine.model_view import (LayerInfo, is_loss_scale_optimizer, keras_gradients, keras_sum_skipped,
-                                         layer_loss_terms, probed_layers, relative_variable_names)
+                                         layer_loss_terms, one_replica, probed_layers, relative_variable_names)
 
 # What `_train` hands the statistics: y_pred, total, data_loss, grads, applied, scale, output_losses, updates.
 Trained = tuple[Any, Tensor, Tensor, list[Tensor], list[Tensor], Tensor | None, list[Tensor], list[Tensor | None]]
@@ -112,8 +113,7 @@ class InstrumentedStep:
         self.optimizer.build(self.trainable)
         # The optimizer's own sum of the replicas' gradients, replaced by the gradients as handed.
         self._keras_sum_skipped = keras_sum_skipped(optimizer)
-        self._snapshot = Snapshot(self._model_state())
-        self._optimizer_snapshot: Snapshot | None = None  # the guard's: `keep_optimizer_state`
+        self.state = StepState(self._model_state())  # the guard adds the optimizer's: `keep_optimizer_state`
         self._recorder = LayerRecorder(self.layers)
         x_spec, y_spec = (tf.nest.map_structure(lambda a: tf.TensorSpec([None, *a.shape[1:]], tf.as_dtype(a.dtype)), s)
                           for s in (sample_x, sample_y))
@@ -172,14 +172,8 @@ class InstrumentedStep:
         return raised_while_tracing(self._where(field))
 
     def predictions(self, y_pred: Any) -> Any:
-        """The model's output, checked: tensors (one, or a list or dict of them), not None or plain values."""
-        tf, _ = tensorflow()
-        parts = tf.nest.flatten(y_pred)
-        if not parts or not all(tf.is_tensor(part) for part in parts):
-            kind = "None" if y_pred is None else f"a {type(y_pred).__name__}"
-            raise ModelError(f"{self._where('model')}the model's call returned {kind}; expected a tensor, or a list or "
-                             "dict of tensors (one per output)")
-        return y_pred
+        """The model's output, checked (`failures.model_outputs`)."""
+        return model_outputs(y_pred, self._where("model"))
 
     def _step(self, x: Any, y: Any) -> tuple[Tensor, ...]:
         self._recorder.begin()
@@ -194,7 +188,7 @@ class InstrumentedStep:
         scalars = self._scalars(x, y, y_pred, total, data_loss, applied, scale, output_losses, measured)
         # |w| and |dw| over all weights, for the rules that read every step's (the update ratio, the weights' growth).
         changes = [float32(v) - float32(c) if d is None else float32(d)
-                   for d, v, c in zip(updates, self.trainable, self._snapshot.copies)]
+                   for d, v, c in zip(updates, self.trainable, self.state.model.copies)]
         return scalars, tf.stack([weight_norm, global_norm(changes)])
 
     def _train(self, x: Any, y: Any) -> Trained:
@@ -224,17 +218,14 @@ class InstrumentedStep:
         if self.grad_transform is None:
             handed = keras_gradients(raw, handed)
         start = graph_position()
-        with self.raised_by("train.optimizer"), overridden(self._keras_sum_skipped if _one_replica() else []):
+        with self.raised_by("train.optimizer"), overridden(self._keras_sum_skipped if one_replica() else []):
             self.optimizer.apply_gradients(zip(handed, self.trainable))
         updates = applied_updates(start, self.trainable)
         return y_pred, total, data_loss, grads, applied, scale, output_losses, updates
 
     def _take_snapshots(self) -> None:
-        """Copy the state before the update, in the graph being traced: the model's, and the optimizer's after
-        `keep_optimizer_state`."""
-        self._snapshot.take()
-        if self._optimizer_snapshot is not None:
-            self._optimizer_snapshot.take()
+        """Copy the state before the update, in the graph being traced (`StepState.take`)."""
+        self.state.take()
 
     def _layer_loss_terms(self) -> list[Tensor]:
         self._loss_terms = layer_loss_terms(self.layers, self.model.keras_model)
@@ -245,8 +236,8 @@ class InstrumentedStep:
                  updates: list[Tensor | None] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         tf, _ = tensorflow()
         var_stats, grad_norm, applied_norm = variable_rows(
-            grads, self._snapshot.copies[: len(self.trainable)], self.trainable, None if applied is grads else applied,
-            updates)
+            grads, self.state.model.copies[: len(self.trainable)], self.trainable,
+            None if applied is grads else applied, updates)
         measured = {"grad_global_norm": grad_norm, "applied_grad_global_norm": applied_norm,
                     "grad_nonfinite": tf.reduce_sum(var_stats[:, VARIABLE.at("grad_nonfinite")]),
                     "weights_nonfinite": tf.reduce_sum(var_stats[:, VARIABLE.at("weight_nonfinite")])}
@@ -287,8 +278,8 @@ class InstrumentedStep:
     def rerun_in_full(self, step: int, x: Arrays, y: Arrays) -> StepRecord:
         """The full StepRecord of the last step, re-run on its batch from the state before it (the optimizer's
         too, after `keep_optimizer_state`); every variable is then left as the step left it."""
-        with self.state_kept():
-            self.restore_before_step(optimizer=True)
+        with self.state.kept():
+            self.state.restore(optimizer=True)
             return self.run(step, x, y)
 
     def retrace(self) -> None:
@@ -300,45 +291,7 @@ class InstrumentedStep:
         self._concrete = self._light = None
         self.generation += 1
 
-    @contextlib.contextmanager
-    def state_kept(self) -> Iterator[None]:
-        """For the block: anything; afterwards every variable the snapshots copy, and the copies, as they were."""
-        kept = self.guarded_variables() + self.snapshot_copies()
-        live = [np.array(v.numpy(), copy=True) for v in kept]
-        try:
-            yield
-        finally:
-            for variable, value in zip(kept, live):
-                variable.assign(value)
-
-    def restore_before_step(self, optimizer: bool = False) -> None:
-        """Put the model's state back as it was before the last step; the optimizer's too with `optimizer=True`
-        (kept only after `keep_optimizer_state`)."""
-        self._snapshot.restore()
-        if optimizer and self._optimizer_snapshot is not None:
-            self._optimizer_snapshot.restore()
-
     def keep_optimizer_state(self) -> None:
         """Copy the optimizer's variables (its counter, its slots) before each update too, so that
-        `restore_before_step(optimizer=True)` undoes a whole step (the guard's skip). Before the step is traced."""
-        if self._optimizer_snapshot is None:
-            kept = {id(v) for v in self._snapshot.variables}
-            self._optimizer_snapshot = Snapshot([v for v in self.optimizer.variables if id(v) not in kept])
-
-    def guarded_variables(self) -> list[Any]:
-        """Every variable the snapshots copy: the model's state, then the optimizer's (after `keep_optimizer_state`)."""
-        extra = self._optimizer_snapshot.variables if self._optimizer_snapshot is not None else []
-        return list(self._snapshot.variables) + list(extra)
-
-    def snapshot_copies(self) -> list[Any]:
-        """The snapshots' own copies (a re-run through the step overwrites them)."""
-        extra = self._optimizer_snapshot.copies if self._optimizer_snapshot is not None else []
-        return list(self._snapshot.copies) + list(extra)
-
-
-def _one_replica() -> bool:
-    """True where the step is traced for one replica (no strategy, or one device): the sum of its gradients is
-    the gradients themselves."""
-    tf, _ = tensorflow()
-    context = tf.distribute.get_replica_context()
-    return context is None or context.num_replicas_in_sync == 1
+        `state.restore(optimizer=True)` undoes a whole step (the guard's skip). Before the step is traced."""
+        self.state.keep_optimizer(self.optimizer.variables)

@@ -126,7 +126,7 @@ def localize_step(engine: "InstrumentedStep", x: Any, y: Any) -> Localization:
     """
     variables = state_variables(engine.model, engine.optimizer)
     after = [v.numpy() for v in variables]
-    engine.restore_before_step()
+    engine.state.restore()
     before = [v.numpy() for v in variables]
     try:
         with random_state_kept():
@@ -202,7 +202,7 @@ def state_before_step(engine: "InstrumentedStep") -> list[np.ndarray]:
     """numpy copies of the model and optimizer state before the engine's last step; the state is left as after it."""
     variables = state_variables(engine.model, engine.optimizer)
     after = [v.numpy() for v in variables]
-    engine.restore_before_step()
+    engine.state.restore()
     try:
         return [v.numpy() for v in variables]
     finally:

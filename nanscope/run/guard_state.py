@@ -43,7 +43,7 @@ class TraceState(LearningRates):
     def __init__(self, engine: InstrumentedStep, batch_of: Callable[[int], tuple[Arrays, Arrays]]) -> None:
         super().__init__([engine.optimizer])
         self.engine, self.batch_of = engine, batch_of
-        self.variables = engine.guarded_variables()
+        self.variables = engine.state.variables()
         self.held = -1
 
     def ran(self, records: list[StepRecord]) -> None:
@@ -67,7 +67,7 @@ class TraceState(LearningRates):
 
     def restore_before_step(self) -> None:
         """Put back the weights and the optimizer's variables as they were before the held step."""
-        self.engine.restore_before_step(optimizer=True)
+        self.engine.state.restore(optimizer=True)
 
     def restore_metrics(self) -> None:
         """trace-steps keeps no metrics."""
@@ -79,7 +79,7 @@ class TraceState(LearningRates):
     def before_step(self, values: Iterable[np.ndarray] | None = None) -> Iterator[None]:
         """For the block: the state before the held step (or the ring entry `values`); afterwards every variable
         and the snapshot's copies as they were (a re-run through the engine copies the state again)."""
-        with self.engine.state_kept():
+        with self.engine.state.kept():
             self.restore_before_step()
             if values is not None:
                 self.put(values)

@@ -85,7 +85,7 @@ class FixProver:
         for candidate in self.candidates():
             if candidate.name in exclude:
                 continue
-            with self.engine.state_kept():
+            with self.engine.state.kept():
                 undo = set_overrides(self.engine.optimizer, candidate.overrides, self.engine.retrace)
                 try:
                     proven, outcome = self._trial(steps, before)
