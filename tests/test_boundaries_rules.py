@@ -151,6 +151,30 @@ def test_weight_growth_thresholds(norms, fires):
         assert (rec.data["first"], rec.data["last"]) == (1.0, float(np.float32(norms[-1])))
 
 
+# weight-constraint ranks above clip-gradients (0.85 against 0.8) when the loss is below 0 and its mean over the last
+# quarter of the healthy steps is at least twice (as negative as) that of the quarter before: no minimum to reach.
+UNBOUNDED_LOSS = [
+    pytest.param([0.1, 0.0, -0.5, -0.5, -1.0, -1.0, -2.0, -2.0], True, id="twice-the-quarter-before"),
+    pytest.param([0.1, 0.0, -0.5, -0.5, -1.0, -1.0, -1.99, -1.99], False, id="below-twice"),
+    pytest.param([0.1, 0.0, -0.5, -0.5, 0.0, 0.0, -2.0, -2.0], False, id="the-quarter-before-at-0"),
+    pytest.param([4.0, 3.0, 2.0, 1.0, 0.5, 0.5, 0.25, 0.25], False, id="positive-and-halving"),
+]
+
+
+@pytest.mark.parametrize("losses, unbounded", UNBOUNDED_LOSS)
+def test_weight_growth_with_a_loss_falling_without_bound_ranks_above_the_gradient(losses, unbounded):
+    norms, grads = np.linspace(1, 100, 8), [2.0 ** s for s in range(8)]
+    report = report_of([step(s, loss=loss, grad=g, weight_norm=float(w))
+                        for s, (loss, g, w) in enumerate(zip(losses, grads, norms))])
+    order = ranked(report)
+    assert order[:2] == (["weight-constraint", "clip-gradients"] if unbounded else
+                         ["clip-gradients", "weight-constraint"]), order
+    rec = fired(report)["weight-constraint"]
+    assert rec.data.get("unbounded_loss", False) is unbounded
+    if unbounded:
+        assert rec.evidence[-1].startswith("the loss fell below 0 and keeps falling with them (mean -1, then -2 ")
+
+
 def scale_evidence(std, mean=0.0, loss="mse", feature_std=None):
     targets = [TargetScale(None, loss, std, mean)]
     features = [FeatureScale("a", 0, feature_std, 0.0)] if feature_std is not None else []

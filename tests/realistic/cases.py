@@ -56,6 +56,10 @@ HEALTHY = {
     "compound-growth-log-space": spec("compound_growth", "tabular", model_args={"log_space": True}),
     "irnn-relu6-layer-norm": spec("irnn", "sequences", "mse", {"name": "adam", "learning_rate": 0.01}, steps=64,
                                   model_args={"activation": "relu6"}, data_args={"steps": 100}),
+    "wgan-critic-max-norm": spec("critic", "critic_samples", f"{LOSSES}:wasserstein",
+                                 {"name": "sgd", "learning_rate": 0.01}, steps=160,
+                                 model_args={"kernel_constraint": {"class_name": "MaxNorm",
+                                                                   "config": {"max_value": 3.0}}}),
 }
 
 # case: (spec, the rule that must rank in the top 2)
@@ -103,6 +107,11 @@ BUGGY = {
     # the LayerNormalization's output turns constant. It stays finite and learns nothing (see test_corpus).
     "irnn-relu-state-growth": (spec("irnn", "sequences", "mse", {"name": "adam", "learning_rate": 0.01}, steps=64,
                                     data_args={"steps": 100}), "bounded-activation"),
+    # A WGAN critic without its weight clipping, on fixed real and generated rows: its loss is linear in the score,
+    # so SGD grows the weights without bound (6.96 to 3.9e16 in 126 steps) until a MatMul overflows.
+    "wgan-critic-without-weight-clipping": (spec("critic", "critic_samples", f"{LOSSES}:wasserstein",
+                                                 {"name": "sgd", "learning_rate": 0.01}, steps=160),
+                                            "weight-constraint"),
 }
 
 # case: where its printed top fix goes when `fixing.py` applies it: a `train:` YAML block, numpy on the data, a
@@ -119,6 +128,7 @@ TOP_FIX_SITES = {
     "negative-binomial-relu-dispersion": "loss", "poisson-relu-rate": "loss", "rmsle-linear-head": "loss",
     "attention-pooling-plus-inf-fill": "model", "mape-over-zero-counts": "loss", "compound-growth-product": "model",
     "sgd-momentum-exploding-regression": "train", "irnn-relu-state-growth": "layer-arg:activation",
+    "wgan-critic-without-weight-clipping": "layer-arg:kernel_constraint",
 }
 
 # Models that override `train_step` (keras-io's VAE and GAN, `generative.py`), watched by the NanScope callback in

@@ -80,3 +80,9 @@ def mape(y_true, y_pred, fix=None):
 def mape_floored(y_true, y_pred):
     """The same MAPE with safe-division's fix: the denominator floored at the counts' unit, 1."""
     return tf.reduce_mean(tf.abs(y_true - y_pred) / tf.maximum(tf.abs(y_true), 1.0))
+
+
+def wasserstein(y_true, y_pred):
+    """The WGAN critic's loss: -mean(label * score), label +1 for a real row and -1 for a generated one. It has no
+    minimum: it falls without bound as the critic's weights grow."""
+    return -tf.reduce_mean(y_true * y_pred)

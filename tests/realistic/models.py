@@ -5,7 +5,8 @@ report: a NaN row, a missing-value code, a log of a softmax, an exp that overflo
 division by a count that can be 0, a sqrt of a zero distance, a too-large learning rate,
 unscaled inputs or targets, float16 overflow, Adam's epsilon at 0, a fully masked
 attention row, a division by zero inside a loss file, a tf.where whose discarded branch
-has a NaN gradient, a relu RNN's state growing past float32's sqrt(max).
+has a NaN gradient, a relu RNN's state growing past float32's sqrt(max), a WGAN critic without its weight
+clipping.
 """
 
 import numpy as np
@@ -283,6 +284,26 @@ def irnn(activation="relu"):
                              keras.layers.SimpleRNN(32, activation=activation,
                                                     recurrent_initializer=keras.initializers.Identity(), name="rnn"),
                              keras.layers.LayerNormalization(), keras.layers.Dense(1)])
+
+
+def critic_samples(rows=320, seed=0):
+    """A WGAN critic's batch: 'real' rows (features shifted by 1) labelled +1 and generated rows labelled -1,
+    interleaved."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, 10)).astype(np.float32)
+    y = np.where(np.arange(rows) % 2 == 0, 1.0, -1.0).astype(np.float32)[:, None]
+    x[y[:, 0] > 0] += 1.0
+    return x, y
+
+
+def critic(kernel_constraint=None):
+    """A WGAN critic (Arjovsky et al. 2017) without the weight clipping that keeps it Lipschitz: its loss
+    (`losses.wasserstein`) is linear in the score, so larger weights always lower it. `kernel_constraint` (on every
+    Dense) is weight-constraint's fix."""
+    return keras.Sequential([keras.Input((10,)),
+                             keras.layers.Dense(32, activation="relu", kernel_constraint=kernel_constraint),
+                             keras.layers.Dense(32, activation="relu", kernel_constraint=kernel_constraint),
+                             keras.layers.Dense(1, kernel_constraint=kernel_constraint)])
 
 
 def half_dead(shape, dtype=None):
