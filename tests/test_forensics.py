@@ -17,7 +17,7 @@ from nanscope.forensics import localize_step
 from nanscope.forensics.replay import state_variables
 from nanscope.replay import replay_repro
 from nanscope.run.session import open_session
-from nanscope.spec.load import load_spec
+from nanscope.spec.load import load_spec, parse_spec
 from nanscope.run.trace import run_trace
 from nanscope.spec.options import TraceOptions
 
@@ -39,6 +39,20 @@ def test_localize_leaves_the_post_step_state_in_place():
 
     assert not op_callbacks.should_invoke_op_callbacks()
     assert all("call" not in layer.__dict__ for layer in engine.layers)
+
+
+def test_an_op_the_callback_names_in_bytes_is_located(tmp_path):
+    # TF's eager fast path hands some op types to op callbacks as bytes (b"Mean", b"Reshape"): a LayerNormalization
+    # whose mean of rows at 3e37 overflows is named as the producer, where it used to raise a TypeError.
+    document = {"model": {"factory": f"{SPECS / 'phase_models.py'}:layer_norm_first"},
+                "data": {"factory": f"{SPECS / 'data_factories.py'}:constant_rows", "batch_size": 16,
+                         "shuffle": False},
+                "train": {"loss": "mse", "optimizer": {"name": "sgd", "learning_rate": 0.01}, "steps": 2, "seed": 0}}
+    report = run_trace(parse_spec(document, source=str(tmp_path / "spec.yaml")),
+                       TraceOptions(trace_path=tmp_path / "t.jsonl"))
+    first = report.first_nonfinite
+    assert (first.step, first.phase, first.layer, first.layer_class, first.op) == (
+        0, "forward", "norm", "LayerNormalization", "Mean")
 
 
 def test_save_repro_then_replay_finds_the_same_producer(tmp_path):

@@ -121,6 +121,8 @@ class OpWatch:
         del attrs, op_name  # Unused
         if graph is not None or self._busy or self._late is not None:
             return None
+        if isinstance(op_type, bytes):  # TF's eager fast path names some ops in bytes (Mean, Reshape)
+            op_type = op_type.decode()
         self._busy = True
         try:
             self._observe(op_type, list(inputs or ()), [t for t in (outputs or ()) if hasattr(t, "numpy")])
