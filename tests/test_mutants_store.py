@@ -4,6 +4,7 @@ offsets of a step row, splitting and joining one, and what the bounded history a
 Plain arrays and hand-made records, no training (docs/mutation.md lists what each test here was written to
 catch)."""
 
+import dataclasses
 import math
 import os
 import tempfile
@@ -14,9 +15,10 @@ import pytest
 
 from boundary_runs import report_of, step
 from nanscope.engine.records import (LayerStats, OutputStats, StepRecord, VariableStats, expected_layer_indices,
-                                     output_stats_of)
+                                     first_nonfinite_replica, first_nonfinite_worker, layer_stats_of,
+                                     output_stats_of, record_from_dict)
 from nanscope.engine.schema import LAYER, OUTPUT, SCALARS, VARIABLE, Columns, StepLayout, join, output_offsets
-from nanscope.jsonio import new_file_mode, write_json, write_text_atomic
+from nanscope.jsonio import jsonable, new_file_mode, write_json, write_text_atomic
 from nanscope.store.aggregates import LayerAggregate, OutputAggregate, VariableAggregate
 from nanscope.store.history import StepHistory
 from nanscope.store.overview import OverviewFold, fold_overview
@@ -561,3 +563,65 @@ def test_a_curve_starts_at_its_first_finite_value_or_else_at_its_first_value():
     assert math.isnan(curve.first_finite) and curve.last == -math.inf
     curve = loss_curve([math.inf], [math.nan], [4.0])
     assert (curve.first_finite, curve.last) == (4.0, 4.0)
+
+
+def test_a_record_is_read_from_the_step_functions_arrays_by_column_name():
+    scalars = SCALARS.pack({"loss": 2.5, "data_loss": 2.0, "x_nonfinite": 1, "y_nonfinite": 2, "output_nonfinite": 3,
+                            "loss_nonfinite": 1, "grad_global_norm": 4.0, "grad_nonfinite": 5, "weights_nonfinite": 6,
+                            "applied_grad_global_norm": 3.5, "loss_scale": 4.0, "update_skipped": 1,
+                            "loss_scale_before": 8.0, "loss_missing": 1})
+    scalars += [0.5, 1, 0, math.nan, 0, 2]  # two outputs: loss, non-finite targets, non-finite predictions
+    layers = [LAYER.pack({"max_abs": 6.0, "sum_abs": 8.0, "nonfinite": 1, "zeros": 2, "size": 4, "tiny": 1}),
+              LAYER.pack({"max_abs": 0.0, "sum_abs": 0.0, "nonfinite": 0, "zeros": 0, "size": 0, "tiny": 0}),
+              LAYER.pack({"max_abs": 3.0, "sum_abs": 2.0, "nonfinite": 0, "zeros": -1, "size": 8, "tiny": 0})]
+    variables = [VARIABLE.pack({"grad_norm": 1.5, "grad_nonfinite": 2, "weight_norm": 4.0, "update_norm": 1.0,
+                                "weight_nonfinite": 3}),
+                 VARIABLE.pack({"grad_norm": 0.5, "grad_nonfinite": 0, "weight_norm": 0.0, "update_norm": 1.0,
+                                "weight_nonfinite": 0}),
+                 VARIABLE.pack({"grad_norm": 0.0, "grad_nonfinite": 0, "weight_norm": 0.0, "update_norm": 0.0,
+                                "weight_nonfinite": 0})]
+    record = StepRecord.from_arrays(7, 16, np.array(scalars), np.array(layers), [0.25, 0.0, 0.5, 0.125],
+                                    np.array(variables))
+    assert record == StepRecord(
+        step=7, batch_rows=16, loss=2.5, data_loss=2.0, grad_global_norm=4.0, applied_grad_global_norm=3.5,
+        x_nonfinite=1, y_nonfinite=2, output_nonfinite=3, loss_nonfinite=True, grad_nonfinite=5, weights_nonfinite=6,
+        layers=[LayerStats(6.0, 2.0, 1, 0.5, 0.25, called=True, underflow_fraction=0.25),
+                LayerStats(0.0, 0.0, 0, 0.0, 0.0, called=False, underflow_fraction=0.0),
+                LayerStats(3.0, 0.25, 0, None, 0.5, called=True, underflow_fraction=0.0)],
+        variables=[VariableStats(1.5, 2, 4.0, 0.25, 3), VariableStats(0.5, 0, 0.0, math.inf, 0),
+                   VariableStats(0.0, 0, 0.0, 0.0, 0)],
+        model_loss_term=0.125, loss_scale=4.0, update_skipped=True, loss_scale_before=8.0, loss_missing=True,
+        outputs=[OutputStats(0.5, 1, 0), record.outputs[1]])
+    assert math.isnan(record.outputs[1].loss) and (record.outputs[1].target_nonfinite,
+                                                   record.outputs[1].prediction_nonfinite) == (0, 2)
+    assert [type(v) for v in (record.batch_rows, record.x_nonfinite, record.layers[0].nonfinite)] == [int] * 3
+    without_term = StepRecord.from_arrays(0, 1, np.array(SCALARS.pack({}, default=0.0)), np.array(layers[:1]),
+                                          [0.25], np.zeros((0, len(VARIABLE))))
+    assert without_term.model_loss_term == 0.0 and without_term.outputs == [] and without_term.loss_scale is None
+    assert (without_term.loss_scale_before, without_term.update_skipped, without_term.loss_nonfinite) == (
+        None, False, False)
+    one = {"max_abs": 2.0, "sum_abs": 2.0, "nonfinite": 0, "zeros": 0, "size": 1, "tiny": 0}
+    assert layer_stats_of(one, 0.0) == LayerStats(2.0, 2.0, 0, 0.0, 0.0, called=True)  # a one-element output
+
+
+def test_the_first_nonfinite_output_replica_and_worker_of_a_record():
+    outputs = [OutputStats(1.0, 0, 0), OutputStats(1.0, 2, 0), OutputStats(math.inf, 0, 3), OutputStats(math.nan, 1, 1)]
+    record = _record(0, [], [], outputs, replica_nonfinite=[0, 0, 4, 1], worker_nonfinite=[0, 5])
+    assert [record.nonfinite_output(phase) for phase in ("data", "forward", "loss", "backward", None)] == [
+        1, 2, 2, None, None]
+    assert (first_nonfinite_replica(record), first_nonfinite_worker(record)) == (2, 1)
+    assert (first_nonfinite_replica(_record(0, [], [], [])), first_nonfinite_worker(_record(0, [], [], []))) == (
+        None, None)
+    masked = [LayerStats(1.0, 1.0, 0, None, 0.0), LayerStats(math.inf, 1.0, 4, None, 0.0)]
+    assert _record(0, masked, [], [], output_nonfinite=2, expected_nonfinite=[1]).phase is None  # the mask's -inf
+    assert _record(0, masked[:1], [], [], output_nonfinite=2, expected_nonfinite=[1]).phase == "forward"
+    assert _record(0, [masked[0], LayerStats(1.0, 1.0, 0, None, 0.0)], [], [], output_nonfinite=2,
+                   expected_nonfinite=[1]).phase == "forward"
+
+
+def test_a_step_line_without_layer_variable_or_output_rows_reads_back_with_none():
+    record = step(3, loss=math.inf)
+    rows = ("layers", "variables", "outputs")
+    line = {"kind": "step", **{k: v for k, v in jsonable(record).items() if k not in rows}}
+    assert line["loss"] == "inf"
+    assert record_from_dict(line) == dataclasses.replace(record, layers=[], variables=[], outputs=[])
