@@ -5,15 +5,20 @@ apply, the ranking of verified fixes, and the attribution of a bad step to an ou
 Minimal histories and records, no training (docs/mutation.md lists what each test here was written to catch)."""
 
 import math
+import re
 from types import SimpleNamespace
 
+import keras
 import numpy as np
 import pytest
 
 from boundary_runs import LAYERS, fired, first_at, report_of, step
 from nanscope.run.attribution import StepNames, attribute_from_record, bad_values_line, describe_bad_batch
 from nanscope.engine.records import LayerStats, OutputStats, StepRecord, VariableStats
-from nanscope.rules.catalogue import recommend
+from nanscope.report.model import TraceReport
+from nanscope.rules.catalogue import RULES, recommend
+from nanscope.rules.facts import Facts, facts_from
+from nanscope.store.history import StepHistory
 from nanscope.rules.diagnose import calibrated
 from nanscope.rules.rule import Recommendation
 from nanscope.rules.evidence import RunEvidence
@@ -288,3 +293,70 @@ def test_trajectory_errors_stay_errors_without_a_producers_error():
     calibrated(ordered)
     assert [r.severity for r in ordered] == ["error", "warning", "error"]
     assert all(r.evidence == ["measured"] and r.data == {} for r in ordered)
+
+
+def test_a_recommendation_carries_its_rules_title_and_page_and_the_fix_and_data_it_is_given():
+    rule = RULES["stable-log"]
+    given = recommend("stable-log", "warning", ("measured",), fix="tf.math.log1p(x)", data={"step": 3})
+    assert (given.id, given.title, given.severity, given.evidence, given.fix, given.verified, given.data,
+            given.verification, given.docs) == ("stable-log", rule.title, "warning", ["measured"], "tf.math.log1p(x)",
+                                                None, {"step": 3}, [], "docs/rules/stable-log.md")
+    assert isinstance(rule.title, str) and rule.title
+    default = recommend("stable-log", "info", [])
+    assert (default.fix, default.data, default.docs) == (rule.fix, {}, "docs/rules/stable-log.md")
+
+
+def test_a_severity_outside_error_warning_info_is_refused_naming_the_value_received():
+    message = "`severity` must be one of ('error', 'warning', 'info'). Received: severity='fatal'"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        recommend("stable-log", "fatal", ["measured"])
+
+
+def test_facts_without_a_history_have_no_step_rows_and_empty_healthy_columns_of_int64_steps_and_float64_values():
+    for facts in (Facts(run={}), facts_from(TraceReport(run=None, layers=[("hidden", "Dense")], layer_order=[],
+                                                        variables=[]), RunEvidence())):
+        healthy = facts.healthy
+        assert len(healthy) == 0 and facts.steps is None and facts.run == {}
+        assert healthy.steps.dtype == np.int64 and healthy.steps.shape == (0,)
+        for column in (healthy.loss, healthy.grad_norm, healthy.update_ratio, healthy.weight_norm):
+            assert column.dtype == np.float64 and column.shape == (0,)
+    [layer] = facts.layers
+    assert (layer.name, layer.cls, layer.dtype, layer.relu_like, layer.called_steps, layer.max_abs,
+            layer.max_abs_healthy) == ("hidden", "Dense", "float32", False, 0, 0.0, None)
+
+
+def test_facts_of_an_empty_history_have_no_step_rows():
+    report = TraceReport(run={}, layers=[], layer_order=[], variables=[], history=StepHistory(1, 1))
+    assert facts_from(report, RunEvidence()).steps is None
+
+
+def relu_model():
+    return keras.Sequential([
+        keras.Input((2,)), keras.layers.Dense(2, activation="relu", name="hidden"), keras.layers.ReLU(name="cut"),
+        keras.layers.LeakyReLU(name="leak"), keras.layers.Dense(2, activation="tanh", dtype="float16", name="half"),
+        keras.layers.Dense(1, activation=keras.layers.LeakyReLU(), name="head")])
+
+
+def test_layer_facts_read_dtype_and_relu_likeness_from_the_model_and_extremes_past_the_history_as_unseen():
+    names = [("hidden", "Dense"), ("cut", "ReLU"), ("leak", "LeakyReLU"), ("half", "Dense"), ("head", "Dense"),
+             ("ghost", "Dense")]
+    history = StepHistory(2, 1)
+    history.add(step(0, layer_max=(3.0, 5.0)))
+    report = TraceReport(run={}, layers=names, layer_order=[n for n, _ in names], variables=["hidden/kernel"],
+                         history=history)
+    facts = facts_from(report, RunEvidence(keras_model=relu_model()))
+    # A layer-object activation has no __name__: not counted relu-like; a name the model lacks is float32.
+    assert [(f.name, f.cls, f.dtype, f.relu_like, f.called_steps, f.max_abs) for f in facts.layers] == [
+        ("hidden", "Dense", "float32", True, 1, 3.0), ("cut", "ReLU", "float32", True, 1, 5.0),
+        ("leak", "LeakyReLU", "float32", True, 0, 0.0), ("half", "Dense", "float16", False, 0, 0.0),
+        ("head", "Dense", "float32", False, 0, 0.0), ("ghost", "Dense", "float32", False, 0, 0.0)]
+    assert facts.layers[0].trend_steps.tolist() == [0] and facts.layers[1].trend_values.tolist() == [5.0]
+    assert facts.layers[2].trend_steps.tolist() == [] and facts.layers[2].max_abs_healthy is None
+    assert facts.steps["step"].tolist() == [0] and facts.healthy.steps.tolist() == [0]
+
+
+def test_layer_facts_without_a_history_keep_the_models_dtype_and_nothing_measured():
+    report = TraceReport(run={}, layers=[("half", "Dense"), ("cut", "ReLU")], layer_order=[], variables=[])
+    facts = facts_from(report, RunEvidence(keras_model=relu_model()))
+    assert [(f.dtype, f.relu_like, f.called_steps, f.trend_steps.tolist()) for f in facts.layers] == [
+        ("float16", False, 0, []), ("float32", True, 0, [])]
