@@ -17,7 +17,8 @@ from nanscope.run.attribution import StepNames, attribute_from_record, bad_value
 from nanscope.engine.records import LayerStats, OutputStats, StepRecord, VariableStats
 from nanscope.report.model import TraceReport
 from nanscope.rules.catalogue import RULES, recommend
-from nanscope.rules.facts import Facts, facts_from
+from nanscope.rules import weight_constraint
+from nanscope.rules.facts import Facts, HealthySteps, facts_from
 from nanscope.store.history import StepHistory
 from nanscope.rules.diagnose import calibrated
 from nanscope.rules.rule import Recommendation
@@ -360,3 +361,37 @@ def test_layer_facts_without_a_history_keep_the_models_dtype_and_nothing_measure
     facts = facts_from(report, RunEvidence(keras_model=relu_model()))
     assert [(f.dtype, f.relu_like, f.called_steps, f.trend_steps.tolist()) for f in facts.layers] == [
         ("float16", False, 0, []), ("float32", True, 0, [])]
+
+
+def weight_facts(norms, losses=None, failed=False):
+    norms = np.array(norms, float)
+    losses = np.ones(len(norms)) if losses is None else np.array(losses, float)
+    healthy = HealthySteps(np.arange(len(norms)), losses, np.ones(len(norms)), np.ones(len(norms)), norms)
+    return Facts(run={}, first=first_at(len(norms)) if failed else None, healthy=healthy)
+
+
+def test_weight_constraint_fires_past_ten_times_the_first_norm_with_a_tail_that_never_falls():
+    growing = [0.5, 0, 1, 2, 3, 4, 6, 6]  # 12 times the first; a zero second norm and a flat tail still count
+    [(score, rec)] = weight_constraint.detect(weight_facts(growing))
+    assert (score, rec.severity, rec.data) == (0.5, "warning", {"first": 0.5, "last": 6.0})
+    assert rec.evidence == ["weight norm (all weights) grew from 0.5 to 6 over 8 steps and is still rising "
+                            "(limit 10x)"]
+    [(_, failed)] = weight_constraint.detect(weight_facts(growing, failed=True))
+    assert failed.severity == "error"
+    assert weight_constraint.detect(weight_facts([0, 1, 2, 3, 4, 5, 6, 7])) == []
+    assert weight_constraint.detect(weight_facts([0.5, math.nan, 1, 2, 3, 4, 6, 6])) == []
+
+
+def test_weight_constraint_with_a_loss_falling_without_bound_says_so_and_ranks_at_0_85():
+    losses = [-1, -1, -1, -1, -1, -1, -2.5, -2.5]
+    [(score, rec)] = weight_constraint.detect(weight_facts([0.5, 1, 2, 3, 4, 5, 6, 7], losses))
+    assert (score, rec.data) == (0.85, {"first": 0.5, "last": 7.0, "unbounded_loss": True})
+    assert rec.evidence[1] == ("the loss fell below 0 and keeps falling with them (mean -1, then -2.5 over the last "
+                               "two quarters of the steps): it has no minimum the weights can reach, so bounding "
+                               "them bounds it")
+
+
+def test_an_unbounded_loss_compares_the_last_two_quarters_and_needs_every_loss_finite():
+    assert weight_constraint.unbounded_loss(np.array([0, 0, 0, 0, -10, -1, -1, -2.5, -2.5])) == (-1.0, -2.5)
+    assert weight_constraint.unbounded_loss(np.array([0, 0, 0, 0, -2, -2, -2, -2.0])) is None
+    assert weight_constraint.unbounded_loss(np.array([-1, -1, -1, -1, -1, -1, -math.inf, -math.inf])) is None
