@@ -75,7 +75,7 @@ def run_process(args, tmp_path, env):
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **env}, timeout=240, check=False)
 
 
-@pytest.mark.parametrize("name", ["cosine-warmup+ema+global-clipnorm", "lstm+attention+custom-layer"])
+@pytest.mark.parametrize("name", ["cosine-warmup+ema+global-clipnorm", "lstm+attention+custom-layer", "embedding+gru"])
 def test_trace_steps_mirrored_trains_as_one_device(name, write_spec, tmp_path):
     path = write_spec(run_spec(name, distribute="mirrored"))
     done = run_process(["trace-steps", str(path), "--json", "r.json", "--trace", "t.jsonl"], tmp_path,
@@ -115,10 +115,10 @@ def two_workers(args, folder, replicas=1):
     return done
 
 
-def test_trace_steps_multi_worker_trains_as_one_process(write_spec, tmp_path):
+@pytest.mark.parametrize("name", ["cosine-warmup+ema+global-clipnorm", "embedding+gru"])
+def test_trace_steps_multi_worker_trains_as_one_process(name, write_spec, tmp_path):
     # Two workers with two replicas each: global_clipnorm acts on the gradient summed over all four, as one
-    # process's on the whole batch's.
-    name = "cosine-warmup+ema+global-clipnorm"
+    # process's on the whole batch's; an Embedding's sparse gradient is summed sparse, as Keras does.
     path = write_spec(run_spec(name, distribute="multi_worker", distribute_timeout_s=60))
     done = two_workers(["-m", "nanscope", "trace-steps", str(path), "--json", "w{task}.json", "--trace",
                         "w{task}.jsonl"], tmp_path, replicas=2)

@@ -40,7 +40,7 @@ from nanscope.engine.records import StepRecord
 from nanscope.engine.schema import LAYER, LAYER_MAXED, OUTPUT, SCALARS, output_offsets
 from nanscope.engine.step import InstrumentedStep, StepLoss
 from nanscope.tf_types import GradTransform
-from nanscope.engine.model_view import layer_loss_terms
+from nanscope.engine.model_view import keras_gradients, layer_loss_terms
 from nanscope.tf_types import Optimizer, Tensor
 from nanscope.internals import overridden
 from nanscope.model.models import LoadedModel
@@ -162,20 +162,25 @@ class DistributedStep(InstrumentedStep):
             total = data_loss + terms
             # Summed over replicas: the whole batch's mean loss, and the loss terms once.
             objective = data_loss * share + terms / self.replicas
-        local = tape.gradient(objective, self.trainable)
-        local = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(local, self.trainable)]
+        raw = tape.gradient(objective, self.trainable)
+        local = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(raw, self.trainable)]
         local_nonfinite = tf.add_n([any_nonfinite_count(g) for g in local]) if local else tf.constant(0.0)
         counts = tf.stack([tf.cast(end - start, tf.float32), local_nonfinite])
+        # Without a transform the optimizer gets an Embedding's IndexedSlices, summed over the replicas as such, as
+        # in Keras' own distributed step (a dense sum of zeros would move the rows no batch used by their moments).
+        sent = keras_gradients(raw, local) if self.grad_transform is None else local
         if self.workers > 1:
             # What differs between replicas rides the gradients' all-reduce, each replica's row in its own slot
             # of a zero matrix: one collective a step carries the gradients and every replica's row.
             row = self._replica_row(x, y, y_pred, total, data_loss, output_losses, counts)
             slotted = tf.scatter_nd([[replica]], row[None], [self.replicas, row.shape[0]])
-            *grads, gathered = context.all_reduce(tf.distribute.ReduceOp.SUM, [*local, slotted])
+            *summed, gathered = context.all_reduce(tf.distribute.ReduceOp.SUM, [*sent, slotted])
         else:
-            grads = context.all_reduce(tf.distribute.ReduceOp.SUM, local)
+            summed = context.all_reduce(tf.distribute.ReduceOp.SUM, sent)
+        grads = [tf.convert_to_tensor(g) for g in summed]  # dense, for the statistics
         applied = self.grad_transform(grads) if self.grad_transform is not None else grads
-        handed = applied if replica == 0 or self._keras_sum_skipped else [tf.zeros_like(g) for g in applied]
+        handed = keras_gradients(summed, applied) if self.grad_transform is None else applied
+        handed = handed if replica == 0 or self._keras_sum_skipped else [_zeros_like(g) for g in handed]
         with self.raised_by("train.optimizer"):
             self.optimizer.apply_gradients(zip(handed, self.trainable))
         # Replica threads take turns only inside the all-reduce and the optimizer: set here, read by _outputs.
@@ -262,3 +267,10 @@ def combine_replicas(step: int, batch_rows: int, scalars: np.ndarray, layer_stat
     record.replica_nonfinite = [int(v) for v in own + counts[:, 1]]
     return record
 
+
+def _zeros_like(gradient: Any) -> Any:
+    """Zeros in the form of `gradient`: a dense tensor, or IndexedSlices of zeros at the same rows."""
+    tf, _ = tensorflow()
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(tf.zeros_like(gradient.values), gradient.indices, gradient.dense_shape)
+    return tf.zeros_like(gradient)
