@@ -8,7 +8,8 @@ import pytest
 from nanscope.run import trace as trace_module
 from nanscope.engine.exact import SMALL_ROW_SIZE, SMALL_SIZE, small
 from nanscope.engine.variable_stats import any_nonfinite_count, variable_rows
-from nanscope.engine.probes import tensor_stats
+from nanscope.engine.probes import combine_layer_rows, tensor_stats
+from nanscope.engine.schema import LAYER, LAYER_STATISTICS, NOT_COUNTED, combined_layer_rows
 from nanscope.runtime import tensorflow
 from nanscope.spec.load import parse_spec
 from nanscope.run.trace import run_trace
@@ -75,22 +76,42 @@ def test_tensor_stats_equal_numpy(width, kind, dtype):
     rng = np.random.default_rng(1)
     output = rng.standard_normal((16, width)).astype(np.float32)
     output[:, ::3] = 0.0 if kind == "zeros" else output[:, ::3]
+    output[0, 1:3] = 1e-6  # subnormal in float16
     output = spoiled(output, kind, rng).astype(dtype)
     spec = tf.TensorSpec([None, width], dtype)
 
     row = tf.function(lambda x: tensor_stats([x]), input_signature=[spec], autograph=False)(output).numpy()
 
-    values = output.astype(np.float64)
-    finite = np.abs(values[np.isfinite(values)])
-    tiny = np.sum((finite > 0) & (finite < 6.103515625e-05)) if dtype == "float16" else 0
-    expected = [finite.max(), finite.sum(), np.sum(~np.isfinite(values)), np.sum(values == 0), values.size, tiny]
+    # Every statistic against its numpy reference, as schema.LAYER_STATISTICS declares it.
+    expected = [statistic.expected(output.astype(np.float64), dtype == "float16") for statistic in LAYER_STATISTICS]
     np.testing.assert_allclose(row, expected, rtol=1e-6)
+    if kind == "healthy":  # the reference counts the two subnormal entries of a float16 output
+        assert row[LAYER.at("tiny")] == (2 if dtype == "float16" else 0)
 
 
 def test_tensor_stats_of_several_outputs_add_up():
     first, second = np.array([[1.0, -4.0]], np.float32), np.array([[0.0, np.inf, 2.0]], np.float32)
     row = graph(lambda a, b: tensor_stats([a, b, tf.constant([7])]), first, second)
     np.testing.assert_allclose(row, [4.0, 7.0, 1.0, 1.0, 5.0, 0.0])
+
+
+@pytest.mark.parametrize("zeros", ["counted", "not-counted"])
+def test_calls_and_replicas_combine_as_each_statistic_declares(zeros):
+    """Two calls of one layer (probes, in the graph) and two replicas' rows (distributed, numpy) make the row of
+    all their values, each statistic combined as LAYER_STATISTICS says; zeros not counted by one stay NOT_COUNTED."""
+    rng = np.random.default_rng(2)
+    parts = [rng.standard_normal((4, 300)).astype(np.float16) for _ in range(2)]
+    parts[1][0, :5] = [np.nan, 0.0, 1e-6, -np.inf, 3e4]
+    count = tf.constant(zeros == "counted")
+    rows = [tf.function(lambda x: tensor_stats([x], count), autograph=False)(p).numpy() for p in parts]
+    rows[0][LAYER.at("zeros")] = parts[0].size - np.count_nonzero(parts[0]) if zeros == "counted" else NOT_COUNTED
+    whole = np.concatenate([p.astype(np.float64).ravel() for p in parts])
+    expected = [statistic.expected(whole, True) for statistic in LAYER_STATISTICS]
+    if zeros == "not-counted":
+        expected[LAYER.at("zeros")] = NOT_COUNTED
+    in_graph = graph(combine_layer_rows, np.stack(rows))
+    np.testing.assert_allclose(in_graph, expected, rtol=1e-6)
+    np.testing.assert_allclose(combined_layer_rows(np.stack(rows)), expected, rtol=1e-6)
 
 
 @pytest.mark.parametrize("width", [8, 2000], ids=["small", "large"])

@@ -190,8 +190,8 @@ def test_a_reshape_layer_reuses_the_row_of_the_output_it_reshapes():
 @pytest.mark.parametrize("count_zeros", [None, True, False], ids=["no-schedule", "due", "not-due"])
 def test_tensor_stats_counts_zeros_unless_the_schedule_says_not(count_zeros):
     """Without a schedule (tf.distribute's replicas) every step counts them, on the healthy path."""
-    from nanscope.engine.probes import NOT_COUNTED, tensor_stats
-    from nanscope.engine.schema import LAYER
+    from nanscope.engine.probes import tensor_stats
+    from nanscope.engine.schema import LAYER, NOT_COUNTED
 
     x = np.maximum(np.random.default_rng(0).standard_normal((64, 100)), 0).astype(np.float32)
     due = None if count_zeros is None else tf.constant(count_zeros)

@@ -37,7 +37,7 @@ from nanscope.data import inputs
 from nanscope.data.targets import Arrays
 from nanscope.engine.variable_stats import any_nonfinite_count
 from nanscope.engine.records import StepRecord
-from nanscope.engine.schema import LAYER, LAYER_MAXED, OUTPUT, SCALARS, output_offsets
+from nanscope.engine.schema import LAYER, OUTPUT, SCALARS, combined_layer_rows, output_offsets
 from nanscope.engine.step import InstrumentedStep, StepLoss
 from nanscope.tf_types import GradTransform
 from nanscope.engine.model_view import keras_gradients, layer_loss_terms
@@ -260,8 +260,7 @@ def combine_replicas(step: int, batch_rows: int, scalars: np.ndarray, layer_stat
         merged[weighted] = (share[:, None] * scalars[:, weighted]).sum(axis=0)
     merged[summed] = scalars[:, summed].sum(axis=0)
     merged[SCALARS.at("loss_nonfinite")] = scalars[:, SCALARS.at("loss_nonfinite")].max()
-    layers = np.stack([layer_stats[:, :, i].max(axis=0) if name in LAYER_MAXED else layer_stats[:, :, i].sum(axis=0)
-                       for i, name in enumerate(LAYER)], axis=-1)
+    layers = combined_layer_rows(layer_stats)
     record = StepRecord.from_arrays(step, batch_rows, merged, layers, layer_terms[0], var_stats[0])
     own = scalars[:, [SCALARS.at(name) for name in _REPLICA_COUNTS]].sum(axis=1)
     record.replica_nonfinite = [int(v) for v in own + counts[:, 1]]

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from nanscope.engine.exact import all_axes, constant, finite_stats, small
-from nanscope.engine.schema import LAYER, LAYER_MAXED
+from nanscope.engine.schema import FLOAT16_TINY, LAYER, LAYER_STATISTICS, NOT_COUNTED
 from nanscope.internals import overridden
 from nanscope.runtime import tensorflow
 from nanscope.tf_types import Tensor
@@ -34,11 +34,7 @@ RESHAPING_OPS = frozenset({"Reshape", "Identity", "Squeeze", "ExpandDims"})
 # table shows. They are counted on every ZEROS_EVERY-th step, the first included, and
 # on every step with a non-finite output; other steps write NOT_COUNTED.
 ZEROS_EVERY = 16
-NOT_COUNTED = -1.0
 ZEROS = LAYER.at("zeros")
-# Smallest normal float16 (numpy.finfo(float16).tiny): non-zero magnitudes below it
-# are subnormal and lose precision, and they flush to 0 a little further down.
-FLOAT16_TINY = 6.103515625e-05
 
 
 def tensor_stats(tensors: Sequence[Tensor], count_zeros: Tensor | None = None) -> Tensor:
@@ -148,15 +144,17 @@ def _underflow_count(tensor: Tensor) -> Tensor:
 
 
 def combine_layer_rows(rows: Tensor) -> Tensor:
-    """One layer row from several `[n, len(LAYER)]` (calls of one layer): LAYER_MAXED columns by max, others summed.
-
-    The zeros are NOT_COUNTED when any call did not count them.
-    """
+    """One layer row from several `[n, len(LAYER)]` (calls of one layer), each column as its Statistic combines."""
     tf, _ = tensorflow()
-    combined = [(tf.reduce_max if name in LAYER_MAXED else tf.reduce_sum)(rows[:, i], axis=0)
-                for i, name in enumerate(LAYER)]
-    zeros = rows[:, ZEROS]
-    combined[ZEROS] = tf.where(tf.reduce_min(zeros) < 0, constant(NOT_COUNTED), tf.reduce_sum(zeros))
+    combined = []
+    for i, statistic in enumerate(LAYER_STATISTICS):
+        column = rows[:, i]
+        if statistic.combine == "max":
+            combined.append(tf.reduce_max(column, axis=0))
+        elif statistic.combine == "count":
+            combined.append(tf.where(tf.reduce_min(column) < 0, constant(NOT_COUNTED), tf.reduce_sum(column)))
+        else:
+            combined.append(tf.reduce_sum(column, axis=0))
     return tf.stack(combined)
 
 

@@ -22,7 +22,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -91,10 +91,75 @@ SCALAR_COUNTS = ("x_nonfinite", "y_nonfinite", "output_nonfinite", "loss_nonfini
                  "weights_nonfinite")
 # A multi-output model appends these per output, in output order, after SCALARS.
 OUTPUT = Columns("loss", "target_nonfinite", "prediction_nonfinite")
-# A layer-stats row: max |x|, sum |x|, non-finite entries, exact zeros, entries, float16 underflows.
-LAYER = Columns("max_abs", "sum_abs", "nonfinite", "zeros", "size", "tiny")
-# Layer columns combined over several calls (or replicas) by their maximum; the others add up.
-LAYER_MAXED = ("max_abs",)
+# A count a step may leave out (the layer's exact zeros, on a schedule): the row holds NOT_COUNTED there.
+NOT_COUNTED = -1.0
+# Smallest normal float16 (numpy.finfo(float16).tiny): non-zero magnitudes below it are subnormal and lose
+# precision, and they flush to 0 a little further down.
+FLOAT16_TINY = 6.103515625e-05
+
+
+@dataclass(frozen=True)
+class Statistic:
+    """One column of a layer-stats row, declared once: what it measures of the values of a layer's outputs.
+
+    The probes (engine/probes.py) compute it in the graph, the decoder (engine/records.layer_stats_of) reads
+    it into LayerStats, calls and replicas combine by `combine`, and tests/test_perf_exact.py holds the
+    probes to `reference` for every statistic declared here.
+
+    Args:
+        name: str. The column's name.
+        combine: str. How the rows of several calls of the layer, or of several replicas, make one:
+            "max", "sum", or "count" (a sum that is NOT_COUNTED where any part is).
+        reference: callable (values) -> float. Its value in numpy over the outputs' values (float64,
+            non-finite entries included).
+        float16_only: bool. Measured only where the outputs compute in float16 (0 for other dtypes).
+    """
+
+    name: str
+    combine: str
+    reference: Callable[[np.ndarray], float]
+    float16_only: bool = False
+
+    def expected(self, values: np.ndarray, float16: bool) -> float:
+        """The reference value over `values` (outputs in float16 if `float16`)."""
+        return self.reference(values) if float16 or not self.float16_only else 0.0
+
+
+def _magnitudes(values: np.ndarray) -> np.ndarray:
+    return np.abs(values[np.isfinite(values)])
+
+
+def _subnormal(values: np.ndarray) -> float:
+    magnitudes = _magnitudes(values)
+    return float(np.sum((magnitudes > 0) & (magnitudes < FLOAT16_TINY)))
+
+
+LAYER_STATISTICS = (
+    Statistic("max_abs", "max", lambda v: float(_magnitudes(v).max(initial=0.0))),   # of the finite entries
+    Statistic("sum_abs", "sum", lambda v: float(_magnitudes(v).sum())),               # of the finite entries
+    Statistic("nonfinite", "sum", lambda v: float(np.sum(~np.isfinite(v)))),
+    Statistic("zeros", "count", lambda v: float(np.sum(v == 0))),                     # exact zeros
+    Statistic("size", "sum", lambda v: float(v.size)),                                # entries
+    # float16 underflows: non-zero magnitudes below float16's smallest normal.
+    Statistic("tiny", "sum", _subnormal, float16_only=True),
+)
+# A layer-stats row: one column per statistic, in their order.
+LAYER = Columns(*(statistic.name for statistic in LAYER_STATISTICS))
+
+
+def combined_layer_rows(rows: npt.ArrayLike) -> np.ndarray:
+    """One layer-stats row from rows `[n, ..., len(LAYER)]` (calls or replicas on the first axis), in numpy."""
+    rows = np.asarray(rows)
+    parts = []
+    for i, statistic in enumerate(LAYER_STATISTICS):
+        column = rows[..., i]
+        if statistic.combine == "max":
+            parts.append(column.max(axis=0))
+        elif statistic.combine == "count":
+            parts.append(np.where((column < 0).any(axis=0), NOT_COUNTED, column.sum(axis=0)))
+        else:
+            parts.append(column.sum(axis=0))
+    return np.stack(parts, axis=-1)
 # A variable-stats row. |dw| is `update_norm`; the record holds the ratio |dw|/|w|.
 VARIABLE = Columns("grad_norm", "grad_nonfinite", "weight_norm", "update_norm", "weight_nonfinite")
 
