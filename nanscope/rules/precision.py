@@ -37,7 +37,8 @@ FLOAT32_LAYER = Rule(
 RULES = (LOSS_SCALING, FLOAT32_LAYER)
 BY_ID = {rule.id: rule for rule in RULES}
 FIXTURES = {
-    "loss-scaling": Fixtures(fires=(), quiet=("float16-loss-scaling",)),
+    "loss-scaling": Fixtures(fires=("float16-gradient-overflow-no-loss-scaling",),
+                             quiet=("float16-denoiser-loss-scaling", "float16-loss-scaling")),
     "float32-layer": Fixtures(fires=("float16-overflow-no-loss-scaling",), quiet=("float16-loss-scaling",)),
 }
 

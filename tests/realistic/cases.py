@@ -56,6 +56,10 @@ HEALTHY = {
     "compound-growth-log-space": spec("compound_growth", "tabular", model_args={"log_space": True}),
     "irnn-relu6-layer-norm": spec("irnn", "sequences", "mse", {"name": "adam", "learning_rate": 0.01}, steps=64,
                                   model_args={"activation": "relu6"}, data_args={"steps": 100}),
+    # The float16 denoiser below with loss-scaling's fix: Keras' LossScaleOptimizer, as `model.compile` adds it under
+    # the mixed_float16 policy, halves its scale from 2^15 to 0.5 over the first 16 steps and then trains.
+    "float16-denoiser-loss-scaling": spec("denoiser", "signals", f"{LOSSES}:total_squared_error",
+                                          mixed_precision="mixed_float16"),
     "wgan-critic-max-norm": spec("critic", "critic_samples", f"{LOSSES}:wasserstein",
                                  {"name": "sgd", "learning_rate": 0.01}, steps=160,
                                  model_args={"kernel_constraint": {"class_name": "MaxNorm",
@@ -96,6 +100,11 @@ BUGGY = {
     "attention-pooling-plus-inf-fill": (spec("filled_pooling", "padded"), "finite-logits"),
     "mape-over-zero-counts": (spec("linear_head", "counts", f"{LOSSES}:mape"), "safe-division"),
     "compound-growth-product": (spec("compound_growth", "tabular"), "guard-op"),
+    # A 1-D convolutional denoiser whose convolutions compute in float16 without loss scaling, trained on the batch's
+    # total squared error: the forward pass and the loss stay finite (loss 4.97e4), but the last convolution's bias
+    # gradient sums 2 * (p - y) over 32 x 2048 positions and overflows float16 at step 0 (its kernel's is 1.33e5).
+    "float16-gradient-overflow-no-loss-scaling": (spec("denoiser", "signals", f"{LOSSES}:total_squared_error"),
+                                                  "loss-scaling"),
     # The classic exploding-gradient regression (Brownlee): targets with a std near 180, SGD with momentum 0.9; the
     # gradient norm grows geometrically for 5 steps before the loss overflows.
     "sgd-momentum-exploding-regression": (spec("mlp", "tabular", optimizer={"name": "sgd", "learning_rate": 0.01,
@@ -129,6 +138,7 @@ TOP_FIX_SITES = {
     "attention-pooling-plus-inf-fill": "model", "mape-over-zero-counts": "loss", "compound-growth-product": "model",
     "sgd-momentum-exploding-regression": "train", "irnn-relu-state-growth": "layer-arg:activation",
     "wgan-critic-without-weight-clipping": "layer-arg:kernel_constraint",
+    "float16-gradient-overflow-no-loss-scaling": "optimizer",
 }
 
 # Models that override `train_step` (keras-io's VAE and GAN, `generative.py`), watched by the NanScope callback in

@@ -86,3 +86,9 @@ def wasserstein(y_true, y_pred):
     """The WGAN critic's loss: -mean(label * score), label +1 for a real row and -1 for a generated one. It has no
     minimum: it falls without bound as the critic's weights grow."""
     return -tf.reduce_mean(y_true * y_pred)
+
+
+def total_squared_error(y_true, y_pred):
+    """The batch's total squared error, summed over every row and position as TF1-era code writes it
+    (`tf.nn.l2_loss` is half of it) rather than averaged."""
+    return tf.reduce_sum(tf.square(y_true - y_pred))

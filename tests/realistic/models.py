@@ -63,6 +63,17 @@ def sequences(rows=256, steps=10, features=3, seed=0):
     return x, x[:, :, -1].mean(axis=1, keepdims=True).astype(np.float32)
 
 
+def signals(rows=128, length=2048, seed=0, level=1.0):
+    """Noisy 1-D sensor readings and the clean ones: a level plus three sinusoids, with white noise of std 0.1."""
+    rng = np.random.default_rng(seed)
+    t = np.linspace(0.0, 1.0, length)
+    shape = (rows, 3, 1)
+    waves = rng.uniform(0.05, 0.15, shape) * np.sin(2 * np.pi * rng.uniform(1, 8, shape) * t
+                                                     + rng.uniform(0, 2 * np.pi, shape))
+    y = (level + waves.sum(axis=1)).astype(np.float32)
+    return (y + 0.1 * rng.standard_normal(y.shape)).astype(np.float32), y
+
+
 def tokens_and_numbers(rows=320, seed=0):
     """Two inputs by name: token ids and three numeric features; a regression target from both."""
     x, _ = tokens(rows, seed)
@@ -273,6 +284,18 @@ def float16_overflow(dtype="mixed_float16"):
                                  stddev=1e4, seed=0), dtype=dtype),
                              keras.layers.BatchNormalization(dtype="float32"),
                              keras.layers.Dense(1, dtype="float32")])
+
+
+def denoiser(length=2048):
+    """A 1-D convolutional denoiser whose convolutions compute in float16: each is built with
+    `dtype="mixed_float16"` while the model itself keeps the float32 policy, so `model.compile` does not wrap the
+    optimizer in a LossScaleOptimizer (it does so only for a model whose own policy is mixed_float16, and never
+    with `auto_scale_loss=False` or in a custom loop)."""
+    convolutions = [keras.layers.Conv1D(8, 5, padding="same", activation="relu", dtype="mixed_float16"),
+                    keras.layers.Conv1D(8, 5, padding="same", activation="relu", dtype="mixed_float16"),
+                    keras.layers.Conv1D(1, 5, padding="same", dtype="mixed_float16")]
+    return keras.Sequential([keras.Input((length,)), keras.layers.Reshape((length, 1)), *convolutions,
+                             keras.layers.Reshape((length,), dtype="float32")])
 
 
 def irnn(activation="relu"):
