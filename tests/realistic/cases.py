@@ -102,7 +102,7 @@ BUGGY = {
     "compound-growth-product": (spec("compound_growth", "tabular"), "guard-op"),
     # A 1-D convolutional denoiser whose convolutions compute in float16 without loss scaling, trained on the batch's
     # total squared error: the forward pass and the loss stay finite (loss 4.97e4), but the last convolution's bias
-    # gradient sums 2 * (p - y) over 32 x 2048 positions and overflows float16 at step 0 (its kernel's is 1.33e5).
+    # gradient sums 2 * (p - y) over 32 x 2048 positions and overflows float16 at step 0.
     "float16-gradient-overflow-no-loss-scaling": (spec("denoiser", "signals", f"{LOSSES}:total_squared_error"),
                                                   "loss-scaling"),
     # The classic exploding-gradient regression (Brownlee): targets with a std near 180, SGD with momentum 0.9; the
