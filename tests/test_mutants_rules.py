@@ -5,6 +5,7 @@ apply, the ranking of verified fixes, and the attribution of a bad step to an ou
 Minimal histories and records, no training (docs/mutation.md lists what each test here was written to catch)."""
 
 import math
+from dataclasses import replace
 import re
 from types import SimpleNamespace
 
@@ -12,17 +13,18 @@ import keras
 import numpy as np
 import pytest
 
-from boundary_runs import LAYERS, fired, first_at, report_of, step
+from boundary_runs import LAYERS, fired, first_at, report_of, step, up
 from nanscope.run.attribution import StepNames, attribute_from_record, bad_values_line, describe_bad_batch
 from nanscope.engine.records import LayerStats, OutputStats, StepRecord, VariableStats
 from nanscope.report.model import TraceReport
 from nanscope.rules.catalogue import RULES, recommend
-from nanscope.rules import weight_constraint
-from nanscope.rules.facts import Facts, HealthySteps, facts_from
+from nanscope.rules import (bounded_activation, clean_input_data, clip_gradients, guard_op, learning_rate, precision,
+                            producer, registry, scale, weight_constraint)
+from nanscope.rules.facts import Facts, HealthySteps, LayerFacts, facts_from
 from nanscope.store.history import StepHistory
-from nanscope.rules.diagnose import calibrated
+from nanscope.rules.diagnose import calibrated, diagnose
 from nanscope.rules.rule import Recommendation
-from nanscope.rules.evidence import RunEvidence
+from nanscope.rules.evidence import FeatureScale, RunEvidence, TargetScale
 from nanscope.rules.learning_rate import loss_falling
 from nanscope.rules.registry import verify_fixers
 from nanscope.run.verify import ranked_by_verification
@@ -395,3 +397,246 @@ def test_an_unbounded_loss_compares_the_last_two_quarters_and_needs_every_loss_f
     assert weight_constraint.unbounded_loss(np.array([0, 0, 0, 0, -10, -1, -1, -2.5, -2.5])) == (-1.0, -2.5)
     assert weight_constraint.unbounded_loss(np.array([0, 0, 0, 0, -2, -2, -2, -2.0])) is None
     assert weight_constraint.unbounded_loss(np.array([-1, -1, -1, -1, -1, -1, -math.inf, -math.inf])) is None
+
+
+def detector_of(*found, raises=None):
+    def detect(facts):
+        if raises is not None:
+            raise raises
+        return list(found)
+    return SimpleNamespace(detect=detect)
+
+
+def diagnosed_with(monkeypatch, detectors, fallbacks):
+    """What `diagnose` returns and notes on a healthy 3-step run with `detectors` and `fallbacks` for the registry's:
+    each a list of (rule ids, SimpleNamespace(detect=...))."""
+    monkeypatch.setattr(registry, "DETECTORS", tuple((ids, unit, "detect") for ids, unit in detectors))
+    monkeypatch.setattr(registry, "FALLBACKS", tuple((ids, unit, "detect") for ids, unit in fallbacks))
+    report = report_of([step(k) for k in range(3)])
+    found = diagnose(report, RunEvidence())
+    return [(r.id, r.severity, r.evidence) for r in found], report.notes
+
+
+FAILED = "failed while the report was finished (RuntimeError: a bug) and is left out; please report this as a nanscope bug"
+
+
+def test_a_detector_that_raises_is_named_in_the_notes_and_the_rest_of_the_report_stands(monkeypatch):
+    found, notes = diagnosed_with(monkeypatch, [
+        (("boom-a", "boom-b"), detector_of(raises=RuntimeError("a bug"))),
+        (("stable-log",), detector_of((0.5, rec("stable-log", "error")))),
+    ], [(("guard-op",), detector_of((0.1, rec("guard-op", "warning"))))])
+    assert found == [("stable-log", "error", ["measured"])]  # an error: the fallbacks stay quiet
+    assert notes == [f"rule boom-a, boom-b {FAILED}"]
+
+
+def test_a_fallback_that_raises_is_named_in_the_notes_too(monkeypatch):
+    found, notes = diagnosed_with(monkeypatch, [(("stable-log",), detector_of((0.5, rec("stable-log", "info"))))], [
+        (("guard-a", "guard-b"), detector_of(raises=RuntimeError("a bug"))),
+        (("guard-op",), detector_of((0.1, rec("guard-op", "warning")))),
+    ])
+    assert found == [("guard-op", "warning", ["measured"]), ("stable-log", "info", ["measured"])]
+    assert notes == [f"rule guard-a, guard-b {FAILED}"]
+
+
+@pytest.mark.parametrize("severity, fallback", [("info", True), ("warning", False), ("error", False)])
+def test_the_fallbacks_speak_only_when_nothing_was_found_above_info(monkeypatch, severity, fallback):
+    found, notes = diagnosed_with(monkeypatch, [(("stable-log",), detector_of((0.5, rec("stable-log", severity))))],
+                                  [(("guard-op",), detector_of((0.1, rec("guard-op", "warning"))))])
+    assert [rule_id for rule_id, _, _ in found] == (["guard-op", "stable-log"] if fallback and severity == "info"
+                                                   else ["stable-log"])
+    assert notes == []
+
+
+def test_findings_of_one_rule_are_merged_into_the_first_and_later_rules_still_follow(monkeypatch):
+    found, _ = diagnosed_with(monkeypatch, [
+        (("stable-log",), detector_of((0.9, rec("stable-log", "error", ["a", "b"])),
+                                      (0.8, rec("stable-log", "error", ["b", "c"])),
+                                      (0.7, rec("safe-sqrt", "error", ["d"])))),
+    ], [])
+    assert found == [("stable-log", "error", ["a", "b", "c"]), ("safe-sqrt", "error", ["d"])]
+
+
+# The scores and severities that order the findings, each detector called on its own (diagnose would hide a
+# fallback behind another rule's error, and sorts ties by detector order).
+def scored(detect, report, evidence=None):
+    return [(score, rec.id, rec.severity) for score, rec in detect(facts_from(report, evidence or RunEvidence()))]
+
+
+def failed_run(records, phase="loss", **fields):
+    """`records`, then a step whose loss is NaN, the run's first non-finite value, in `phase`."""
+    number = len(records)
+    return report_of([*records, step(number, loss=math.nan, loss_nonfinite=True)], first_at(number, phase, **fields))
+
+
+def test_clean_input_data_scores_1():
+    report = report_of([step(0), step(1)], first_at(1, "data", detail=["x: 1 non-finite value(s)"]))
+    assert scored(clean_input_data.detect, report) == [(1.0, "clean-input-data", "error")]
+
+
+def test_clip_gradients_scores_0_8_and_reads_the_first_steps_weight_norm_without_an_initial_one():
+    records = [step(s, grad=20.0 ** s, weight_norm=1.0 + s) for s in range(4)]
+    assert scored(clip_gradients.detect, failed_run(records)) == [(0.8, "clip-gradients", "error")]
+    # lr 0.01 and the first step's weight norm 1: the update bound 0.01 * 1 / 0.01 = 1, under the 10th percentile 6.7.
+    (_, rec), = clip_gradients.detect(facts_from(report_of(records), RunEvidence()))
+    assert rec.data["threshold"] == 1.0
+    assert rec.evidence[-1].startswith("clip threshold 1: so that one step of learning rate 0.01 moves the weights "
+                                       "(norm 1)")
+
+
+def test_clip_gradients_without_an_optimizer_config_clips_at_the_10th_percentile():
+    report = report_of([step(s, grad=20.0 ** s) for s in range(4)])
+    del report.run["optimizer_config"]
+    (_, rec), = clip_gradients.detect(facts_from(report, RunEvidence()))
+    assert rec.data["threshold"] == 7.0  # the 10th percentile of 1, 20, 400, 8000: 6.7, to one digit
+    assert rec.evidence[-1] == "clip threshold 7: the 10th percentile of the healthy steps' gradient norms"
+
+
+def test_loss_growth_scores_0_74_and_is_an_error_in_a_run_that_failed():
+    records = [step(s, loss=20.0 ** s, update_ratio=1e-3) for s in range(4)]
+    assert scored(learning_rate.detect_loss_growth, report_of(records)) == [(0.74, "lower-learning-rate", "warning")]
+    assert scored(learning_rate.detect_loss_growth, report_of(records, first_at(3, "forward"))) == [
+        (0.74, "lower-learning-rate", "error")]
+
+
+def test_loss_growth_reads_the_update_ratios_after_the_first_step_only():
+    # After the first: 1e-3, 1e-3, 1e-6, 1e-6, median 5e-4, not negligible; without the second step's it would be.
+    ratios = [0.5, 1e-3, 1e-3, 1e-6, 1e-6]
+    records = [step(s, loss=20.0 ** s, update_ratio=r) for s, r in enumerate(ratios)]
+    assert [rule for _, rule, _ in scored(learning_rate.detect_loss_growth, report_of(records))] == [
+        "lower-learning-rate"]
+
+
+@pytest.mark.parametrize("optimizer, limit", [("Adam", 0.02), ("RMSprop", 0.02), ("SGD", 0.01), (None, 0.01),
+                                              ("adam", 0.01)])
+def test_the_update_ratio_limit_is_2e_2_for_an_adaptive_optimizer(optimizer, limit):
+    run = {"optimizer": optimizer} if optimizer else {}
+    assert learning_rate.update_ratio_limit(run)[0] == limit
+    records = [step(s, update_ratio=0.015) for s in range(3)]
+    report = report_of(records)
+    report.run.update(run)
+    assert bool(learning_rate.detect_update_ratio(facts_from(report, RunEvidence()))) is (limit == 0.01)
+
+
+def test_bounded_activation_scores_0_65_an_error_in_a_run_that_failed_and_cites_the_growth_factor():
+    records = [step(s, layer_max=(1.0, 1e30)) for s in range(3)]
+    assert scored(bounded_activation.detect, report_of(records)) == [(0.65, "bounded-activation", "warning")]
+    assert scored(bounded_activation.detect, failed_run(records)) == [(0.65, "bounded-activation", "error")]
+    facts = facts_from(report_of(records), RunEvidence())
+    facts.layers[0] = LayerFacts("hidden", "Dense", relu_like=True, called_steps=20, max_abs=2.0 ** 19,
+                                 max_abs_healthy=2.0 ** 19, trend_steps=np.arange(20), trend_values=2.0 ** np.arange(20))
+    (_, rec), = bounded_activation.detect(facts)
+    assert rec.data["layer"] == "hidden" and rec.evidence[1] == "it grew 2x per step from step 0"
+
+
+def test_bounded_activation_passes_over_a_layer_without_healthy_outputs():
+    facts = facts_from(report_of([step(s, layer_max=(1e30, 1e30)) for s in range(3)]), RunEvidence())
+    facts.layers[0].max_abs_healthy = None
+    (_, rec), = bounded_activation.detect(facts)
+    assert rec.data["layer"] == "head"
+
+
+def test_bounded_activation_without_a_start_norm_or_a_healthy_step_says_nothing_of_the_weights():
+    records = [step(s, weight_norm=50.0, layer_max=(1.0, 1e30)) for s in range(3)]
+    zero = RunEvidence(initial_weight_norm=lambda: 0.0)  # an initial norm of 0: no growth to compare
+    assert scored(bounded_activation.detect, report_of(records), zero) == [(0.65, "bounded-activation", "warning")]
+    unhealthy = failed_run([])  # no healthy step: no norm, and no layer measured while healthy
+    assert scored(bounded_activation.detect, unhealthy, RunEvidence(initial_weight_norm=lambda: 2.0)) == []
+
+
+def guard_first(phase, op="Prod", inputs_op="Prod"):
+    return first_at(0, phase, layer="hidden", op=op, source=None,
+                    inputs={"min": 2.0, "max": 1e30, **({"op": inputs_op} if inputs_op else {})})
+
+
+@pytest.mark.parametrize("phase, op, inputs_op, speaks", [
+    ("forward", "Prod", "Prod", True), ("data", "Prod", "Prod", False), ("update", "Prod", "Prod", False),
+    ("forward", None, "Prod", True), ("forward", "Prod", None, True), ("forward", None, None, False),
+])
+def test_guard_op_scores_0_3_for_a_named_producer_outside_the_data_and_update_phases(phase, op, inputs_op, speaks):
+    report = report_of([step(0, loss=math.inf, loss_nonfinite=True)], guard_first(phase, op, inputs_op))
+    assert scored(guard_op.detect, report) == ([(0.3, "guard-op", "warning")] if speaks else [])
+
+
+def test_the_producer_rules_score_1_and_a_float16_overflow_0_95():
+    def producer_scores(op, **inputs):
+        report = report_of([step(0, loss=math.inf, loss_nonfinite=True)],
+                           first_at(0, "forward", layer="hidden", op=op, inputs={"op": op, **inputs}))
+        return scored(producer.detect, report)
+
+    assert producer_scores("Log", min=0.0, max=1.0) == [(1.0, "stable-log", "error")]
+    assert [score for score, _, _ in producer_scores("MatMul", dtype="float16", max=1e5)] == [0.95]
+    report = report_of([step(0, loss=math.nan, loss_nonfinite=True)], first_at(
+        0, "forward", layer="hidden", op="Softmax", context={"masked_rows": 2, "softmax_rows": 8}))
+    assert scored(producer.detect, report) == [(1.0, "masked-softmax", "error")]
+
+
+def feature(index, std):
+    return FeatureScale(f"f{index}", index, std, 0.0)
+
+
+@pytest.mark.parametrize("count, shown, more", [
+    (5, "f4 (std 50), f3 (std 40), f2 (std 30), f1 (std 20), f0 (std 11)", ""),
+    (6, "f5 (std 60), f4 (std 50), f3 (std 40), f2 (std 30), f1 (std 20)", ", and 1 more"),
+    (7, "f6 (std 70), f5 (std 60), f4 (std 50), f3 (std 40), f2 (std 30)", ", and 2 more"),
+])
+def test_normalize_inputs_names_the_five_farthest_features_and_counts_the_rest(count, shown, more):
+    features = [feature(0, 11.0)] + [feature(k, 10.0 * (k + 1)) for k in range(1, count)] + [feature(99, 1.0)]
+    (score, rec), = scale.detect_inputs(facts_from(report_of([step(0)]), RunEvidence(features=features)))
+    assert score == 0.6 and rec.severity == "info"
+    assert rec.evidence == [f"{count} input feature(s) far from unit scale: {shown}{more}"]
+    assert rec.data == {"features": list(range(count))}
+
+
+def test_normalize_inputs_keeps_the_20_farthest_features_in_its_data():
+    features = [feature(k, 11.0 + k) for k in range(22)]
+    (_, rec), = scale.detect_inputs(facts_from(report_of([step(0)]), RunEvidence(features=features)))
+    assert rec.data == {"features": list(range(2, 22))}
+    assert rec.evidence[0].endswith(", and 17 more")
+
+
+def test_a_spread_of_exactly_the_scale_limit_is_no_root_cause():
+    # std 10 and mean |x| 11: far (the mean), but a spread of 10 is not past the limit, and an offset alone is
+    # absorbed by a bias. Just above 10 the data is the root cause of a MatMul that overflowed at step 1.
+    report = failed_run([step(0)], "forward", op="MatMul", inputs={"op": "MatMul", "max": 1e39})
+    at = scale.detect_inputs(facts_from(report, RunEvidence(features=[FeatureScale("a", 0, 10.0, 11.0)])))
+    assert [(score, rec.severity, "root_cause" in rec.data) for score, rec in at] == [(0.6, "warning", False)]
+    above = scale.detect_inputs(facts_from(report, RunEvidence(features=[FeatureScale("a", 0, up(10.0), 11.0)])))
+    assert [(score, rec.severity, rec.data.get("root_cause")) for score, rec in above] == [(1.05, "error", True)]
+
+
+def test_normalize_targets_reads_every_target_and_names_its_output_where_it_has_one():
+    targets = [TargetScale("unit", "mse", 1.0, 0.0), TargetScale(None, "mse", 20.0, 0.0),
+               TargetScale("price", "mse", 2000.0, 0.0)]
+    found = scale.detect_targets(facts_from(report_of([step(0)]), RunEvidence(targets=targets)))
+    assert [(score, rec.data) for score, rec in found] == [
+        (0.7, {"y_std": 20.0, "y_mean_abs": 0.0}), (0.8, {"y_std": 2000.0, "y_mean_abs": 0.0, "output": "price"})]
+    assert [rec.evidence[0].split(" have ")[0] for _, rec in found] == ["regression targets",
+                                                                        "regression targets of output 'price'"]
+
+
+F, T = False, True
+
+
+def skips_report(skips, before):
+    """A float16 run under loss scaling at 1024 whose steps skip as `skips` says, with `before` as each step's scale
+    before it (None: not recorded)."""
+    records = [replace(step(s, loss_scale=1024.0, skipped=skip), loss_scale_before=before) for s, skip in
+               enumerate(skips)]
+    return report_of(records, dtype="float16", loss_scaling=True)
+
+
+@pytest.mark.parametrize("skips, before, fell_from", [
+    ([F, T, T, T, T], 4096.0, "4096"),  # recorded: read as it is
+    ([F, T, T, T, T], None, "1024"),  # not recorded, the first step of the window not skipped: its own scale
+    ([T] * 30, None, "2048"),  # not recorded and skipped (a warm-up of 30 is kept): twice the scale it was cut to
+])
+def test_a_collapsed_loss_scale_scores_0_9_and_says_the_scale_it_fell_from(skips, before, fell_from):
+    (score, rec), = precision.detect(facts_from(skips_report(skips, before), RunEvidence()))
+    assert (score, rec.id, rec.severity) == (0.9, "float32-layer", "error")
+    assert rec.evidence[1] == f"loss scale fell from {fell_from} to 1.02e+03; no weight changed on those steps"
+
+
+def test_float16_layers_score_0_65_near_overflow_and_0_5_underflowing_and_each_layer_is_read():
+    report = report_of([step(0, layer_max=(1.0, 40000.0), underflow=0.5)], dtype="float16")
+    report.run["layer_dtypes"]["hidden"] = "float32"  # the first layer is passed over, the second still read
+    assert scored(precision.detect, report) == [(0.65, "float32-layer", "warning"), (0.5, "loss-scaling", "warning")]

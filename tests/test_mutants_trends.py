@@ -4,6 +4,7 @@ steps a fit steeper than the limit can span, and the step at which a norm growin
 Plain numbers, no model (docs/mutation.md lists what each test here was written to catch)."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -142,3 +143,81 @@ def test_past_200_candidate_starts_every_nth_is_checked():
     expected = reference_growth(steps, values, 1.01, 3, 2.0)
     found = geometric_growth(steps, values, 1.01, 3, 2.0)
     assert same_growth(found, expected) and 255 < expected[1] < 300, (found, expected)
+
+
+@pytest.mark.parametrize("steps, values, rate_limit, min_steps, min_total, expected", [
+    # Two steps 1 apart: the fit's denominator n * sum(x^2) - sum(x)^2 is exactly 1, and the one jump is 5x; with a
+    # minimum total under 1, nothing without the jump need grow.
+    pytest.param([0, 1], [1.0, 5.0], 1.2, 1, 0.5, (4.999999999999999, 0), id="two-steps-with-a-total-under-1"),
+    # ln(1e308 / 5e-324) = 1453 per step: the slope is clipped to 700 before exp, the rate is e^700, not inf.
+    pytest.param([0, 1], [5e-324, 1e308], 1.2, 2, 0.5, (math.exp(700), 0), id="a-slope-over-700-is-clipped"),
+    # A rise that ends below 1 still ends above 0.
+    pytest.param(list(range(10)), [2.0 ** (k - 12) for k in range(10)], 1.2, 4, 10.0, (2.0, 0), id="ending-below-1"),
+    # A limit of 1 has no fit window (fit_window is None): the whole run is fitted.
+    pytest.param([0, 1, 2, 3], [1.0, 2.0, 4.0, 8.0], 1.0, 3, 2.0, (1.9999999999999998, 0), id="a-limit-of-1"),
+    # 1e-300 to 1e300: the spread overflows to inf, which has no fit window either.
+    pytest.param(list(range(8)), list(np.logspace(-300, 300, 8)), 1.2, 3, 2.0, (5.179474679231176e+85, 0),
+                 id="an-infinite-spread"),
+    # Log factors -1, 1, 1, 1, 1: from step 0 the head is the first two factors (5 // 3 = 1, at least 2), median 0;
+    # the first three would have median 1. From step 1 every factor is 1.
+    pytest.param(list(range(6)), list(np.exp([0.0, -1.0, 0.0, 1.0, 2.0, 3.0])), 1.2, 2, 2.0, (math.e, 1),
+                 id="the-head-is-at-least-two-factors-not-three"),
+])
+def test_the_growth_fit_exactly(steps, values, rate_limit, min_steps, min_total, expected):
+    assert geometric_growth(steps, values, rate_limit, min_steps, min_total) == expected
+
+
+def test_a_fitted_rate_of_exactly_the_limit_does_not_exceed_it():
+    steps, values = list(range(6)), [3.0 ** k for k in range(6)]
+    rate, onset = geometric_growth(steps, values, 1.2, 3, 2.0)
+    assert (rate, onset) == (2.9999999999999996, 0)
+    assert geometric_growth(steps, values, math.nextafter(rate, 0.0), 3, 2.0) == (rate, 0)
+    # At exactly the fitted rate, step 0's fit does not pass; step 3's, fitted over the last three, does.
+    assert geometric_growth(steps, values, rate, 3, 2.0) == (3.0000000000000004, 3)
+
+
+def test_a_median_factor_of_exactly_half_the_log_limit_is_not_sustained():
+    # Log factors 2, 2, 0.25, 0.125, 0.125 against a limit of e^0.5: the median is exactly 0.5 ln(limit), not over it.
+    values = list(np.exp(np.cumsum([0.0, 2.0, 2.0, 0.25, 0.125, 0.125])))
+    limit = 1.6487212707001282
+    assert np.median(np.diff(np.log(values))) == 0.5 * math.log(limit) == 0.25  # the premise, exactly
+    assert geometric_growth(list(range(6)), values, limit, 3, 2.0) is None
+    assert geometric_growth(list(range(6)), values, math.nextafter(limit, 0.0), 3, 2.0) is not None
+
+
+def test_growth_without_the_largest_jump_of_exactly_sqrt_min_total_is_not_sustained():
+    # Log jumps 0.5, 0.5, 3: without the largest the value grew e^1, exactly sqrt(e^2).
+    values = list(np.exp([0.0, 0.5, 1.0, 4.0]))
+    min_total = 7.38905609893065
+    jumps = np.diff(np.log(values))
+    assert jumps.sum() - jumps.max() == 0.5 * math.log(min_total) == 1.0  # the premise, exactly
+    assert geometric_growth([0, 1, 2, 3], values, 1.2, 2, min_total) is None
+    assert geometric_growth([0, 1, 2, 3], values, 1.2, 2, min_total * (1 - 1e-12))[1] == 0
+
+
+def test_the_growth_fit_reads_float32_values_and_steps_as_float64():
+    steps = np.arange(30)
+    values = np.float32(1.7) ** np.arange(30, dtype=np.float32) * np.float32(1.3)
+    expected = geometric_growth(steps.tolist(), values.astype(np.float64).tolist(), 1.2, 4, 10.0)
+    assert geometric_growth(steps.astype(np.float32), values, 1.2, 4, 10.0) == expected
+    half = values[:18].astype(np.float16)  # 1.3 * 1.7^17 = 10,720: under float16's max
+    assert geometric_growth(steps[:18], half, 1.2, 4, 10.0) == geometric_growth(
+        steps[:18].tolist(), half.astype(np.float64).tolist(), 1.2, 4, 10.0)
+
+
+def test_a_long_run_is_fitted_over_its_last_fit_window_steps_only():
+    # 5,000 flat steps, then 40 rising 1.5x: the fit window is 156 steps, and the answer (to the last bit, since the
+    # steps are centred on the same mean) is the answer for those 156 alone.
+    values = [1.0] * 5000 + [1.5 ** k for k in range(1, 41)]
+    steps = list(range(len(values)))
+    assert fit_window(1.5 ** 40, 1.2) == 156
+    found = geometric_growth(steps, values, 1.2, 4, 10.0)
+    assert found == geometric_growth(steps[-156:], values[-156:], 1.2, 4, 10.0)
+    assert found[1] == 4991
+
+
+def test_a_one_step_fit_warns_nothing():
+    # With min_steps 1 the last start is one point: 0 / 0, NaN, silently.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert geometric_growth([0, 1, 2, 3], [1.0, 2.0, 4.0, 8.0], 1.2, 1, 2.0) == (1.9999999999999998, 0)
