@@ -14,6 +14,8 @@ import pytest
 
 from boundary_runs import fired, first_at, report_of, step, up
 from nanscope.engine.limits import ACTIVATION_LIMIT
+from nanscope.report.model import FirstNonfinite
+from nanscope.rules import double_where, safe_division, stable_exp
 from nanscope.rules.evidence import RunEvidence
 from nanscope.rules.operand import where
 
@@ -144,3 +146,28 @@ def test_an_exp_without_a_measured_max_is_not_stable_exps():
 def test_where_names_only_what_a_bare_first_value_holds():
     bare = SimpleNamespace(step=3, phase="forward", layer=None, source=None)  # no loss, output or context
     assert where(bare) == "step 3, forward pass"
+
+
+def test_a_double_where_without_a_forward_op_guards_a_generic_f_of_x_above_0():
+    first = FirstNonfinite(step=0, phase="backward", layer="hidden", op=None, source=None,
+                           context={"discarded_by": {"op": "SelectV2"}})
+    rec = double_where.finding(None, first, "step 0, backward pass", {})
+    assert rec.fix == ("safe = tf.where(x > 0, x, 1.0)  # make the input safe inside the branch first\n"
+                       "y = tf.where(x > 0, f(safe), 0.0)")
+
+
+def test_a_division_is_in_the_loss_in_the_loss_phase_or_where_the_replay_named_its_loss():
+    assert safe_division.in_loss(FirstNonfinite(step=0, phase="loss")) is True
+    assert safe_division.in_loss(FirstNonfinite(step=0, phase="backward", loss="mse")) is True
+    assert safe_division.in_loss(FirstNonfinite(step=0, phase="backward")) is False
+    snippets = safe_division.SNIPPETS
+    layer = safe_division.finding(None, FirstNonfinite(step=0, phase="forward", op="RealDiv"), "step 0", {})
+    assert layer.fix == snippets["layer"] != snippets["loss"]
+    loss = safe_division.finding(None, FirstNonfinite(step=0, phase="backward", op="RealDiv", loss="mse"), "step 0", {})
+    assert loss.fix == snippets["loss"]
+
+
+def test_an_exp_of_a_dtype_without_a_clamp_is_clamped_as_float32():
+    first = FirstNonfinite(step=0, phase="forward", op="Exp")
+    rec = stable_exp.finding(None, first, "step 0", {"op": "Exp", "dtype": "int32", "max": 100.0})
+    assert "# a clamp last: tf.exp(tf.minimum(x, 80.0))  # int32: log(max) = 88.72" in rec.fix

@@ -9,7 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from nanscope.rules.drop_outlier_rows import _row_line, _spike
+from nanscope.report.model import FirstNonfinite
+from nanscope.rules.drop_outlier_rows import _row_line, _spike, detect
+from nanscope.rules.facts import Facts
 from nanscope.rules.evidence import feature_scales, finite_spread, target_scales, without_glitches
 from nanscope.rules.outliers import detached, glitch_rows, glitches_in, missing_value_codes, robust_scale
 
@@ -166,3 +168,57 @@ def test_feature_scales_measure_float32_inputs_in_float64_and_every_float_input(
 def test_a_glitch_rows_line_quotes_its_cell_with_the_largest_z():
     cells = [(0, 9999.0, 6744.2, 0.0, 1.4826), (1, 50.0, 33.7, 0.0, 1.4826)]  # column 1 first by number, not by z
     assert _row_line("y", 7, cells) == "row 7: y[0] = 9999 (robust z 6.74e+03; median 0, robust std 1.48)"
+
+
+def test_a_glitch_rows_line_picks_the_cell_by_z_not_by_median():
+    cells = [(0, 9999.0, 6744.2, 0.0, 1.4826), (1, 50.0, 33.7, 40.0, 1.0)]  # the larger median in column 1
+    assert _row_line("y", 7, cells) == "row 7: y[0] = 9999 (robust z 6.74e+03; median 0, robust std 1.48)"
+
+
+def glitch(column, value, z=50.0, median=1.0, scale=2.0):
+    return [(column, value, z, median, scale)]
+
+
+def drop_rows(glitches, kept=((0, 1.0),), first=None, batch_rows=None):
+    """drop-outlier-rows' one (score, Recommendation) for `glitches`, over the kept steps' (step, loss)."""
+    (score, rec), = detect(Facts(run={}, first=first, kept=list(kept), glitches=glitches, batch_rows=batch_rows))
+    return score, rec
+
+
+def test_glitch_rows_without_batch_rows_score_0_3_as_info_and_quote_five_rows_and_count_the_rest():
+    score, rec = drop_rows({"y": {row: glitch(0, 100.0 + row) for row in range(7)}})
+    assert (score, rec.severity) == (0.3, "info") and "step" not in rec.data
+    lines = "; ".join(f"row {row}: y[0] = {100 + row} (robust z 50; median 1, robust std 2)" for row in range(5))
+    assert rec.evidence == ["7 training row(s) hold values over 10 robust standard deviations from their column's "
+                            f"median (median and MAD of the column): {lines}; ... and 2 more"]
+    _, five = drop_rows({"y": {row: glitch(0, 100.0 + row) for row in range(5)}})
+    assert five.evidence[0].endswith(f": {lines}")
+
+
+def test_the_data_keeps_the_first_100_glitch_rows():
+    _, rec = drop_rows({"y": {row: glitch(0, 100.0) for row in range(101)}})
+    assert rec.data["rows"] == list(range(100))
+
+
+def test_a_missing_value_code_is_the_first_cells_value_in_the_same_column_of_at_least_2_rows():
+    found = {3: glitch(0, 9999.0), 7: glitch(0, 9999.0), 9: glitch(1, 9999.0), 11: glitch(0, 5000.0)}
+    _, rec = drop_rows({"x['price']": found})
+    assert rec.fix.splitlines()[0] == "# rows 3, 7, 9, 11: x['price'][0] = 9999 in 2 rows (a missing-value code?)"
+    assert rec.fix.splitlines()[2].endswith("# drop the rows; or repair: x[bad, 0] = np.nan, then impute")
+    _, once = drop_rows({"y": {3: glitch(0, 9999.0), 9: glitch(1, 9999.0)}})
+    assert once.fix.splitlines()[0] == "# rows 3, 9: y[0] = 9999"
+
+
+def test_a_batch_whose_loss_spiked_with_glitch_rows_in_it_scores_0_97_and_names_the_step_and_rows():
+    kept = [(0, 1.0), (1, 1.0), (2, 1000.0)]
+    batch = lambda step: np.array([2 * step, 2 * step + 1])  # noqa: E731
+    glitches = {"y": {4: glitch(0, 500.0), 5: glitch(0, 600.0)}}
+    score, rec = drop_rows(glitches, kept, batch_rows=batch)
+    assert (score, rec.severity, rec.data["step"]) == (0.97, "warning", 2)
+    assert rec.evidence[0] == ("step 2: the loss spiked to 1000, 1e+03x the median of the 2 steps before; its batch "
+                               "held row(s) 4, 5")
+    # A run that went non-finite later: the spike is still what its batch did, and the glitch came first.
+    later = FirstNonfinite(step=5, phase="loss")
+    score, rec = drop_rows(glitches, kept, first=later, batch_rows=batch)
+    assert (score, rec.severity) == (0.97, "error")
+    assert rec.evidence[0].startswith("step 2: the loss spiked to 1000")

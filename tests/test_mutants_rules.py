@@ -417,7 +417,8 @@ def diagnosed_with(monkeypatch, detectors, fallbacks):
     return [(r.id, r.severity, r.evidence) for r in found], report.notes
 
 
-FAILED = "failed while the report was finished (RuntimeError: a bug) and is left out; please report this as a nanscope bug"
+FAILED = ("failed while the report was finished (RuntimeError: a bug) and is left out; please report this as a "
+          "nanscope bug")
 
 
 def test_a_detector_that_raises_is_named_in_the_notes_and_the_rest_of_the_report_stands(monkeypatch):
@@ -523,7 +524,8 @@ def test_bounded_activation_scores_0_65_an_error_in_a_run_that_failed_and_cites_
     assert scored(bounded_activation.detect, failed_run(records)) == [(0.65, "bounded-activation", "error")]
     facts = facts_from(report_of(records), RunEvidence())
     facts.layers[0] = LayerFacts("hidden", "Dense", relu_like=True, called_steps=20, max_abs=2.0 ** 19,
-                                 max_abs_healthy=2.0 ** 19, trend_steps=np.arange(20), trend_values=2.0 ** np.arange(20))
+                                 max_abs_healthy=2.0 ** 19, trend_steps=np.arange(20),
+                                 trend_values=2.0 ** np.arange(20))
     (_, rec), = bounded_activation.detect(facts)
     assert rec.data["layer"] == "hidden" and rec.evidence[1] == "it grew 2x per step from step 0"
 

@@ -7,6 +7,8 @@ catch)."""
 import dataclasses
 import math
 import os
+import subprocess
+import sys
 import tempfile
 import types
 
@@ -625,3 +627,17 @@ def test_a_step_line_without_layer_variable_or_output_rows_reads_back_with_none(
     line = {"kind": "step", **{k: v for k, v in jsonable(record).items() if k not in rows}}
     assert line["loss"] == "inf"
     assert record_from_dict(line) == dataclasses.replace(record, layers=[], variables=[], outputs=[])
+
+
+def test_an_atomic_write_is_utf8_whatever_the_locale(tmp_path):
+    # In the C locale with UTF-8 mode off, Python's default text encoding is ASCII: the file's encoding is the
+    # writer's, not the locale's. The child imports nanscope from where this process did (mutmut's copy included).
+    import nanscope
+
+    target = tmp_path / "report.json"
+    package_root = os.path.dirname(os.path.dirname(nanscope.__file__))
+    env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONPATH": package_root}
+    code = ("import sys; from nanscope.jsonio import write_text_atomic; "
+            "write_text_atomic(sys.argv[1], '\\u00b5 \\u221e\\n')")
+    subprocess.run([sys.executable, "-c", code, str(target)], env=env, check=True, capture_output=True, timeout=60)
+    assert target.read_bytes() == b"\xc2\xb5 \xe2\x88\x9e\n"  # UTF-8

@@ -147,3 +147,13 @@ def test_no_run_or_an_unclipped_run_without_a_step_says_no_strategy_ran():
     empty = StrategyRun(Strategy("none"), result([]), StepEffect(None, None, 0, 0))
     assert verdict([empty, run("clipnorm", [5.0, math.nan], first_bad=1, phase="backward")]).diagnosis == \
         "no strategy ran a step"
+
+
+def test_without_a_baseline_a_finite_strategy_that_learned_nothing_had_its_updates_skipped():
+    stalled = verdict([run("clipnorm", [12.0, 11.0, 11.0], skipped=(0, 1, 2))], baseline=None)
+    assert stalled.hides_problem is True
+    assert stalled.diagnosis == (
+        "1 strategy stayed finite, but none learned: the best, clipnorm=1, ended with training loss 11, its updates "
+        "skipped by loss scaling, so no weight changed. Clipping only hides the problem here: it keeps the weights "
+        "finite while the model learns nothing. Run `nanscope trace-steps s.yaml` for the diagnosis (e.g. scale the "
+        "targets or the inputs, lower the learning rate, repair bad rows).")
