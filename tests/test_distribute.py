@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -23,10 +24,10 @@ from nanscope.spec.options import TraceOptions
 SPECS = Path(__file__).parent / "specs" / "distribute"
 
 
-def run_two_replicas(args, tmp_path, **env):
+def run_two_replicas(args, tmp_path, timeout=120, **env):
     env = {**os.environ, "NANSCOPE_CPU_REPLICAS": "2", "TF_CPP_MIN_LOG_LEVEL": "3", **env}
-    return subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-                          check=False)
+    return subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
 
 
 def trace_two_replicas(spec_name, tmp_path):
@@ -174,3 +175,68 @@ def test_mirrored_sentinel_mode_runs_every_step_in_full(tmp_path):
     document = json.loads(report.read_text())
     assert [step["replica_nonfinite"] for step in document["steps"]] == [[0, 0]] * 6
     assert "mode=sentinel: not under train.distribute; every step was recorded in full" in document["notes"]
+
+
+@pytest.fixture(scope="module")
+def fit_guard(tmp_path_factory):
+    """The fits of specs/distribute/fit_guard.py (the callback's guard under MirroredStrategy), one process."""
+    folder = tmp_path_factory.mktemp("fit_guard")
+    done = run_two_replicas([str(SPECS / "fit_guard.py"), str(folder)], folder, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    fits = json.loads(done.stdout.strip().splitlines()[-1])
+    reports = {name: json.loads((folder / f"{name}.json").read_text())
+               for name in ("skip", "verdicts", "rollback", "default")}
+    return fits, reports
+
+
+def test_fit_under_mirrored_strategy_skips_a_poisoned_batch_and_trains_as_without_it(fit_guard):
+    # Each replica's weights, Adam's moments and counter and the metrics' totals are put back on its own device:
+    # every epoch trains as the fit without that batch's 16 rows (before, the guard kept no state under a strategy
+    # and stopped the run at the first non-finite step, in epoch 0).
+    fits, reports = fit_guard
+    run, clean = fits["skip"], fits["clean"]
+    assert run["epochs"] == 3 and run["train_step_restored"]
+    assert run["loss"] == pytest.approx(clean["loss"], rel=1e-6, abs=0)
+    assert run["mae"] == pytest.approx(clean["mae"], rel=1e-6, abs=0)
+    for weights, expected in zip(run["weights"], clean["weights"], strict=True):
+        np.testing.assert_allclose(weights, expected, rtol=1e-5, atol=1e-7)
+    report = reports["skip"]
+    assert [(i["step"], i["action"], i["reason"]) for i in report["interventions"]] == [
+        (1, "skip", "non-finite data pass"), (5, "skip", "non-finite data pass"), (9, "skip", "non-finite data pass")]
+    assert not any("cannot skip" in note or "no state is kept" in note for note in report["notes"])
+    first = report["first_nonfinite"]
+    assert (first["step"], first["phase"], first["replica"], first["reproducible"], first["reproducible_replicas"]) \
+        == (1, "data", 1, True, [1])
+
+
+def test_fit_under_mirrored_strategy_a_planted_nan_row_reproduces_on_its_replica_and_comes_from_the_batch(fit_guard):
+    fits, reports = fit_guard
+    report = reports["verdicts"]
+    assert verdict(report["first_nonfinite"]) == {"step": 2, "phase": "data", "replica": 1, "reproducible": True,
+                                                  "origin": "batch", "reproducible_replicas": [1],
+                                                  "origin_replicas": [1]}
+    assert "origin: batch: from the state before step 1 the same batch is non-finite too (data pass) on replica 1" \
+        in report["notes"]
+    assert any(note.startswith("reproducible: re-run from the state before step 2 on its batch, it is non-finite "
+                               "again (data pass) on replica 1: deterministic") for note in report["notes"])
+    # The default mode stops after the step; the re-runs leave its losses as they were.
+    assert fits["verdicts"]["epochs"] == 1 and report["interventions"] == []
+
+
+def test_fit_under_mirrored_strategy_rolls_back_from_the_ring_and_lowers_the_learning_rate(fit_guard):
+    fits, reports = fit_guard
+    run = fits["rollback"]
+    assert run["epochs"] == 2 and all(np.isfinite(w).all() for w in map(np.asarray, run["weights"]))
+    assert all(np.isfinite(run["loss"]))
+    rollbacks = reports["rollback"]["interventions"]
+    # Step 1: no earlier state yet (the one before it is put back); step 5: the ring's state before step 4.
+    assert [(i["step"], i["action"], i["restored_step"]) for i in rollbacks] == [(1, "rollback", 1), (5, "rollback", 4)]
+    assert [i["learning_rate"][0]["after"] for i in rollbacks] == pytest.approx([1e-3, 1e-4], rel=1e-5)
+
+
+def test_fit_under_mirrored_strategy_the_default_mode_keeps_no_state_and_trains_as_without_nanscope(fit_guard):
+    fits, reports = fit_guard
+    assert fits["default"]["loss"] == fits["plain"]["loss"]
+    assert fits["default"]["weights"] == fits["plain"]["weights"]
+    assert "verdicts: not checked: no state is kept (under tf.distribute it is kept, per replica, only under " \
+           "on_nonfinite='skip' or 'rollback', skip_spikes=True or snapshot_every=N)" in reports["default"]["notes"]

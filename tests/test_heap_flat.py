@@ -83,8 +83,9 @@ def test_no_line_of_nanscope_keeps_memory_per_execution(growth):
 
 def test_under_mirrored_strategy_nanscope_launches_no_collective_it_can_do_without(tmp_path):
     script = REPO / "tests" / "specs" / "distribute" / "collectives.py"
-    done = subprocess.run([sys.executable, str(script), "plain", "clipnorm", "trace", "trace-guard"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=180, check=False,
+    ways = ["plain", "clipnorm", "fit-guard", "trace", "trace-guard"]
+    done = subprocess.run([sys.executable, str(script), *ways], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, check=False,
                           env={**os.environ, "NANSCOPE_CPU_REPLICAS": "2", "TF_CPP_MIN_LOG_LEVEL": "3",
                                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
     assert done.returncode == 0, done.stderr[-3000:]
@@ -94,6 +95,9 @@ def test_under_mirrored_strategy_nanscope_launches_no_collective_it_can_do_witho
     # Keras sums the clipped gradients; the statistics are of the unclipped ones: one all-reduce a replica more.
     assert launched["clipnorm"]["without"] == {"all_reduce": 2}
     assert launched["clipnorm"]["with"] == {"all_reduce": 4}
+    # The callback's guard copies each replica's state and batch on its device (a merge_call, no collective), and
+    # its variables are made without a second trace of the step: Keras' own all-reduce, one a replica, only.
+    assert launched["fit-guard"] == {"all_reduce": 2}
     # trace-steps' own step sums the gradients once, the optimizer's own sum skipped, and is traced once: one
     # all-reduce a replica (before, two a replica in each of two traces: 8; then one in each of two traces: 4).
     assert launched["trace"] == {"all_reduce": 2}

@@ -53,7 +53,7 @@ class Probe(Protocol):
     def sentinel(self) -> SampleSchedule | None: ...
 
     @property
-    def forensics_off(self) -> str | None: ...
+    def state_off(self) -> str | None: ...
 
     def rerun(self, batch: Batch) -> StepRecord: ...
 
@@ -87,12 +87,17 @@ class GuestGuard:
 
         state = GuestState(probe.snapshot, [model.optimizer]) if probe.snapshot is not None else None
         rerun = (lambda batch: attributed(probe.rerun(batch), recorder)) if state is not None else None
-        row_losses = fit_row_losses(model) if state is not None else None
+        # Under tf.distribute the held batch is every replica's share: a spike names no rows there.
+        one_device = model.distribute_strategy.num_replicas_in_sync == 1
+        row_losses = fit_row_losses(model) if state is not None and one_device else None
         fixer = make_fixer(state, rerun) if state is not None and rerun is not None and make_fixer is not None else None
         made = cls(Guard(options, state, rerun, row_losses, probe.variable_names, fixer=fixer), recorder, model,
                    probe.sentinel)
         if state is None:
-            made.no_state(options, probe.forensics_off or "forensics=False")
+            made.no_state(options, probe.state_off or "forensics=False")
+        elif not one_device and options.on_nonfinite == "rollback" and options.apply_fix:
+            made.note("guard: under tf.distribute a rollback lowers the learning rate; it proves no fix on the "
+                      "saved step")
         if options.mode == "sentinel":
             made.sentinel_notes(options, probe)
         return made

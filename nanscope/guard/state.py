@@ -45,6 +45,10 @@ class StepSnapshot(Protocol):
 
     def batch(self) -> Batch: ...
 
+    def read(self, variables: Iterable[Variable]) -> list[np.ndarray]: ...
+
+    def write(self, variables: Iterable[Variable], values: Iterable[np.ndarray]) -> None: ...
+
 
 class State(Protocol):
     """What the guard reads and puts back: a GuestState, or trace-steps' TraceState (run.guard_state, a layer up)."""
@@ -123,11 +127,10 @@ class GuestState(LearningRates):
 
     def live(self) -> list[np.ndarray]:
         """Every variable a re-run changes (the guarded ones, then the metrics), as numpy arrays."""
-        return [np.array(v.numpy(), copy=True) for v in self.snapshot.variables + self._metrics()]
+        return self.snapshot.read(self.snapshot.variables + self._metrics())
 
     def put_live(self, values: Iterable[np.ndarray]) -> None:
-        for variable, value in zip(self.snapshot.variables + self._metrics(), values):
-            variable.assign(value)
+        self.snapshot.write(self.snapshot.variables + self._metrics(), values)
 
     def put(self, values: Iterable[np.ndarray]) -> None:
         """Put a ring entry's values back into the guarded variables."""

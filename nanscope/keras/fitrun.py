@@ -78,10 +78,11 @@ class FitRun:
         expected = expected_layer_indices(options.expect_nonfinite, [layer.name for layer in probed_layers(model)])
         sentinel = options.guard.sample_every if options.guard.mode == "sentinel" else None
         probe = self.probe = StepProbe(model, expected, forensics=options.forensics,
-                                       metrics=options.guard.intervenes, sentinel=sentinel, built_ahead=built_ahead)
+                                       metrics=options.guard.intervenes, sentinel=sentinel, built_ahead=built_ahead,
+                                       guarded=options.guard.intervenes or options.guard.ring_every > 0)
         names = StepNames(layers=[(layer.name, type(layer).__name__) for layer in probe.layers],
                           variables=probe.variable_names, outputs=probe.output_names)
-        if probe.snapshot is not None:
+        if probe.snapshot is not None and probe.forensics_off is None:
             self.forensics = GuestForensics(probe.snapshot, probe.original_step, labelled_fit_batch, probe.layers,
                                             [model], probe.optimizers, probe.trainable, model.metrics_variables,
                                             [probe.layers[i].name for i in expected])
@@ -90,9 +91,9 @@ class FitRun:
         recorder = self.recorder = StepRecorder(options, fit_header(model, self.params, probe, role, learning_rate),
                                                 names, lambda: probe.call_order,
                                                 self._locate if self.forensics else None, role, learning_rate)
-        self.guard = GuestGuard.for_fit(options.guard, model, probe, recorder, lambda state, rerun: guest_fixer(
-            options.guard, state, rerun, [model.optimizer], model, recorder,
-            lambda: RunEvidence(keras_model=model), probe.retrace))
+        self.guard = GuestGuard.for_fit(options.guard, model, probe, recorder, None if probe.replicas > 1 else (
+            lambda state, rerun: guest_fixer(options.guard, state, rerun, [model.optimizer], model, recorder,
+                                             lambda: RunEvidence(keras_model=model), probe.retrace)))
         probe.after_execution = self._after_execution
         probe.attach()
 
@@ -245,16 +246,20 @@ class FitRun:
         notes = ["recorded inside model.fit by nanscope.keras.NanScope"]
         probe = self.probe
         assert probe is not None  # `finish` asks for the notes of a run that started
-        if probe.snapshot is not None:
+        if probe.snapshot is not None and probe.forensics_off is None:
             notes.append(f"forensics: the weights and optimizer state before each step and its batch were kept on "
                          f"the device ({probe.snapshot.nbytes() / 2**20:.1f} MiB besides the batch)")
         elif self.options.forensics:
             notes.append(f"forensics: under {probe.forensics_off} the failing step is not replayed op by op")
+            if probe.snapshot is not None:
+                notes.append(f"guard: each replica's weights and optimizer state before each step and its share of "
+                             f"the batch were kept on its device ({probe.snapshot.nbytes() / 2**20:.1f} MiB in all "
+                             "besides the batch)")
         else:
             notes.append("forensics=False: the failing step was not replayed, so no op or source line is named")
         if self.options.repro is not None:
             notes.append(self.repro_note or (f"repro: no bundle written to {self.options.repro}: " + (
-                f"under {probe.forensics_off} no snapshot is kept" if probe.snapshot is None
+                f"under {probe.forensics_off} no bundle is saved" if probe.forensics_off is not None
                 else "no step went non-finite")))
         if probe.per_execution > 1:
             notes.append(f"steps_per_execution={probe.per_execution}: every step was recorded (a buffer row per "

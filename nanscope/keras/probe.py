@@ -8,8 +8,9 @@ fallback to the user's own step when the instrumented one fails to compile. `rea
 since the last read into StepRecords.
 
 Under `tf.distribute` (a model compiled under `strategy.scope()`), Keras runs `train_step` once per replica;
-each replica writes its own row into its copy of an on-read buffer with a replica axis (`RowBuffer`). On one
-device none of this is traced: the step is the same as without a strategy.
+each replica writes its own row into its copy of an on-read buffer with a replica axis (`RowBuffer`), and under
+the guard keeps its own state and share of the batch on its device (`keras.replica_snapshot`). On one device none
+of this is traced: the step is the same as without a strategy.
 
 Under `jit_compile=True` the train function Keras builds around the step is left without XLA, and the
 instrumented step is compiled by XLA on its own, with the snapshot taken between the two.
@@ -27,9 +28,10 @@ from nanscope.engine.model_view import probed_layers, relative_variable_names
 from nanscope.engine.probes import LayerRecorder
 from nanscope.internals import rebuild_train_function, replace_train_step, restore, set_train_function
 from nanscope.keras.model_parts import multi_output_names, training_optimizers
-from nanscope.keras.probed_step import Data, Logs, ProbedSteps, TrainFunction
+from nanscope.keras.probed_step import ProbedSteps
 from nanscope.keras.rows import RowBuffer
 from nanscope.keras.snapshot import StepSnapshot
+from nanscope.keras.step_row import Data, Logs, TrainFunction
 from nanscope.keras.trace_count import FirstTrace, makes_variables
 from nanscope.tf_types import KerasModel
 
@@ -53,12 +55,14 @@ class StepProbe:
             others only what detection needs (`nanscope.guard.sentinel`). One device only.
         built_ahead: bool, default False. nanscope made variables of the model (or of the optimizers) from the
             first batch, before the step's first trace would have (`keras.trace_count`).
+        guarded: bool, default False. The guard needs the state before each step (skip, rollback, a ring): under
+            tf.distribute it is kept, per replica, only then (`keras.replica_snapshot`).
     """
 
     sentinel: "SentinelRows | None"  # set in __init__ (where SentinelRows is imported only under mode="sentinel")
 
     def __init__(self, model: KerasModel, expected: Iterable[int] = (), forensics: bool = True, metrics: bool = False,
-                 sentinel: int | None = None, built_ahead: bool = False) -> None:
+                 sentinel: int | None = None, built_ahead: bool = False, guarded: bool = False) -> None:
         self.model = model
         self.optimizers = training_optimizers(model)
         optimizer = model.optimizer
@@ -79,10 +83,20 @@ class StepProbe:
         self.expected = list(expected)
         self.snapshot: StepSnapshot | None = None
         self.forensics_off = "tf.distribute" if self.replicas > 1 else None
+        # Why the guard has no state, when it has none.
+        self.state_off = None if not forensics or self.forensics_off is None else (
+            "under tf.distribute it is kept, per replica, only under on_nonfinite='skip' or 'rollback', "
+            "skip_spikes=True or snapshot_every=N")
+        state = list(model.variables) + [v for optimizer in self.optimizers for v in optimizer.variables]
+        extra = list(model.metrics_variables) if metrics else []
         if forensics and self.forensics_off is None:
-            state = list(model.variables) + [v for optimizer in self.optimizers for v in optimizer.variables]
-            self.snapshot = StepSnapshot(state, freezing=self.per_execution > 1,
-                                         extra=list(model.metrics_variables) if metrics else ())
+            self.snapshot = StepSnapshot(state, freezing=self.per_execution > 1, extra=extra)
+        elif forensics and guarded:
+            self.state_off = replica_state_off(model, self.rows.gathered, self.per_execution)
+            if self.state_off is None:
+                from nanscope.keras.replica_snapshot import ReplicaStepSnapshot
+
+                self.snapshot = ReplicaStepSnapshot(state, self.strategy, extra=extra)
         # XLA compiles fixed shapes and the batch copy is a variable of any shape: under jit_compile=True
         # the snapshot is taken in a step of nanscope's own, not compiled, around the user's step compiled by XLA.
         self.xla_inside = bool(model.jit_compile) and self.snapshot is not None
@@ -155,9 +169,12 @@ class StepProbe:
     def _hooked_per_call(self, function: TrainFunction) -> TrainFunction:
         """The train function with the layer and optimizer hooks attached for each call (under tf.distribute)."""
         hub = self.steps.shared_capture()
+        make_batch = getattr(self.snapshot, "make_batch", None)  # a ReplicaStepSnapshot's, under the guard
 
         @functools.wraps(function)
         def train_function(iterator: Any) -> Logs:
+            if make_batch is not None:
+                make_batch(getattr(iterator, "element_spec", None))
             with self.layer_probe.attached(), hub.attached():
                 return function(iterator)
 
@@ -206,14 +223,26 @@ class StepProbe:
         return [self.rows.record(step, row) for step, row in self.rows.read()]
 
     def rerun(self, data: Data, step: int = -1) -> "StepRecord":
-        """The step again, compiled, on `data` from the variables as they are: its StepRecord (one device;
-        `ProbedSteps.rerun`)."""
+        """The step again, compiled, on `data` from the variables as they are: its StepRecord
+        (`ProbedSteps.rerun`; under tf.distribute `data` is the replicas' held batches)."""
         return self.steps.rerun(data, step)
 
     @property
     def call_order(self) -> list[str]:
         """Probed layer names in execution order, as seen when the step was traced."""
         return [self.layers[i].name for i in self.layer_probe.call_order]
+
+
+def replica_state_off(model: KerasModel, gathered: bool, per_execution: int) -> str | None:
+    """Why each replica's state cannot be kept under this strategy, or None when it can (MirroredStrategy on one
+    host, one step an execution, no XLA)."""
+    if gathered:
+        return "MultiWorkerMirroredStrategy"
+    if per_execution > 1:
+        return "tf.distribute with steps_per_execution > 1"
+    if model.jit_compile:
+        return "tf.distribute with jit_compile=True"
+    return None
 
 
 @contextlib.contextmanager

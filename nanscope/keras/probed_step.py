@@ -4,7 +4,8 @@
 them are built here. On one device the step takes the snapshot of the state and the batch, runs the user's
 `train_step` with the layer and optimizer hooks, and writes its row into the `RowBuffer`; under the sentinel's
 light train function it writes a short row instead (`guard.sentinel`). Under `tf.distribute` each replica runs
-the step, writes its own row with a replica axis, and no snapshot is taken.
+the step and writes its own row with a replica axis, and under the guard keeps its own state and batch
+(`keras.replica_step`).
 
 Under `jit_compile=True` the step is compiled by XLA on its own, and the snapshot (a variable of any shape,
 which XLA cannot compile) is taken around it, outside XLA.
@@ -13,7 +14,7 @@ which XLA cannot compile) is taken around it, outside XLA.
 import functools
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,8 +25,10 @@ from nanscope.internals import overridden
 from nanscope.keras.capture import StepCapture
 from nanscope.keras.guest_step import as_guest
 from nanscope.keras.moments import FeatureMoments
+from nanscope.keras.replica_step import ReplicaSteps
 from nanscope.keras.rows import RowBuffer
 from nanscope.keras.snapshot import StepSnapshot, not_absorbed, unexpected_layer_nonfinite
+from nanscope.keras.step_row import Data, Logs, TrainStep, batch_rows, logged_loss
 from nanscope.keras.trace_count import FirstTrace
 from nanscope.runtime import tensorflow
 from nanscope.tf_types import KerasModel, Optimizer, Tensor, Variable
@@ -35,14 +38,6 @@ if TYPE_CHECKING:
     from nanscope.guard.sentinel import SentinelRows
 
 tf, keras = tensorflow()
-
-# A step's batch as fit hands it to `train_step`, and what the step returns (its logs).
-Data: TypeAlias = Any
-Logs: TypeAlias = Any
-# Keras' `train_step` (data -> logs) and train function (iterator -> logs).
-TrainStep: TypeAlias = Callable[[Data], Logs]
-TrainFunction: TypeAlias = Callable[[Any], Logs]
-
 
 class ProbedSteps:
     """The instrumented train steps of one fit, and the first failure of nanscope's own code inside them.
@@ -55,7 +50,7 @@ class ProbedSteps:
         rows: RowBuffer. Where each step's row goes.
         outputs: int. Outputs of a multi-output model (0 for one).
         expected: list of int. Indices of layers whose non-finite outputs are intended.
-        snapshot: StepSnapshot, optional. The state and batch before each step (one device).
+        snapshot: StepSnapshot, optional. The state and batch before each step (under tf.distribute, per replica).
         sentinel: SentinelRows, optional. The light step's short rows (`mode="sentinel"`, one device).
         first_trace: FirstTrace. Told when the step is traced.
         xla_inside: bool. The user's step is compiled by XLA, the snapshot taken outside it.
@@ -75,8 +70,11 @@ class ProbedSteps:
         self.replicas = model.distribute_strategy.num_replicas_in_sync
         self.moments = FeatureMoments() if self.replicas == 1 else None
         self.original, self.failure = original, None
-        self._hub: StepCapture | None = None
         self._rerun: Callable[[Data], Tensor] | None = None
+        self.replica_steps: ReplicaSteps | None = None
+        if self.replicas > 1:
+            self.replica_steps = ReplicaSteps(model, self.optimizers, self.layers, recorder, rows, outputs, snapshot,
+                                              original)
 
     def failed(self, exc: Exception) -> None:
         """Keep the first failure of nanscope's own code (the step went on without it)."""
@@ -84,8 +82,8 @@ class ProbedSteps:
 
     def instrumented(self, original: TrainStep) -> TrainStep:
         """`original` (the user's `train_step`) with the hooks, the snapshot and the row around it."""
-        if self.replicas > 1:
-            return self._per_replica(original)
+        if self.replica_steps is not None:
+            return self.replica_steps.instrumented(original)
         if self.xla_inside:
             # autograph=False: Keras runs `train_step` unconverted (its step function is `do_not_convert`), and
             # converting nanscope's own code on every trace costs seconds of CPU.
@@ -100,20 +98,24 @@ class ProbedSteps:
 
     def shared_capture(self) -> StepCapture:
         """A new hub for the replica threads' captures (under tf.distribute), for one train function."""
-        self._hub = StepCapture(self.model, self.optimizers, self.trainable).shared_by_threads()
-        return self._hub
+        assert self.replica_steps is not None  # the train function is hooked per call under tf.distribute only
+        return self.replica_steps.shared_capture()
 
     def forget_rerun(self) -> None:
         """Trace the rerun again on its next call (the step was retraced)."""
         self._rerun = None
+        if self.replica_steps is not None:
+            self.replica_steps.forget_rerun()
 
     def rerun(self, data: Data, step: int = -1) -> "StepRecord":
-        """The step again, compiled, on `data` from the variables as they are: its StepRecord (one device).
+        """The step again, compiled, on `data` from the variables as they are: its StepRecord.
 
         It runs the user's `train_step` with the same hooks and builds the same row, but writes
         nothing: no buffer row, no snapshot, no feature moments. The variables it changes are
-        the caller's to put back.
+        the caller's to put back. Under tf.distribute `data` is the replicas' held batches (`ReplicaSteps`).
         """
+        if self.replica_steps is not None:
+            return self.replica_steps.rerun(data, step)
         if self._rerun is None:
             self._rerun = tf.function(self._measured, autograph=False)  # unconverted, as Keras runs the step
         row = self._rerun(data).numpy()
@@ -178,7 +180,7 @@ class ProbedSteps:
         """The step's row (without its step number), its SCALARS by name and its layer statistics."""
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         stats = self.layer_probe.stats_matrix()
-        values, var_rows, terms = capture.values(x, y, _logged_loss(capture, logs), self.layers)
+        values, var_rows, terms = capture.values(x, y, logged_loss(capture, logs), self.layers)
         row = tf.concat([tf.stack([batch_rows(x)]),
                          join([capture.scalars(values, y, sample_weight), stats, tf.stack(terms), var_rows])], axis=0)
         return row, values, stats
@@ -204,36 +206,13 @@ class ProbedSteps:
 
         def write(capture: SentinelCapture, logs: Logs) -> None:
             x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-            values, _, _ = capture.values(x, y, _logged_loss(capture, logs), self.layers)
+            values, _, _ = capture.values(x, y, logged_loss(capture, logs), self.layers)
             assert self.sentinel is not None  # the light step runs only in sentinel mode
             self.sentinel.write(batch_rows(x), capture.scalars(values, y, sample_weight))
             if self.snapshot is not None:
                 self.snapshot.freeze(not_absorbed(values, tf.constant(0.0)))
 
         return as_guest(attach, lambda: original(data), write, self.failed)
-
-    def _per_replica(self, original: TrainStep) -> TrainStep:
-        # Replica threads take turns while one step is traced: the layer and optimizer hooks
-        # are attached once, around the train function (`StepProbe`'s per-call hooks), and each
-        # thread's hooks write into that thread's own capture.
-        @functools.wraps(original)
-        def train_step(data: Data) -> Logs:
-            context = tf.distribute.get_replica_context()
-            self.layer_probe.begin_replica(int(tf.get_static_value(context.replica_id_in_sync_group)))
-            capture = StepCapture(self.model, self.optimizers, self.trainable, replica_context=context,
-                                  replicas=self.replicas, outputs=self.outputs)
-            assert self._hub is not None  # made with the train function, before its first trace
-            self._hub.for_this_thread(capture)
-            logs = original(data)
-            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-            values, var_rows, terms = capture.values(x, y, _logged_loss(capture, logs), self.layers)
-            row = tf.concat([tf.stack([batch_rows(x)]),
-                             join([capture.scalars(values, y, sample_weight), self.layer_probe.stats_matrix(),
-                                   tf.stack(terms), var_rows]), tf.stack([capture.local_nonfinite])], axis=0)
-            self.rows.write_replicas(context, row)
-            return logs
-
-        return train_step
 
 
 def sums_skipped(step: TrainStep, optimizers: Sequence[Optimizer]) -> TrainStep:
@@ -248,16 +227,3 @@ def sums_skipped(step: TrainStep, optimizers: Sequence[Optimizer]) -> TrainStep:
             return step(data)
 
     return train_step
-
-
-def _logged_loss(capture: StepCapture, logs: Logs) -> Tensor | None:
-    """The loss `compute_loss` returned (caught by the capture), or else the "loss" a custom train_step logs."""
-    if capture.loss is not None or not isinstance(logs, dict):
-        return None
-    return logs.get("loss")
-
-
-def batch_rows(x: Any) -> Tensor:
-    """Rows of the step's batch: the leading size of its first tensor (0 when it has none)."""
-    flat = [t for t in tf.nest.flatten(x) if t is not None]
-    return tf.cast(tf.shape(flat[0])[0], tf.float32) if flat else tf.constant(0.0)

@@ -15,6 +15,8 @@ test, in the graph.
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+
 from nanscope.engine.schema import LAYER
 from nanscope.engine.variable_stats import Snapshot
 from nanscope.internals import untraced_variable
@@ -94,6 +96,15 @@ class StepSnapshot:
         """The held batch as eager tensors, nested as the step received it."""
         flat = [None if v is None else tf.convert_to_tensor(v) for v in self._batch or []]
         return tf.nest.pack_sequence_as(self._structure, flat) if self._structure is not None else None
+
+    def read(self, variables: Iterable[Variable]) -> list[np.ndarray]:
+        """The values of `variables` now, as numpy arrays (under a strategy, every device's: ReplicaStepSnapshot)."""
+        return [np.array(v.numpy(), copy=True) for v in variables]
+
+    def write(self, variables: Iterable[Variable], values: Iterable[np.ndarray]) -> None:
+        """Put `read`'s values back into `variables`."""
+        for variable, value in zip(variables, values):
+            variable.assign(value)
 
     def nbytes(self) -> int:
         """Bytes the state copy takes on the device."""

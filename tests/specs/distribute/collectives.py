@@ -3,7 +3,8 @@
 Counts the calls of `tf.distribute.ReplicaContext.all_reduce` and `all_gather` (each goes on to
 the real one) while each fit traces its step, per way to compile (argv[1:], default `plain`):
 `plain` (Adam), `clipnorm` (Adam with clipnorm=1: the optimizer sums the clipped gradients, not
-the ones the statistics are of); `trace`: trace-steps under `distribute: mirrored` (tests/specs/healthy.yaml,
+the ones the statistics are of); `fit-guard`: `plain` with the callback's guard (skip, a ring every step);
+`trace`: trace-steps under `distribute: mirrored` (tests/specs/healthy.yaml,
 2 steps), whose step is nanscope's own; and `trace-guard`: the same under the guard (skip, a ring every step) on
 nan-second-half.yaml, whose step 1 is non-finite: the state kept before every step, the verdicts' re-runs and
 the skip. Run with NANSCOPE_CPU_REPLICAS=2.
@@ -43,13 +44,14 @@ x = np.random.default_rng(0).standard_normal((64, 4)).astype("float32")
 y = x.sum(axis=1, keepdims=True)
 
 
-def launched(optimizer, nanscope):
-    """The collectives one trace of fit's step launches, per method (`optimizer`: a function that makes one)."""
+def launched(optimizer, nanscope, **guard):
+    """The collectives one trace of fit's step launches, per method (`optimizer`: a function that makes one;
+    `guard`: the callback's guard arguments)."""
     with strategy.scope():
         keras.utils.set_random_seed(0)
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
         model.compile(optimizer=optimizer(), loss="mse")
-    callbacks = [NanScope(console=Console(quiet=True), verbose=0)] if nanscope else []
+    callbacks = [NanScope(console=Console(quiet=True), verbose=0, **guard)] if nanscope else []
     calls.clear()
     model.fit(x, y, batch_size=16, epochs=1, steps_per_epoch=2, callbacks=callbacks, verbose=0)
     if nanscope:
@@ -99,7 +101,12 @@ def guarded():
     return dict(calls)
 
 
-WAYS = {"trace": traced, "trace-guard": guarded}
+def fit_guarded():
+    """The collectives fit's step launches with the callback's guard: each replica's state copied before each step."""
+    return launched(optimizers["plain"], True, on_nonfinite="skip", snapshot_every=1)
+
+
+WAYS = {"trace": traced, "trace-guard": guarded, "fit-guard": fit_guarded}
 optimizers = {"plain": lambda: keras.optimizers.Adam(1e-3),
               "clipnorm": lambda: keras.optimizers.Adam(1e-3, clipnorm=1.0)}
 ways = sys.argv[1:] or ["plain"]
