@@ -25,13 +25,32 @@ class LayerInfo:
 
 
 def probed_layers(keras_model: KerasModel) -> list[Any]:
-    """The layers of a Keras model to probe, nested ones included, input layers left out."""
+    """The layers of a Keras model to probe, nested ones included, input layers and looped RNN cells left out."""
     if keras_model is None:
         return []
-    return [
-        layer for layer in flatten_layers(keras_model)
-        if type(layer).__name__ != "InputLayer"
-    ]
+    layers = flatten_layers(keras_model)
+    looped = _looped_cells(layers)
+    return [layer for layer in layers if type(layer).__name__ != "InputLayer" and id(layer) not in looped]
+
+
+def _looped_cells(layers: list[Any]) -> set[int]:
+    """ids of the cells (and the layers inside them) that an RNN layer steps through in a `tf.while_loop`.
+
+    Their calls inside the loop live in the loop's graph, where a probe cannot reach; the one call the step's
+    graph sees is Keras' call on the first time step, made to learn the output's shape and discarded
+    (keras/src/backend/tensorflow/rnn.py, `output_time_zero`). Probed, it reported the first time step as the
+    cell's (an IRNN's cell at max 0.78 while its layer reached 9e22) and ran only for the probe. The RNN
+    layer's own output stands for them. An unrolled RNN calls its cell on every step in the step's graph, and
+    keeps it.
+    """
+    looped: set[int] = set()
+    for layer in layers:
+        cell = getattr(layer, "cell", None)
+        if cell is not None and callable(getattr(cell, "call", None)) and not getattr(layer, "unroll", False):
+            looped.add(id(cell))
+            if hasattr(cell, "_flatten_layers"):
+                looped.update(id(inner) for inner in flatten_layers(cell))
+    return looped
 
 
 def variable_name(variable: Any) -> str:
