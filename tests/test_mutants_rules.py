@@ -348,11 +348,11 @@ def test_layer_facts_read_dtype_and_relu_likeness_from_the_model_and_extremes_pa
     report = TraceReport(run={}, layers=names, layer_order=[n for n, _ in names], variables=["hidden/kernel"],
                          history=history)
     facts = facts_from(report, RunEvidence(keras_model=relu_model()))
-    # A layer-object activation has no __name__: not counted relu-like; a name the model lacks is float32.
+    # A layer-object activation (LeakyReLU()) is relu-like by its class; a name the model lacks is float32.
     assert [(f.name, f.cls, f.dtype, f.relu_like, f.called_steps, f.max_abs) for f in facts.layers] == [
         ("hidden", "Dense", "float32", True, 1, 3.0), ("cut", "ReLU", "float32", True, 1, 5.0),
         ("leak", "LeakyReLU", "float32", True, 0, 0.0), ("half", "Dense", "float16", False, 0, 0.0),
-        ("head", "Dense", "float32", False, 0, 0.0), ("ghost", "Dense", "float32", False, 0, 0.0)]
+        ("head", "Dense", "float32", True, 0, 0.0), ("ghost", "Dense", "float32", False, 0, 0.0)]
     assert facts.layers[0].trend_steps.tolist() == [0] and facts.layers[1].trend_values.tolist() == [5.0]
     assert facts.layers[2].trend_steps.tolist() == [] and facts.layers[2].max_abs_healthy is None
     assert facts.steps["step"].tolist() == [0] and facts.healthy.steps.tolist() == [0]

@@ -23,6 +23,8 @@ from nanscope.tf_types import Layer
 STEP_COLUMNS = ("phase", "update_skipped", "loss_scale", "loss_scale_before", "grad_nonfinite")
 # Keras activations that grow without bound, as relu does (the bounded-activation rule's case).
 RELU_NAMES = {"relu", "leaky_relu", "elu", "relu6"}
+# Layers of the relu family, as a model's layer or as another layer's activation.
+RELU_LAYERS = ("ReLU", "LeakyReLU", "ELU")
 
 
 class FirstNonfinite(Protocol):
@@ -209,9 +211,11 @@ def _layers(names: list[tuple[str, str]], history: StepHistory | None, keras_mod
 
 
 def _relu_like(layer: Layer | None) -> bool:
+    """An unbounded relu-family output: the layer is a ReLU or LeakyReLU, or its activation is one, by name
+    (`activation="relu"`, `keras.activations.elu`) or as a layer object (`activation=keras.layers.LeakyReLU()`)."""
     activation = getattr(layer, "activation", None)
     name = getattr(activation, "__name__", "") if activation is not None else ""
-    return name in RELU_NAMES or type(layer).__name__ in ("ReLU", "LeakyReLU")
+    return name in RELU_NAMES or type(layer).__name__ in RELU_LAYERS or type(activation).__name__ in RELU_LAYERS
 
 
 def _initial(evidence: RunEvidence) -> float | None:
