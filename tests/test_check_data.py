@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from nanscope.checkdata import scan_data
 from nanscope.cli import app
+from nanscope.rules.catalogue import RULES
 
 RNG = np.random.default_rng(7)
 
@@ -320,3 +321,35 @@ def test_each_label_problem_lists_its_own_rows_and_every_label_is_counted(tmp_pa
     np.savez(tmp_path / "signs.npz", x=x, y=np.where(np.arange(30) % 3 == 0, -1.0, 1.0))  # a {-1, 1} encoding
     binary = scan_data(tmp_path / "signs.npz", loss="binary_crossentropy").labels
     assert binary.class_counts == {-1: 10, 1: 20} and binary.problem_rows == [[0, 3, 6, 9, 12]]
+
+
+def test_the_printed_label_fix_keeps_exactly_the_rows_that_fit_the_loss_and_the_rescan_is_clean(tmp_path):
+    x = RNG.standard_normal((30, 2))
+    checks = [("sparse", np.r_[np.arange(28) % 3, 3, -1].reshape(30, 1), ("--classes", "3"), 28,
+               "keep = ((y >= 0) & (y < 3) & (y % 1 == 0)).reshape(len(y), -1).all(axis=1)"),
+              ("sparse", np.r_[np.arange(28) % 3, 1.5, -1], (), 28,
+               "keep = ((y >= 0) & (y % 1 == 0)).reshape(len(y), -1).all(axis=1)"),
+              ("binary", np.r_[np.zeros(28), 1.0, 2.0], (), 29,
+               "keep = ((y >= 0) & (y <= 1)).reshape(len(y), -1).all(axis=1)")]
+    for kind, y, classes, kept, first_line in checks:
+        loss = {"sparse": "sparse_categorical_crossentropy", "binary": "binary_crossentropy"}[kind]
+        np.savez(tmp_path / "train.npz", x=x, y=y)
+        code, doc, _ = run_cli(tmp_path / "train.npz", "--loss", loss, *classes, "--json", "-")
+        fix = next(r for r in doc["recommendations"] if r["id"] == "fix-labels")["fix"]
+        assert code == 1 and fix.splitlines()[0] == first_line, kind
+        scope = {"np": np, "x": x, "y": y}
+        exec(fix, scope)
+        assert len(scope["x"]) == len(scope["y"]) == kept, kind
+        np.savez(tmp_path / "fixed.npz", x=scope["x"], y=scope["y"])
+        assert run_cli(tmp_path / "fixed.npz", "--loss", loss, *classes)[0] == 0, kind
+
+
+def test_one_hot_labels_keep_the_rules_text_and_constant_columns_are_dropped_by_position(tmp_path):
+    x = RNG.standard_normal((30, 3))
+    x[:, 1] = 7.0
+    onehot = np.eye(4)[np.arange(30) % 4]
+    onehot[5] = [0.5, 0.2, 0.0, 0.0]
+    np.savez(tmp_path / "train.npz", x=x, y=onehot)
+    found = {r.id: r for r in scan_data(tmp_path / "train.npz", loss="categorical_crossentropy").recommendations}
+    assert found["fix-labels"].fix == RULES["fix-labels"].fix
+    assert found["drop-constant-features"].fix == "x = np.delete(x, [1], axis=-1)  # x[1]: one value in every row"

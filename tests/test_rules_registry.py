@@ -2,9 +2,13 @@
 and the realistic corpus's fixtures all agree with it."""
 
 import importlib.util
+import json
 import re
 from pathlib import Path
 
+from typer.testing import CliRunner
+
+from nanscope.cli import app
 from nanscope.rules import registry
 from nanscope.rules.catalogue import RULES
 from nanscope.rules.rule import Fixtures
@@ -13,6 +17,9 @@ REPO = Path(__file__).parent.parent
 _spec = importlib.util.spec_from_file_location("realistic_cases", REPO / "tests" / "realistic" / "cases.py")
 cases = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(cases)
+_spec = importlib.util.spec_from_file_location("realistic_data_files", cases.DATA_FILES)
+data_files = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(data_files)
 # Rules that check-data fires from its scan, not trace-steps from a run (checkdata/findings.py).
 CHECK_DATA_ONLY = {"fix-labels", "drop-constant-features"}
 
@@ -61,7 +68,7 @@ def test_the_readme_table_lists_the_registry_in_order_with_its_pages():
 
 
 def test_every_fixture_names_a_corpus_case_of_the_right_kind():
-    for rule_id in RULES:
+    for rule_id in set(RULES) - CHECK_DATA_ONLY:
         fixtures = registry.fixtures(rule_id)
         for name in fixtures.fires:
             assert name in cases.BUGGY, (rule_id, name)
@@ -69,3 +76,21 @@ def test_every_fixture_names_a_corpus_case_of_the_right_kind():
             assert name in cases.HEALTHY, (rule_id, name)
         # The case a rule names as its own must expect it (cases that fire several rules name the first).
         assert not fixtures.fires or any(cases.BUGGY[name][1] == rule_id for name in fixtures.fires), rule_id
+
+
+def test_a_check_data_rules_fixtures_are_tables_of_the_check_data_corpus_it_fires_on_and_not_on_the_twin(tmp_path):
+    for rule_id in CHECK_DATA_ONLY:
+        fixtures = registry.fixtures(rule_id)
+        assert fixtures.fires and fixtures.quiet, rule_id
+        for name in fixtures.fires:
+            args, expected, severity = cases.CHECK_DATA_BUGGY[name]
+            assert expected == rule_id and _check_data(tmp_path / f"{name}.csv", args).get(rule_id) == severity
+        for name in fixtures.quiet:
+            assert rule_id not in _check_data(tmp_path / f"{name}.csv", cases.CHECK_DATA_HEALTHY[name]), name
+
+
+def _check_data(path, args):
+    """{rule id: severity} of `nanscope check-data` on the corpus table written with `args`."""
+    data_files.churn_csv(path, **args)
+    result = CliRunner().invoke(app, ["check-data", str(path), *cases.CHECK_DATA_ARGS, "--json", "-"])
+    return {r["id"]: r["severity"] for r in json.loads(result.stdout)["recommendations"]}

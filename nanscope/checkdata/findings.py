@@ -16,6 +16,7 @@ import numpy as np
 from nanscope.checkdata.labels import LabelReport
 from nanscope.checkdata.result import ColumnReport
 
+from nanscope.rules import drop_constant_features, fix_labels
 from nanscope.rules.catalogue import RULES, recommend
 from nanscope.rules.outliers import EXTREME_Z
 from nanscope.rules.rule import Recommendation
@@ -67,7 +68,7 @@ def recommendations(inputs: list[ColumnReport], targets: list[ColumnReport], lab
     if constant:
         evidence = [f"{c.name} = {c.min:.6g} in every row" for c in constant[:EVIDENCE_LINES]]
         found.append(recommend("drop-constant-features", "info", evidence + _more(constant),
-                               data={"features": [c.name for c in constant]}))
+                               fix=_constant_fix(constant, inputs), data={"features": [c.name for c in constant]}))
     return found
 
 
@@ -156,7 +157,21 @@ def _fix_labels(labels: LabelReport) -> Recommendation:
     evidence = [f"{where}{labels.loss}: {problem} (first rows {rows})"
                 for problem, rows in zip(labels.problems, labels.problem_rows)]
     data = {"bad_rows": labels.bad_rows, **({} if labels.output is None else {"output": labels.output})}
-    return recommend("fix-labels", "error", evidence, data=data)
+    # A multi-output model's targets are a dict or a list, which `fix_for`'s `y[keep]` does not index.
+    fix = fix_labels.fix_for(labels.kind, labels.classes, labels.bad_rows) if labels.output is None else None
+    return recommend("fix-labels", "error", evidence, fix=fix, data=data)
+
+
+def _constant_fix(constant: list[ColumnReport], inputs: list[ColumnReport]) -> str:
+    """One `np.delete` line per input array with constant columns, by their positions in the array."""
+    arrays: dict[str, tuple[list[int], list[str]]] = {}
+    for column in constant:
+        _, array, index = _cell(column, inputs, [])
+        indices, names = arrays.setdefault(array, ([], []))
+        indices.append(index)
+        names.append(column.name)
+    return "\n".join(drop_constant_features.fix_for(array, indices, names)
+                     for array, (indices, names) in arrays.items())
 
 
 def _named(column: ColumnReport) -> str:

@@ -46,6 +46,9 @@ class Rule:
 class Fixtures:
     """A rule's two fixtures in the realistic corpus (`tests/realistic/cases.py`), by case name.
 
+    A check-data rule's fixtures are tables of the corpus's check-data part (`CHECK_DATA_BUGGY`, `CHECK_DATA_HEALTHY`),
+    where it must fire at the severity the table gives.
+
     Args:
         fires: tuple of str. Buggy cases where the rule must rank in the top 2 at warning or error level.
         quiet: tuple of str. Healthy cases, as close to the buggy ones as can be, where it must not fire.

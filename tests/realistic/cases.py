@@ -150,3 +150,18 @@ FIT_HEALTHY = {"vae-0-1-images": ("vae", 1.0), "gan-0-1-images": ("gan", 1.0)}
 FIT_BUGGY = {"vae-raw-inputs-near-1000": (("vae", 1000.0), "normalize-inputs"),
              "gan-raw-pixels-handwritten-bce": (("gan", 255.0), "normalize-inputs")}
 FIT_FIXED = {"vae-raw-inputs-near-1000": "vae-0-1-images", "gan-raw-pixels-handwritten-bce": "gan-0-1-images"}
+
+# The check-data part of the corpus: csv tables written by `data_files.churn_csv(path, **args)` and scanned by
+# `nanscope check-data TABLE CHECK_DATA_ARGS`. A healthy table must get no finding at warning or error level.
+DATA_FILES = HERE / "data_files.py"
+CHECK_DATA_ARGS = ("--target", "churned", "--loss", "sparse_categorical_crossentropy", "--classes", "2")
+CHECK_DATA_HEALTHY = {"churn-csv": {}, "churn-csv-without-unknown-rows": {"known_rows_only": True}}
+# case: (args, the rule that must fire, its severity). drop-constant-features is info: a constant column does not
+# break training by itself (Keras' Normalization floors the std), only a hand-written (x - mean) / std does.
+CHECK_DATA_BUGGY = {
+    "churn-csv-constant-country-and-vat": ({"constant_columns": True}, "drop-constant-features", "info"),
+    "churn-csv-unknown-label-minus-1": ({"unknown_labels": True}, "fix-labels", "error"),
+}
+# case: the healthy table that is its printed fix applied.
+CHECK_DATA_FIXED = {"churn-csv-constant-country-and-vat": "churn-csv",
+                    "churn-csv-unknown-label-minus-1": "churn-csv-without-unknown-rows"}
