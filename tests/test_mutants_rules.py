@@ -642,3 +642,16 @@ def test_float16_layers_score_0_65_near_overflow_and_0_5_underflowing_and_each_l
     report = report_of([step(0, layer_max=(1.0, 40000.0), underflow=0.5)], dtype="float16")
     report.run["layer_dtypes"]["hidden"] = "float32"  # the first layer is passed over, the second still read
     assert scored(precision.detect, report) == [(0.65, "float32-layer", "warning"), (0.5, "loss-scaling", "warning")]
+
+
+@pytest.mark.parametrize("layer, fix", [
+    (LayerFacts("rnn", "SimpleRNN", relu_like=True),
+     "keras.layers.SimpleRNN(units, activation='relu6')  # layer rnn; or tanh, Keras' default for a recurrent layer"),
+    (LayerFacts("dense", "Dense", relu_like=True),
+     "keras.layers.Dense(units, activation='relu6')  # or add keras.layers.LayerNormalization() after it"),
+    (LayerFacts("lstm", "LSTM"), "keras.layers.LayerNormalization()  # after layer lstm: its outputs are not bounded"),
+    (LayerFacts("half", "Dense", dtype="float16"),
+     "keras.layers.Dense(..., dtype='float32')  # layer half: compute it in float32"),
+])
+def test_the_bound_is_relu6_in_a_recurrent_layers_own_class_only_where_it_is_relu_like(layer, fix):
+    assert bounded_activation.bound_for(layer) == fix

@@ -21,6 +21,7 @@ from nanscope.engine.records import (LayerStats, OutputStats, StepRecord, Variab
                                      output_stats_of, record_from_dict)
 from nanscope.engine.schema import LAYER, OUTPUT, SCALARS, VARIABLE, Columns, StepLayout, join, output_offsets
 from nanscope.jsonio import jsonable, new_file_mode, write_json, write_text_atomic
+from nanscope.report.model import FirstNonfinite
 from nanscope.store.aggregates import LayerAggregate, OutputAggregate, VariableAggregate
 from nanscope.store.history import StepHistory
 from nanscope.store.overview import OverviewFold, fold_overview
@@ -641,3 +642,12 @@ def test_an_atomic_write_is_utf8_whatever_the_locale(tmp_path):
             "write_text_atomic(sys.argv[1], '\\u00b5 \\u221e\\n')")
     subprocess.run([sys.executable, "-c", code, str(target)], env=env, check=True, capture_output=True, timeout=60)
     assert target.read_bytes() == b"\xc2\xb5 \xe2\x88\x9e\n"  # UTF-8
+
+
+def test_a_field_marked_omitted_when_none_is_left_out_while_none_and_written_once_set():
+    first = FirstNonfinite(step=3, phase="forward")
+    plain = jsonable(first)
+    assert "reproducible_replicas" not in plain and "origin_replicas" not in plain
+    assert plain["reproducible"] is None and plain["origin"] is None  # unmarked fields are written as null
+    first.reproducible_replicas = [0, 1]
+    assert jsonable(first)["reproducible_replicas"] == [0, 1] and "origin_replicas" not in jsonable(first)
