@@ -630,7 +630,7 @@ def test_a_step_line_without_layer_variable_or_output_rows_reads_back_with_none(
     assert record_from_dict(line) == dataclasses.replace(record, layers=[], variables=[], outputs=[])
 
 
-def test_an_atomic_write_is_utf8_whatever_the_locale(tmp_path):
+def test_an_atomic_write_writes_utf8_in_any_locale(tmp_path):
     # In the C locale with UTF-8 mode off, Python's default text encoding is ASCII: the file's encoding is the
     # writer's, not the locale's. The child imports nanscope from where this process did (mutmut's copy included).
     import nanscope
@@ -641,7 +641,9 @@ def test_an_atomic_write_is_utf8_whatever_the_locale(tmp_path):
     code = ("import sys; from nanscope.jsonio import write_text_atomic; "
             "write_text_atomic(sys.argv[1], '\\u00b5 \\u221e\\n')")
     subprocess.run([sys.executable, "-c", code, str(target)], env=env, check=True, capture_output=True, timeout=60)
-    assert target.read_bytes() == b"\xc2\xb5 \xe2\x88\x9e\n"  # UTF-8
+    here = tmp_path / "here.json"  # and in this process (mutmut maps a test to the functions it calls itself)
+    write_text_atomic(here, "\u00b5 \u221e\n")
+    assert target.read_bytes() == here.read_bytes() == b"\xc2\xb5 \xe2\x88\x9e\n"  # UTF-8
 
 
 def test_a_field_marked_omitted_when_none_is_left_out_while_none_and_written_once_set():
