@@ -22,6 +22,7 @@ import yaml
 from nanscope.report.redraw import load_trace
 
 SPECS = Path(__file__).parent / "specs" / "multi_worker"
+REPO = Path(__file__).resolve().parent.parent
 STARTED = []  # every worker process start_workers started, killed after its test
 
 
@@ -57,7 +58,8 @@ def start_workers(args, folder, ports, tasks=None, replicas=1):
     processes = []
     for task in tasks if tasks is not None else range(len(ports)):
         env = {**os.environ, "TF_CONFIG": tf_config(ports, task), "TF_CPP_MIN_LOG_LEVEL": "3",
-               "NANSCOPE_CPU_REPLICAS": str(replicas)}
+               "NANSCOPE_CPU_REPLICAS": str(replicas),  # this checkout's nanscope, whichever is installed
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         command = [sys.executable, *[a.format(task=task) for a in args]]
         processes.append(subprocess.Popen(command, cwd=folder, env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True))
@@ -216,8 +218,16 @@ def test_callback_in_a_two_worker_fit(tmp_path):
     bad = seen[0]["worker_nonfinite"][1][1]
     assert bad > 0
     for task, worker in enumerate(seen):
+        records = worker.pop("records")
+        del worker["collectives"], worker["losses"]
         assert worker == {"task": task, "steps": [0, 1], "worker_nonfinite": [[0, 0], [0, bad]],
                           "first": {"step": 1, "worker": 1}}
+        # The rows as they were when every replica's row had an all-reduce of its own (before it rode on Keras').
+        assert records[0]["loss"] == 5.956191062927246 and math.isnan(records[1]["loss"])
+        assert [r["replica_nonfinite"] for r in records] == [[0, 0], [0, 51]]
+        assert [(r["x_nonfinite"], r["grad_nonfinite"]) for r in records] == [(0, 0), (1, 49)]
+        assert [[(layer["nonfinite"], layer["max_abs"]) for layer in r["layers"]] for r in records] == [
+            [(0, 2.0698938369750977), (0, 1.21526300907135)], [(8, 2.2001733779907227), (1, 1.7745252847671509)]]
     # Only the chief wrote its report, trace and TensorBoard log.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["w0"]
     assert sorted(p.name for p in (tmp_path / "w0").iterdir()) == ["fit.json", "fit.jsonl", "tb"]

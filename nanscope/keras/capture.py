@@ -24,11 +24,12 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeAlias
 
-from nanscope.engine.variable_stats import any_nonfinite_count, variable_rows
+from nanscope.engine.variable_stats import variable_rows
 from nanscope.engine.schema import OUTPUT, SCALARS, VARIABLE
-from nanscope.engine.model_view import is_loss_scale_optimizer, layer_loss_terms
+from nanscope.engine.model_view import is_loss_scale_optimizer
 from nanscope.internals import all_reduce_gradients_hooks, clip_gradients_hook, overridden
 from nanscope.keras.outputs import output_terms
+from nanscope.keras.step_terms import count_nonfinite, loss_terms
 from nanscope.model.learning_rate import inner_optimizer
 from nanscope.runtime import tensorflow
 from nanscope.tf_types import KerasModel, Layer, Optimizer, ReplicaContext, Tensor, Variable
@@ -73,6 +74,10 @@ class StepCapture:
         self._unsummed: list[tuple[Gradients, list[Variable], Tensor | None]] = []  # ([grads], [variables], scale)
         self._clipped: list[list[Tensor]] = []  # [clipped grads]
         self._reduced: dict[int, tuple[Tensor, Tensor]] = {}  # id(gradient) -> (gradient, its sum), optimizers' own
+        # What rides on the optimizer's own all-reduce (made when it runs, None: nothing), and its sum.
+        self.ride: Callable[[], Tensor | None] | None = None
+        self.folded: Tensor | None = None
+        self._replica_part: tuple[dict[str, Tensor], list[Tensor]] | None = None
         self.graph = tf.compat.v1.get_default_graph()
 
     @contextlib.contextmanager
@@ -178,9 +183,16 @@ class StepCapture:
         @functools.wraps(reduce)
         def hooked(grads_and_vars: Iterable[tuple[Tensor | None, Variable]]) -> Any:
             grads_and_vars = list(grads_and_vars)
-            reduced = reduce(grads_and_vars)
             c = self._active()
-            if c._here() and c.replica_context is not None:
+            mine = c._here() and c.replica_context is not None
+            # Under MultiWorkerMirroredStrategy the row's replica part rides along (`RowBuffer.fold`).
+            # One all-reduce packs its tensors into one: only with float32 gradients, as the row is.
+            alike = all(g.dtype == tf.float32 for g, _ in grads_and_vars if g is not None)
+            ride = c.ride() if mine and alike and c.ride is not None and c.folded is None else None
+            reduced = list(reduce(grads_and_vars + ([(ride, None)] if ride is not None else [])))
+            if ride is not None:
+                c.folded = reduced.pop()[0]
+            if mine:
                 c._reduced.update({id(g): (g, total) for (g, _), (total, _) in zip(grads_and_vars, reduced)
                                    if g is not None})
             return reduced
@@ -224,8 +236,23 @@ class StepCapture:
         non-finite loss (that would be a finding about a value nobody saw).
         """
         self._sum_replicas()
-        flat_x = [t for t in tf.nest.flatten(x) if t is not None and tf.is_tensor(t)]
+        replica, terms = self.replica_values(x, y, loss, layers)
         var_rows, grad_norm, applied_norm = self._variable_rows()
+        values = {
+            **replica, "grad_global_norm": grad_norm,
+            "grad_nonfinite": tf.reduce_sum(var_rows[:, VARIABLE.at("grad_nonfinite")]),
+            "weights_nonfinite": tf.reduce_sum(var_rows[:, VARIABLE.at("weight_nonfinite")]),
+            "applied_grad_global_norm": applied_norm,
+            "loss_scale": self.scale_after if self.scale_after is not None else tf.constant(0.0),
+        }
+        return values, var_rows, terms
+
+    def replica_values(self, x: Any, y: Any, loss: Tensor | None, layers: Sequence[Layer]
+                       ) -> tuple[dict[str, Tensor], list[Tensor]]:
+        """The SCALARS known before the update (`REPLICA_SCALARS`), and the layer loss terms; made once."""
+        if self._replica_part is not None:
+            return self._replica_part
+        flat_x = [t for t in tf.nest.flatten(x) if t is not None and tf.is_tensor(t)]
         total = self.loss if loss is None else loss
         missing = total is None
         total = tf.cast(tf.reduce_sum(total), tf.float32) if not missing else tf.constant(float("nan"))
@@ -240,16 +267,12 @@ class StepCapture:
             "output_nonfinite": count_nonfinite(tf.nest.flatten(self.y_pred) if self.y_pred is not None else []),
             "loss_nonfinite": tf.constant(0.0) if missing else tf.cast(tf.logical_not(tf.math.is_finite(total)),
                                                                        tf.float32),
-            "grad_global_norm": grad_norm,
-            "grad_nonfinite": tf.reduce_sum(var_rows[:, VARIABLE.at("grad_nonfinite")]),
-            "weights_nonfinite": tf.reduce_sum(var_rows[:, VARIABLE.at("weight_nonfinite")]),
-            "applied_grad_global_norm": applied_norm,
-            "loss_scale": self.scale_after if self.scale_after is not None else tf.constant(0.0),
             "update_skipped": skipped,
             "loss_scale_before": self.scale_before if self.scale_before is not None else tf.constant(0.0),
             "loss_missing": tf.constant(1.0 if missing else 0.0),
         }
-        return values, var_rows, terms
+        self._replica_part = values, terms
+        return self._replica_part
 
     def scalars(self, values: dict[str, Tensor], y: Any, sample_weight: Any) -> Tensor:
         """SCALARS in order, then OUTPUT's columns per output of a multi-output model."""
@@ -273,18 +296,3 @@ class StepCapture:
         grads = [self.grads.get(id(v), tf.zeros_like(tf.convert_to_tensor(v))) for v in self.trainable]
         return variable_rows(grads, before, after, self.applied)
 
-
-def loss_terms(layers: Sequence[Layer], keras_models: Sequence[KerasModel]) -> list[Tensor]:
-    """Per probed layer the loss terms it owns, then the models' own terms summed (`layer_loss_terms`)."""
-    if not keras_models:
-        return [tf.constant(0.0)] * (len(layers) + 1)
-    terms = layer_loss_terms(layers, keras_models[0])
-    for other in keras_models[1:]:
-        terms[-1] = terms[-1] + layer_loss_terms([], other)[-1]
-    return terms
-
-
-def count_nonfinite(tensors: Iterable[Tensor | None]) -> Tensor:
-    """Non-finite entries over a list of tensors, as one float32 scalar."""
-    counts = [any_nonfinite_count(t) for t in tensors if t is not None]
-    return tf.add_n(counts) if counts else tf.constant(0.0)

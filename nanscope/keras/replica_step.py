@@ -16,9 +16,9 @@ import numpy as np
 
 from nanscope.engine.model_view import LayerInfo
 from nanscope.engine.probes import LayerRecorder
-from nanscope.engine.schema import join
+from nanscope.engine.schema import VARIABLE, join
 from nanscope.keras.capture import StepCapture
-from nanscope.keras.rows import RowBuffer
+from nanscope.keras.rows import SHARED_SCALARS, RowBuffer
 from nanscope.keras.snapshot import StepSnapshot
 from nanscope.keras.step_row import Data, Logs, TrainStep, batch_rows, logged_loss
 from nanscope.runtime import tensorflow
@@ -67,25 +67,45 @@ class ReplicaSteps:
                 self.snapshot.remember_structure(data)
                 self.snapshot.take(data, self.rows.counter.read_value())
             context = tf.distribute.get_replica_context()
-            logs, row = self._row(original, data, context)
-            self.rows.write_replicas(context, row)
+            logs, row, folded = self._row(original, data, context, fold=self.rows.gathered)
+            self.rows.write_replicas(context, row, folded)
             return logs
 
         return train_step
 
-    def _row(self, original: TrainStep, data: Data, context: Any) -> tuple[Logs, Tensor]:
+    def _row(self, original: TrainStep, data: Data, context: Any, fold: bool = False
+             ) -> tuple[Logs, Tensor, Tensor | None]:
+        """The step's logs, this replica's row (without its step) and, where `fold` and the optimizer's all-reduce
+        carried them, every replica's rows with their shared columns 0 (`RowBuffer.write_replicas`)."""
         self.layer_probe.begin_replica(int(tf.get_static_value(context.replica_id_in_sync_group)))
         capture = StepCapture(self.model, self.optimizers, self.trainable, replica_context=context,
                               replicas=self.replicas, outputs=self.outputs)
         assert self.hub is not None  # made with the train function, before its first trace
         self.hub.for_this_thread(capture)
+        if fold and len(self.optimizers) == 1:  # one optimizer's gradients, one count of the replica's own
+            capture.ride = lambda: self._replica_part(capture, data, context)
         logs = original(data)
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
         values, var_rows, terms = capture.values(x, y, logged_loss(capture, logs), self.layers)
-        row = tf.concat([tf.stack([batch_rows(x)]),
-                         join([capture.scalars(values, y, sample_weight), self.layer_probe.stats_matrix(),
-                               tf.stack(terms), var_rows]), tf.stack([capture.local_nonfinite])], axis=0)
-        return logs, row
+        return logs, self._joined(capture, data, values, terms, var_rows), capture.folded
+
+    def _joined(self, capture: StepCapture, data: Data, values: dict[str, Tensor], terms: list[Tensor],
+                var_rows: Tensor) -> Tensor:
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        return tf.concat([tf.stack([batch_rows(x)]),
+                          join([capture.scalars(values, y, sample_weight), self.layer_probe.stats_matrix(),
+                                tf.stack(terms), var_rows]), tf.stack([capture.local_nonfinite])], axis=0)
+
+    def _replica_part(self, capture: StepCapture, data: Data, context: Any) -> Tensor | None:
+        """At the optimizer's all-reduce, before the update: this replica's row with the columns shared by every
+        replica 0, `slotted`; None where the loss is not known yet (a custom step that only logs it)."""
+        if capture.loss is None:
+            return None
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+        values, terms = capture.replica_values(x, y, None, self.layers)
+        shared = {name: tf.constant(0.0) for name in SHARED_SCALARS}
+        var_rows = tf.zeros([self.rows.layout.variables, len(VARIABLE)])
+        return self.rows.slotted(context, self._joined(capture, data, {**values, **shared}, terms, var_rows))
 
     def forget_rerun(self) -> None:
         self._rerun = None

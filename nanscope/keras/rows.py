@@ -12,13 +12,16 @@ import numpy as np
 
 from nanscope.engine.distributed import combine_replicas
 from nanscope.engine.records import StepRecord
-from nanscope.engine.schema import Columns, StepLayout
+from nanscope.engine.schema import SCALARS, Columns, StepLayout
 from nanscope.runtime import tensorflow
 from nanscope.tf_types import ReplicaContext, Strategy, Tensor
 
 tf, keras = tensorflow()
 # The columns a buffer row starts with, before the step's outputs (engine/schema.py).
 HEAD = Columns("step", "batch_rows")
+# The SCALARS that are the same on every replica: of the summed gradients and the mirrored weights after the update
+# (with the variable rows). The rest of a replica's row is known before the update (`RowBuffer.slotted`).
+SHARED_SCALARS = ("grad_global_norm", "grad_nonfinite", "weights_nonfinite", "applied_grad_global_norm", "loss_scale")
 
 
 class RowBuffer:
@@ -50,6 +53,7 @@ class RowBuffer:
             # only its own row and the host reads every copy. A worker of a MultiWorkerMirroredStrategy
             # holds its own replicas' copies only, so there each copy holds every replica's row.
             self.gathered = len(strategy.extended.worker_devices) < self.replicas
+            self.shared = self._shared_columns()
             held = self.replicas if self.gathered else 1
             # Rows one column wider than on one device: the replica's own gradients' non-finite count.
             with strategy.scope():
@@ -65,15 +69,29 @@ class RowBuffer:
         slot = tf.reshape(step % self.per_execution, [1, 1])
         self.buffer.scatter_nd_update(slot, row[None])
 
-    def write_replicas(self, context: ReplicaContext, row: Tensor) -> None:
+    def _shared_columns(self) -> np.ndarray:
+        """[width] bool: the columns of a replica's row (without its step) the same on every replica."""
+        shared = np.zeros(self.width, bool)
+        shared[[1 + SCALARS.at(name) for name in SHARED_SCALARS]] = True
+        start = 1 + sum(self.layout.widths[:3])
+        shared[start:start + self.layout.widths[3]] = True
+        return shared
+
+    def slotted(self, context: ReplicaContext, row: Tensor) -> Tensor:
+        """[replicas, width]: this replica's row (without its step) in its own slot of a zero matrix, which summed
+        over the replicas gives every worker every replica's row."""
+        replica = int(tf.get_static_value(context.replica_id_in_sync_group))
+        return tf.scatter_nd([[replica]], row[None], [self.replicas, row.shape[0]])
+
+    def write_replicas(self, context: ReplicaContext, row: Tensor, folded: Tensor | None = None) -> None:
         """In a replica function: write this replica's row into its own copy (on a multi-worker cluster, every
-        replica's row, each in its own slot of a zero matrix summed over the replicas: one collective, where an
-        all-gather takes two)."""
+        replica's row: `folded`, the `slotted` rows summed by the optimizer's own all-reduce before the update,
+        with this replica's shared columns; without it, `slotted` summed here, one collective more a step)."""
         rows = row[None]
-        if self.gathered:
-            replica = int(tf.get_static_value(context.replica_id_in_sync_group))
-            slotted = tf.scatter_nd([[replica]], rows, [self.replicas, row.shape[0]])
-            rows = context.all_reduce(tf.distribute.ReduceOp.SUM, slotted)
+        if self.gathered and folded is not None:
+            rows = tf.where(self.shared[None], rows, folded)  # a NaN times 0 would be NaN: pick, not mask
+        elif self.gathered:
+            rows = context.all_reduce(tf.distribute.ReduceOp.SUM, self.slotted(context, row))
         step = self.counter.assign_add(1) - 1
         rows = tf.concat([tf.fill([rows.shape[0], 1], tf.cast(step, tf.float32)), rows], axis=1)
         slot = tf.reshape(step % self.per_execution, [1, 1])

@@ -2,9 +2,14 @@
 
 Run once per worker with its own TF_CONFIG. Each worker is given its own output paths (OUT/w<task>/...),
 so the test sees which workers wrote: only the chief may. Each worker feeds its own rows (auto-sharding off):
-worker 1's hold a NaN in the second step's part. Prints what the test checks as JSON.
+worker 1's hold a NaN in the second step's part (not with `--healthy`). Prints what the test checks as JSON,
+with the calls of `tf.distribute.ReplicaContext.all_reduce` and `all_gather` made while the fit traced its step
+(with `--bare`, the same fit without the callback: Keras' own) and the loss fit logs after each step.
 """
 
+import collections
+import dataclasses
+import functools
 import json
 import sys
 
@@ -37,6 +42,22 @@ def build_from_local_batch(iterator=None, data_batch=None, original=model._maybe
     return original(data_batch=data_batch)
 
 
+collectives = collections.Counter()
+
+
+def counted(name):
+    method = getattr(tf.distribute.ReplicaContext, name)
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        collectives[name] += 1
+        return method(self, *args, **kwargs)
+
+    return call
+
+
+for name in ("all_reduce", "all_gather"):
+    setattr(tf.distribute.ReplicaContext, name, counted(name))
 model._maybe_symbolic_build = build_from_local_batch
 # keras#20585 again: fit's per-step logs (scalars) go through strategy.reduce(..., axis=0), which fails for 0-d
 # values under MultiWorkerMirroredStrategy; reduce them over this worker's replicas, as under MirroredStrategy.
@@ -44,7 +65,7 @@ keras_tf_trainer._collective_all_reduce_multi_worker = lambda strategy: False
 rng = np.random.default_rng(task)
 x = rng.standard_normal((32, 4)).astype("float32")
 y = x.sum(axis=1, keepdims=True).astype("float32")
-if task == 1:
+if task == 1 and "--healthy" not in sys.argv:
     x[8 + 5, 1] = np.nan  # this worker's second step (8 rows a step: a global batch of 16 over 2 workers)
 options = tf.data.Options()
 options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
@@ -52,8 +73,11 @@ data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).with_options(options
 out = f"{sys.argv[1]}/w{task}"
 scope = NanScope(report=f"{out}/fit.json", trace=f"{out}/fit.jsonl", tensorboard=f"{out}/tb",
                  console=Console(quiet=True))
-model.fit(data, epochs=2, callbacks=[scope] if "--bare" not in sys.argv else [], verbose=0)
+losses = []
+logged = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: losses.append(float(logs["loss"])))
+model.fit(data, epochs=2, callbacks=[scope, logged] if "--bare" not in sys.argv else [logged], verbose=0)
 if "--bare" in sys.argv:
+    print(json.dumps({"task": task, "collectives": dict(collectives), "losses": losses}))
     sys.exit(0)
 report = scope.report
 print(json.dumps({
@@ -62,4 +86,7 @@ print(json.dumps({
     "worker_nonfinite": [r.worker_nonfinite for r in report.records],
     "first": {"step": report.first_nonfinite.step, "worker": report.first_nonfinite.worker}
     if report.first_nonfinite else None,
+    "collectives": dict(collectives),
+    "losses": losses,
+    "records": [dataclasses.asdict(r) for r in report.records],
 }))
