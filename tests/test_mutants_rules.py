@@ -655,3 +655,20 @@ def test_float16_layers_score_0_65_near_overflow_and_0_5_underflowing_and_each_l
 ])
 def test_the_bound_is_relu6_in_a_recurrent_layers_own_class_only_where_it_is_relu_like(layer, fix):
     assert bounded_activation.bound_for(layer) == fix
+
+
+def test_check_data_rules_print_the_exact_repair_line():
+    """The lines check-data prints for labels that do not fit the loss and for constant columns, word for word."""
+    from nanscope.rules import drop_constant_features, fix_labels
+
+    assert fix_labels.fix_for("sparse", 2, 6) == (
+        "keep = ((y >= 0) & (y < 2) & (y % 1 == 0)).reshape(len(y), -1).all(axis=1)\n"
+        "x, y = x[keep], y[keep]  # drops the 6 row(s) whose label does not fit the loss (or relabel them)")
+    assert fix_labels.fix_for("sparse", None, 1).splitlines()[0] == (
+        "keep = ((y >= 0) & (y % 1 == 0)).reshape(len(y), -1).all(axis=1)")
+    assert fix_labels.fix_for("binary", None, 3).splitlines() == [
+        "keep = ((y >= 0) & (y <= 1)).reshape(len(y), -1).all(axis=1)",
+        "x, y = x[keep], y[keep]  # drops the 3 row(s) whose label does not fit the loss (or relabel them)"]
+    assert fix_labels.fix_for("onehot", 3, 2) is None
+    assert drop_constant_features.fix_for("inputs", [3, 4], ["country_code", "vat_rate"]) == (
+        "inputs = np.delete(inputs, [3, 4], axis=-1)  # country_code, vat_rate: one value in every row")

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from nanscope.engine.records import StepRecord
-from nanscope.engine.schema import (LAYER, LAYER_STATISTICS, NOT_COUNTED, OUTPUT, SCALARS, VARIABLE, Columns,
-                                     StepLayout, combined_layer_rows)
+from nanscope.engine.schema import (FLOAT16_TINY, LAYER, LAYER_STATISTICS, NOT_COUNTED, OUTPUT, SCALARS, VARIABLE,
+                                     Columns, StepLayout, combined_layer_rows)
 from nanscope.runtime import tensorflow
 from nanscope.run.session import open_session
 from nanscope.spec.load import parse_spec
@@ -230,10 +230,10 @@ def test_the_history_row_puts_every_value_in_the_column_of_its_name():
 def test_each_layer_statistic_s_reference_on_known_values():
     """The numpy references the probes are held to (tests/test_perf_exact.py), on values whose statistics are known:
     |x| of the finite entries, non-finite and zero entries, and one float16 subnormal (1e-6 < 6.1e-5)."""
-    values = np.array([0.0, -3.0, 1e-6, np.nan, np.inf, 2.0])
+    values = np.array([0.0, -3.0, 1e-6, np.nan, np.inf, 2.0, FLOAT16_TINY])  # the smallest normal is no underflow
     assert [s.name for s in LAYER_STATISTICS] == list(LAYER)
-    assert [s.expected(values, True) for s in LAYER_STATISTICS] == [3.0, 5.000001, 2.0, 1.0, 6.0, 1.0]
-    assert [s.expected(values, False) for s in LAYER_STATISTICS] == [3.0, 5.000001, 2.0, 1.0, 6.0, 0.0]
+    assert [s.expected(values, True) for s in LAYER_STATISTICS] == [3.0, 5.000001 + FLOAT16_TINY, 2.0, 1.0, 7.0, 1.0]
+    assert [s.expected(values, False) for s in LAYER_STATISTICS] == [3.0, 5.000001 + FLOAT16_TINY, 2.0, 1.0, 7.0, 0.0]
     assert [s.expected(np.array([np.nan]), True) for s in LAYER_STATISTICS] == [0.0, 0.0, 1.0, 0.0, 1.0, 0.0]
 
 
@@ -243,6 +243,11 @@ def test_layer_rows_combine_as_each_statistic_declares():
     assert combined_layer_rows([first, second]).tolist() == [4.0, 6.0, 2.0, 3.0, 8.0, 1.0]
     second[LAYER.at("zeros")] = NOT_COUNTED
     assert combined_layer_rows([first, second]).tolist() == [4.0, 6.0, 2.0, NOT_COUNTED, 8.0, 1.0]
-    # Replicas' rows of several layers: [replicas, layers, columns].
-    assert combined_layer_rows([[first], [first]]).tolist() == [[3.0, 10.0, 4.0, 2.0, 12.0, 2.0]]
+    # A count of 0 is counted: 0 zeros and 1 zero make 1.
+    none = [1.0, 1.0, 0.0, 0.0, 1.0, 0.0]
+    assert combined_layer_rows([none, [1.0, 1.0, 0.0, 1.0, 1.0, 0.0]]).tolist() == [1.0, 2.0, 0.0, 1.0, 2.0, 0.0]
+    # Replicas' rows of two layers, [replicas, layers, columns]: each layer combined on its own, and a layer whose
+    # zeros one replica did not count leaves the other layer's count alone.
+    assert combined_layer_rows([[first, none], [first, second]]).tolist() == [
+        [3.0, 10.0, 4.0, 2.0, 12.0, 2.0], [4.0, 2.0, 0.0, NOT_COUNTED, 3.0, 0.0]]
 
