@@ -833,7 +833,10 @@ def test_missing_files_are_reported_before_tensorflow_loads(name, command, tmp_p
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     exit_code, tensorflow_loaded, seconds = result.stdout.split()
     assert (exit_code, tensorflow_loaded) == ("2", "False"), result.stderr
-    assert float(seconds) < 1.0, seconds
+    # The module check above is what proves TensorFlow stayed out. The CPU bound is only against a heavy import
+    # creeping in: on 2026-12-04 this machine took 1.6-1.7 CPU seconds here, at 6f08616 and after it alike, where
+    # on 2026-12-03 it took under 1.0 (a Python loop of 10^7 additions: 2.2 s that day).
+    assert float(seconds) < 3.0, seconds
     assert_one_line(result.stderr, expected)
 
 

@@ -48,8 +48,7 @@ def _looped_cells(layers: list[Any]) -> set[int]:
         cell = getattr(layer, "cell", None)
         if cell is not None and callable(getattr(cell, "call", None)) and not getattr(layer, "unroll", False):
             looped.add(id(cell))
-            if hasattr(cell, "_flatten_layers"):
-                looped.update(id(inner) for inner in flatten_layers(cell))
+            looped.update(id(inner) for inner in flatten_layers(cell))
     return looped
 
 
