@@ -14,6 +14,7 @@ prediction under the same loss on the same targets.
 
 import ast
 import functools
+import hashlib
 import math
 
 import numpy as np
@@ -135,9 +136,22 @@ def _loss_value(loss, y, prediction):
     return tf.reduce_mean(fn(tf.constant(y), prediction))
 
 
+# (repr of the loss, width, digest of the targets, steps, rate): (the loss, kept so that its repr's address is not
+# reused, the baseline). Ten cases' fixed runs and the IRNN's ground truth share an MSE on the same targets.
+_BASELINES = {}
+
+
 def best_constant(loss, y, width, steps=1500, rate=0.1):
     """The lowest loss a constant prediction reaches on targets `y` (a `width`-wide output): Adam on the constant,
-    in one graph, from 0 and from the targets' mean."""
+    in one graph, from 0 and from the targets' mean. Computed once per loss, targets and width."""
+    y = np.asarray(y)
+    key = (repr(loss), width, y.dtype.str, y.shape, hashlib.sha256(y.tobytes()).hexdigest(), steps, rate)
+    if key not in _BASELINES:
+        _BASELINES[key] = loss, _search_constant(loss, y, width, steps, rate)
+    return _BASELINES[key][1]
+
+
+def _search_constant(loss, y, width, steps, rate):
     targets, rows = tf.constant(y), len(y)
 
     @tf.function
