@@ -2,7 +2,9 @@
 
 Two logical CPUs must be configured before TensorFlow starts its devices, and this
 process has started them already, so the distributed runs are subprocesses with
-NANSCOPE_CPU_REPLICAS=2.
+NANSCOPE_CPU_REPLICAS=2: two in all, since each pays 7 s of CPU to start TensorFlow. One runs
+every scenario but one (the `mirrored` fixture); the rollback test keeps a real `python -m nanscope` run
+for the exit code and the printed report.
 """
 
 import json
@@ -30,17 +32,23 @@ def run_two_replicas(args, tmp_path, timeout=120, **env):
                           timeout=timeout, check=False)
 
 
-def trace_two_replicas(spec_name, tmp_path):
-    report = tmp_path / "report.json"
-    done = run_two_replicas(["-m", "nanscope", "trace-steps", str(SPECS / spec_name), "--json", str(report),
-                             "--trace", str(tmp_path / "trace.jsonl")], tmp_path)
-    assert report.exists(), done.stderr[-2000:]
-    return done, json.loads(report.read_text())
+@pytest.fixture(scope="module")
+def mirrored(tmp_path_factory):
+    """Every run on two replicas but the rollback CLI run, in one process (specs/distribute/verdicts.py): the
+    trace-steps scenarios, the fits of fit_guard.py and fit_callback.py, and three trace-steps runs through the
+    CLI's `main`. TensorFlow starts once for them all."""
+    folder = tmp_path_factory.mktemp("mirrored")
+    done = run_two_replicas([str(SPECS / "verdicts.py"), "cli-healthy", "cli-nan", "cli-sentinel", "planted",
+                             "planted-unguarded", "transient", "diverging", "skip", "clean", "fit-callback",
+                             "fit-skip", "fit-clean", "fit-verdicts", "fit-rollback", "fit-plain", "fit-default"],
+                            folder, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_mirrored_run_matches_one_device(tmp_path):
-    done, report = trace_two_replicas("healthy.yaml", tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
+def test_mirrored_run_matches_one_device(mirrored, tmp_path):
+    done, report = mirrored["cli-healthy"]["exit"], mirrored["cli-healthy"]["report"]
+    assert done == 0, report["notes"]
     assert report["status"] == "healthy"
     assert report["run"]["distribute"] == {"strategy": "MirroredStrategy", "replicas": 2}
     assert all(step["replica_nonfinite"] == [0, 0] for step in report["steps"])
@@ -51,14 +59,14 @@ def test_mirrored_run_matches_one_device(tmp_path):
     single = run_trace(spec, TraceOptions(trace_path=tmp_path / "single.jsonl")).to_json()
     assert "distribute" not in single["run"] and "replica_nonfinite" not in single["steps"][0]
     # Same initial weights and batches, global_clipnorm on the summed gradient: the same training.
-    for mirrored, alone in zip(report["steps"], single["steps"], strict=True):
-        assert mirrored["loss"] == pytest.approx(alone["loss"], rel=1e-4)
-        assert mirrored["grad_global_norm"] == pytest.approx(alone["grad_global_norm"], rel=1e-4)
+    for mirrored_step, alone in zip(report["steps"], single["steps"], strict=True):
+        assert mirrored_step["loss"] == pytest.approx(alone["loss"], rel=1e-4)
+        assert mirrored_step["grad_global_norm"] == pytest.approx(alone["grad_global_norm"], rel=1e-4)
 
 
-def test_nan_rows_in_the_second_replica_are_attributed_to_it(tmp_path):
-    done, report = trace_two_replicas("nan-second-half.yaml", tmp_path)
-    assert done.returncode == 1
+def test_nan_rows_in_the_second_replica_are_attributed_to_it(mirrored):
+    done, report = mirrored["cli-nan"]["exit"], mirrored["cli-nan"]["report"]
+    assert done == 1
     first = report["first_nonfinite"]
     assert (first["step"], first["phase"], first["replica"]) == (1, "data", 1)
     assert "dataset rows 28" in first["detail"][0]
@@ -68,13 +76,10 @@ def test_nan_rows_in_the_second_replica_are_attributed_to_it(tmp_path):
     assert report["steps"][1]["x_nonfinite"] == 1
 
 
-def test_callback_under_mirrored_strategy(tmp_path):
-    report_path = tmp_path / "fit.json"
-    done = run_two_replicas([str(SPECS / "fit_callback.py"), str(report_path)], tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+def test_callback_under_mirrored_strategy(mirrored):
+    seen = dict(mirrored["fit-callback"])
+    report = seen.pop("report")
     assert seen == {"replicas": 2, "steps": [0, 1], "train_step_restored": True}
-    report = json.loads(report_path.read_text())
     assert report["run"]["distribute"]["replicas"] == 2
     first = report["first_nonfinite"]
     assert (first["step"], first["phase"], first["replica"]) == (1, "data", 1)
@@ -92,13 +97,9 @@ def test_settings_mirrored_cannot_run_are_bad_input(train, field):
 
 
 @pytest.fixture(scope="module")
-def verdicts(tmp_path_factory):
-    """The scenarios of specs/distribute/verdicts.py, run in one process on two replicas."""
-    folder = tmp_path_factory.mktemp("verdicts")
-    done = run_two_replicas([str(SPECS / "verdicts.py"), "planted", "planted-unguarded", "transient", "diverging",
-                             "skip", "clean"], folder)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def verdicts(mirrored):
+    """The trace-steps scenarios of specs/distribute/verdicts.py."""
+    return mirrored
 
 
 def verdict(first):
@@ -165,27 +166,20 @@ def test_mirrored_rollback_gives_the_verdicts_in_the_json_and_the_printed_report
     assert "origin batch: non-finite from an earlier state too on replica 1 (the data)" in printed
 
 
-def test_mirrored_sentinel_mode_runs_every_step_in_full(tmp_path):
+def test_mirrored_sentinel_mode_runs_every_step_in_full(mirrored):
     # The light step, inherited from the one-device step, would train outside `strategy.run` (before, it did: the
     # steps after the first had no per-replica counts).
-    report = tmp_path / "report.json"
-    done = run_two_replicas(["-m", "nanscope", "trace-steps", str(SPECS / "healthy.yaml"), "--mode", "sentinel",
-                             "--json", str(report), "--trace", str(tmp_path / "trace.jsonl")], tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
-    document = json.loads(report.read_text())
+    done, document = mirrored["cli-sentinel"]["exit"], mirrored["cli-sentinel"]["report"]
+    assert done == 0, document["notes"]
     assert [step["replica_nonfinite"] for step in document["steps"]] == [[0, 0]] * 6
     assert "mode=sentinel: not under train.distribute; every step was recorded in full" in document["notes"]
 
 
 @pytest.fixture(scope="module")
-def fit_guard(tmp_path_factory):
-    """The fits of specs/distribute/fit_guard.py (the callback's guard under MirroredStrategy), one process."""
-    folder = tmp_path_factory.mktemp("fit_guard")
-    done = run_two_replicas([str(SPECS / "fit_guard.py"), str(folder)], folder, timeout=400)
-    assert done.returncode == 0, done.stderr[-3000:]
-    fits = json.loads(done.stdout.strip().splitlines()[-1])
-    reports = {name: json.loads((folder / f"{name}.json").read_text())
-               for name in ("skip", "verdicts", "rollback", "default")}
+def fit_guard(mirrored):
+    """The fits of specs/distribute/fit_guard.py (the callback's guard under MirroredStrategy) and their reports."""
+    fits = {name: mirrored[f"fit-{name}"] for name in ("skip", "clean", "verdicts", "rollback", "plain", "default")}
+    reports = {name: fits[name]["report"] for name in ("skip", "verdicts", "rollback", "default")}
     return fits, reports
 
 

@@ -1,10 +1,13 @@
 """trace-steps under `distribute: mirrored` with the guard: the verdicts on the first non-finite step, a skip.
 
-Runs each scenario named in argv (SCENARIOS' keys) and prints one JSON
-object: per scenario its first_nonfinite, notes, interventions and every step's loss. Run with
-NANSCOPE_CPU_REPLICAS=2 (two replicas on a CPU-only machine).
+Runs each scenario named in argv (SCENARIOS' keys) in this one process and prints one JSON object: per trace
+scenario its first_nonfinite, notes, interventions and every step's loss. Run with NANSCOPE_CPU_REPLICAS=2 (two
+replicas on a CPU-only machine). So that TensorFlow starts once for them all (7 s of CPU a process), SCENARIOS
+also holds the fits of fit_guard.py and fit_callback.py and `cli-*`: trace-steps runs through the CLI's own
+`main` (exit code and JSON report), in the working folder.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -13,7 +16,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from fit_callback import fit_callback  # noqa: E402
+from fit_guard import FITS  # noqa: E402
 from models import FAULT  # noqa: E402
+
+import nanscope.cli  # noqa: E402
 
 from nanscope.guard import GuardOptions  # noqa: E402
 from nanscope.run.trace import run_trace  # noqa: E402
@@ -41,6 +48,23 @@ def arm_at(step, replica):
     return on_step
 
 
+def cli(name, spec, *options):
+    """`nanscope trace-steps SPEC OPTIONS --json` through the CLI's `main`, its report printed to stderr: the exit
+    code and the JSON report. `main` ends the process once TensorFlow is loaded (`exit_now`): here it raises."""
+    report = Path.cwd() / f"{name}.json"
+    sys.argv = ["nanscope", "trace-steps", str(HERE / spec), *options, "--json", str(report),
+                "--trace", str(Path.cwd() / f"{name}.jsonl")]
+    exit_now, nanscope.cli.exit_now = nanscope.cli.exit_now, sys.exit
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            nanscope.cli.main()
+    except SystemExit as done:
+        return {"exit": done.code, "report": json.loads(report.read_text())}
+    finally:
+        nanscope.cli.exit_now = exit_now
+    raise AssertionError("nanscope.cli.main returned")
+
+
 SCENARIOS = {
     # Row 12 of step 3's batch: replica 1's half. The ring keeps the states before steps 0 and 2.
     "planted": lambda: trace("mlp", "nan_at", ADAM, 6, GuardOptions(on_nonfinite="continue", snapshot_every=2)),
@@ -55,6 +79,12 @@ SCENARIOS = {
     "skip": lambda: trace("mlp", "nan_at", ADAM, 8, GuardOptions(on_nonfinite="skip")),
     # The run without that batch: rows 48-63 left out.
     "clean": lambda: trace("mlp", "regression", ADAM, 6, None, rows=48),
+    "cli-healthy": lambda: cli("cli-healthy", "healthy.yaml"),
+    "cli-nan": lambda: cli("cli-nan", "nan-second-half.yaml"),
+    "cli-sentinel": lambda: cli("cli-sentinel", "healthy.yaml", "--mode", "sentinel"),
+    "fit-callback": fit_callback,
+    **FITS,
 }
 
-print(json.dumps({name: SCENARIOS[name]() for name in sys.argv[1:]}))
+names = sys.argv[1:]  # before `cli` sets sys.argv for the CLI
+print(json.dumps({name: SCENARIOS[name]() for name in names}))
